@@ -1,0 +1,63 @@
+"""Render prompts with the model's chat template, and split off the prefix every prompt shares.
+
+Layout of one prompt (chat template of the model):
+
+    [system turn: instruction + labels][examples as earlier turns][user turn start | ITEM | user turn end][generation prompt]
+    \\__________________________ head (same for every item) ______________________/        \\____ tail (same) ____/
+
+`PromptRenderer.render(text)` is `head + user_template(text) + tail` when the template is *linear*
+(renders the item verbatim), which is checked once with probe texts; otherwise each item is
+rendered through the template. The token prefix reused through the KV cache is taken from the
+head; `encode.py` checks per item that the full prompt really starts with those tokens.
+"""
+
+from __future__ import annotations
+
+from .task import Task
+
+_SENTINEL = "\u2063SLMCLASSIFY-ITEM\u2063"  # invisible separator: never in templates
+_PROBES = ("plain text", "  leading and trailing  ", "line one\nline two\n")
+
+# Used only for tokenizers that have no chat template (base models): a plain transcript.
+_PLAIN_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}Input: {{ m['content'] }}\n"
+    "{% else %}Label: {{ m['content'] }}\n\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}Label: {% endif %}"
+)
+
+
+class PromptRenderer:
+    """Turns item texts into full prompt strings for one task and tokenizer."""
+
+    def __init__(self, tokenizer, task: Task):
+        self.tokenizer = tokenizer
+        self.task = task
+        self._template = None if getattr(tokenizer, "chat_template", None) else _PLAIN_TEMPLATE
+        marked = self._render_messages(_SENTINEL)
+        if marked.count(_SENTINEL) != 1:
+            raise AssertionError("chat template dropped or repeated the item text")
+        self.head, self.tail = marked.split(_SENTINEL)
+        self.linear = all(self._render_messages(p) == self.head + p + self.tail for p in _PROBES)
+
+    def messages(self, text: str) -> list[dict[str, str]]:
+        """The chat for one item: system turn, examples as earlier turns, the item last."""
+        msgs = [{"role": "system", "content": self.task.system_turn()}]
+        for ex in self.task.examples:
+            msgs.append({"role": "user", "content": self.task.user_turn(ex.text)})
+            msgs.append({"role": "assistant", "content": ex.label})
+        msgs.append({"role": "user", "content": self.task.user_turn(text)})
+        return msgs
+
+    def render(self, text: str) -> str:
+        """The full prompt for one item, ending with the generation prompt."""
+        if self.linear:
+            return self.head + text + self.tail
+        return self._render_messages(text)
+
+    def _render_messages(self, item: str) -> str:
+        # The sentinel stands for the *text*; user_template wraps it like a real item.
+        return self.tokenizer.apply_chat_template(
+            self.messages(item), tokenize=False, add_generation_prompt=True, chat_template=self._template
+        )

@@ -1,0 +1,89 @@
+"""Turn label scores into probabilities, a confidence and a review flag; and run statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .encode import EMPTY
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome for one input item."""
+
+    label: str | None
+    """Predicted label (None for empty items)."""
+    confidence: float | None
+    """Probability of the predicted label."""
+    probabilities: dict[str, float]
+    """Softmax over the label scores, per label (empty for empty items)."""
+    needs_review: bool
+    """Confidence below the task's `min_confidence`, or no label at all."""
+    status: str
+    """ok, empty or truncated."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """Raw label log-probability scores of the scoring mode."""
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of [n, L] scores."""
+    shifted = scores - scores.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def make_results(labels, scores: np.ndarray, status: list[str], min_confidence: float) -> list[Result]:
+    """[n, L] scores (NaN rows for empty items) → one Result per item, in order."""
+    results = []
+    probs = softmax(np.nan_to_num(scores, nan=0.0))
+    for i, st in enumerate(status):
+        if st == EMPTY:
+            results.append(Result(None, None, {}, True, st))
+            continue
+        best = int(np.argmax(probs[i]))
+        conf = float(probs[i, best])
+        results.append(
+            Result(
+                label=labels[best],
+                confidence=conf,
+                probabilities={lab: float(p) for lab, p in zip(labels, probs[i])},
+                needs_review=conf < min_confidence,
+                status=st,
+                scores={lab: float(s) for lab, s in zip(labels, scores[i])},
+            )
+        )
+    return results
+
+
+@dataclass
+class RunStats:
+    """What one classify run did."""
+
+    items: int = 0
+    scored: int = 0
+    seconds: float = 0.0
+    real_tokens: int = 0
+    """Non-pad tokens run through the model (suffixes, and full prompts of fallbacks)."""
+    processed_tokens: int = 0
+    """Tokens run including padding."""
+    prefix_tokens: int = 0
+    """Length of the shared prefix, run once."""
+    prefix_reused: int = 0
+    """Prefix tokens not recomputed: prefix length × items that used the cache."""
+    fallbacks: int = 0
+    batches: int = 0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Prompt tokens covered per second (prefix reuse included, padding excluded)."""
+        return (self.real_tokens + self.prefix_reused) / self.seconds if self.seconds else 0.0
+
+    @property
+    def padding_share(self) -> float:
+        return 1 - self.real_tokens / self.processed_tokens if self.processed_tokens else 0.0

@@ -1,0 +1,154 @@
+"""What to classify into: labels, instruction, examples and prompt overrides.
+
+A `Task` is validated once, when it is built, so everything downstream may trust it.
+It comes from CLI flags or a TOML task file (`Task.from_toml`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import TaskError
+
+DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
+MODES = ("auto", "first", "full", "full-mean")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One few-shot example: a text and its label."""
+
+    text: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """A classification task. Validated on construction."""
+
+    labels: tuple[str, ...]
+    """The label set, in the order of the output's `p_<label>` columns."""
+    descriptions: tuple[str, ...] = ()
+    """Optional one-line description per label ('' for none); empty means no descriptions."""
+    instruction: str = DEFAULT_INSTRUCTION
+    """The first line of the system turn."""
+    examples: tuple[Example, ...] = ()
+    """Few-shot examples, rendered as earlier user/assistant turns (they live in the cached prefix)."""
+    system: str | None = None
+    """Replaces the whole system turn (instruction and label list) when set."""
+    user_template: str = "{text}"
+    """Wraps each item in the last user turn; must contain `{text}` once."""
+    min_confidence: float = 0.5
+    """Items whose top probability is below this get `needs_review = true`."""
+    mode: str = "auto"
+    """Label scoring: auto, first (first token), full (sum of log-probs), full-mean (per-token mean)."""
+
+    def __post_init__(self) -> None:
+        labels = tuple(str(label) for label in self.labels)
+        object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "descriptions", tuple(self.descriptions))
+        object.__setattr__(self, "examples", tuple(self.examples))
+        if len(labels) < 2:
+            raise TaskError(f"a task needs at least two labels, got {len(labels)}: {list(labels)}")
+        for label in labels:
+            if not label.strip():
+                raise TaskError("a label is empty; remove it or give it a name")
+            if label != label.strip():
+                raise TaskError(f"label {label!r} has leading or trailing whitespace")
+        seen: set[str] = set()
+        for label in labels:
+            if label in seen:
+                raise TaskError(f"label {label!r} is listed twice")
+            seen.add(label)
+        if self.descriptions and len(self.descriptions) != len(labels):
+            raise TaskError(
+                f"{len(self.descriptions)} descriptions for {len(labels)} labels; give one per label"
+            )
+        for ex in self.examples:
+            if ex.label not in seen:
+                raise TaskError(f"example {ex.text[:40]!r} has label {ex.label!r}, which is not in the label set")
+        if self.user_template.count("{text}") != 1:
+            raise TaskError(f"--user-template must contain '{{text}}' exactly once, got {self.user_template!r}")
+        if not 0.0 <= self.min_confidence <= 1.0:
+            raise TaskError(f"--min-confidence must be between 0 and 1, got {self.min_confidence}")
+        if self.mode not in MODES:
+            raise TaskError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+    def system_turn(self) -> str:
+        """The system message: the override, or the instruction plus the label list."""
+        if self.system is not None:
+            return self.system
+        if any(self.descriptions):
+            lines = [f"- {label}: {desc}" if desc else f"- {label}" for label, desc in zip(self.labels, self.descriptions)]
+            return f"{self.instruction}\nAnswer with exactly one of these labels:\n" + "\n".join(lines)
+        return f"{self.instruction}\nAnswer with exactly one of: {', '.join(self.labels)}."
+
+    def user_turn(self, text: str) -> str:
+        """The user message for one item."""
+        # str.replace rather than str.format: item texts may contain braces.
+        return self.user_template.replace("{text}", text)
+
+    def with_overrides(self, **overrides: Any) -> Task:
+        """A copy with the given fields replaced; `None` values are ignored."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Task:
+        """Read a task file. Unknown keys are an error, so typos do not pass silently."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise TaskError(f"task file not found: {path}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise TaskError(f"task file {path} is not valid TOML: {exc}") from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "task") -> Task:
+        known = {f.name for f in fields(cls)} | {"token_budget", "max_rows"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TaskError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+        raw_labels = data.get("labels")
+        if not isinstance(raw_labels, list):
+            raise TaskError(f"{source}: 'labels' must be a list of names or of {{name, description}} tables")
+        labels, descriptions = [], []
+        for item in raw_labels:
+            if isinstance(item, dict):
+                if "name" not in item:
+                    raise TaskError(f"{source}: a label table needs a 'name': {item}")
+                labels.append(str(item["name"]))
+                descriptions.append(str(item.get("description", "")))
+            else:
+                labels.append(str(item))
+                descriptions.append("")
+        examples = []
+        for ex in data.get("examples", []):
+            if not isinstance(ex, dict) or "text" not in ex or "label" not in ex:
+                raise TaskError(f"{source}: each example needs 'text' and 'label': {ex}")
+            examples.append(Example(str(ex["text"]), str(ex["label"])))
+        kwargs = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        kwargs.update(
+            labels=tuple(labels),
+            descriptions=tuple(descriptions) if any(descriptions) else (),
+            examples=tuple(examples),
+        )
+        return cls(**kwargs)
+
+
+def parse_labels(spec: str) -> tuple[str, ...]:
+    """`--labels a,b,c` → ('a', 'b', 'c')."""
+    return tuple(part.strip() for part in spec.split(",") if part.strip())
+
+
+def task_file_settings(path: str | Path) -> dict[str, Any]:
+    """Engine settings (token_budget, max_rows) stored in a task file, if any."""
+    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    return {k: data[k] for k in ("token_budget", "max_rows") if k in data}
+
+
+__all__ = ["Task", "Example", "MODES", "parse_labels", "DEFAULT_INSTRUCTION", "task_file_settings"]

@@ -1,0 +1,78 @@
+"""Check the fast path against the per-item reference path on probe items.
+
+Probes are spread across the length range (shortest to longest), because a padding or
+position bug shows on padded rows, and a prefix bug on every row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .encode import EncodedItems
+
+DEFAULT_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Agreement of fast and reference label scores on probe items."""
+
+    indices: tuple[int, ...]
+    """Probe item indices (input order)."""
+    agree: int
+    """Probes whose predicted label is the same on both paths."""
+    max_abs_diff: float
+    """Largest |fast − reference| label log-probability over all probes and labels."""
+    reference_seconds: float
+    """Time the reference path took for the probes."""
+    disagreements: tuple[int, ...] = ()
+    tolerance: float = DEFAULT_TOLERANCE
+
+    @property
+    def n(self) -> int:
+        return len(self.indices)
+
+    @property
+    def ok(self) -> bool:
+        return self.agree == self.n and self.max_abs_diff <= self.tolerance
+
+    @property
+    def reference_items_per_s(self) -> float:
+        return self.n / self.reference_seconds if self.reference_seconds else 0.0
+
+    def summary(self) -> str:
+        verdict = "identical predictions" if self.ok else "MISMATCH"
+        return (f"{self.agree}/{self.n} probes agree with the per-item path, "
+                f"max |Δ log-prob| {self.max_abs_diff:.1e} ({verdict})")
+
+
+def pick_probes(encoded: EncodedItems, n: int) -> list[int]:
+    """Up to n scored items evenly spread over the prompt-length order."""
+    scored = encoded.scored
+    if n <= 0 or not len(scored):
+        return []
+    by_length = scored[np.argsort([len(encoded.ids[i]) for i in scored], kind="stable")]
+    picks = np.unique(np.linspace(0, len(by_length) - 1, num=min(n, len(by_length))).round().astype(int))
+    return sorted(int(by_length[p]) for p in picks)
+
+
+def compare(classifier, encoded: EncodedItems, fast_scores: np.ndarray, indices: list[int],
+            tolerance: float = DEFAULT_TOLERANCE) -> VerifyReport:
+    """Run the reference path on `indices` and compare with the fast scores of those items."""
+    start = time.perf_counter()
+    reference = classifier.reference(encoded, indices)  # [k, L]
+    seconds = time.perf_counter() - start
+    fast = fast_scores[indices] if indices else np.zeros_like(reference)
+    same = fast.argmax(axis=1) == reference.argmax(axis=1) if indices else np.array([], dtype=bool)
+    diff = float(np.abs(fast - reference).max()) if indices else 0.0
+    return VerifyReport(
+        indices=tuple(indices),
+        agree=int(same.sum()),
+        max_abs_diff=diff,
+        reference_seconds=seconds,
+        disagreements=tuple(i for i, s in zip(indices, same) if not s),
+        tolerance=tolerance,
+    )
