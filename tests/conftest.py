@@ -1,0 +1,101 @@
+"""Fixtures: a tiny byte-level BPE tokenizer with a ChatML template, and tiny random Llama and
+Qwen2 models saved as local folders. Nothing here touches the network."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CORPUS = [
+    "My card was charged twice for the same invoice.",
+    "The mobile app crashes whenever I open the settings page.",
+    "I need to change the email address on my profile.",
+    "billing technical account shipping feedback accounting account_deletion",
+    "You classify support tickets. Answer with exactly one of: billing, technical, account.",
+    "Ticket: Category: refund parcel password login error crash invoice delivery",
+    "I have been waiting for a response for several days now and would really appreciate an update.",
+] * 20 + ["billing", "technical", "refund", "shipping", "feedback"] * 20
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(CORPUS, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    tok.chat_template = CHATML
+    return tok
+
+
+def _model(kind: str, vocab: int):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.2, pad_token_id=0, eos_token_id=2,
+    )
+    torch.manual_seed(0 if kind == "llama" else 1)
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=True, rope_theta=10000.0))
+    return Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return _tokenizer()
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny_model_dir(request, tmp_path_factory, tiny_tokenizer):
+    """A local model folder (config, safetensors, tokenizer) for each architecture."""
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    model = _model(request.param, len(tiny_tokenizer))
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_dir):
+    from slmclassify import load_model
+
+    return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory, tiny_tokenizer):
+    folder = tmp_path_factory.mktemp("tiny-llama-cli")
+    _model("llama", len(tiny_tokenizer)).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path, monkeypatch):
+    """Saved sweep settings of the user running the tests must not leak into them."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+@pytest.fixture(scope="session")
+def llama_loaded(llama_dir):
+    from slmclassify import load_model
+
+    return load_model(str(llama_dir))

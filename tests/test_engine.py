@@ -1,0 +1,168 @@
+"""The fast path (prefix cache + left-padded token-budget batches + label trie) must give the
+reference path's label log-probabilities, for both architectures and every scoring mode."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from slmclassify import Classifier, EngineSettings, Task
+from slmclassify.batching import collate
+from slmclassify.verify import compare, pick_probes
+
+WORDS = ("my card was charged twice invoice app crashes settings page email profile refund the a of "
+         "parcel login error please help thanks waiting days update").split()
+
+
+def random_texts(n: int, seed: int, max_words: int = 60) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max_words))) for _ in range(n)]
+
+
+def assert_matches_reference(clf: Classifier, texts: list[str], atol: float = 1e-4) -> np.ndarray:
+    encoded = clf.encode(texts)
+    fast = clf.score(encoded)
+    ref = clf.reference(encoded, range(len(texts)))
+    diff = np.abs(fast - ref)
+    assert diff.max() <= atol, f"fast vs reference differ by {diff.max():.2e}\nfast:\n{fast}\nreference:\n{ref}"
+    return fast
+
+
+@pytest.mark.parametrize("mode", ["first", "full", "full-mean"])
+@pytest.mark.parametrize("budget,max_rows", [(None, 3), (120, 8), (4096, 64)])
+def test_fast_path_equals_reference(tiny_loaded, mode, budget, max_rows):
+    labels = ("billing", "technical", "account") if mode == "first" else ("billing", "technical", "account", "accounting")
+    task = Task(labels=labels, mode=mode, user_template="Ticket: {text}\nCategory:")
+    clf = Classifier(task, model=tiny_loaded, settings=EngineSettings(token_budget=budget, max_rows=max_rows))
+    assert clf.mode == mode
+    assert clf.prefix is not None and clf.prefix.length > 10
+    assert_matches_reference(clf, random_texts(13, seed=hash((mode, budget)) % 1000))
+    assert clf.stats.fallbacks == 0
+    assert clf.stats.prefix_reused == clf.prefix.length * 13
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_batch_compositions(tiny_loaded, seed):
+    """Random lengths, random budgets and row caps, with and without the cache or sorting."""
+    rng = random.Random(seed)
+    settings = EngineSettings(
+        token_budget=rng.choice([None, 64, 200, 1000]), max_rows=rng.randint(1, 9),
+        prefix_cache=rng.random() < 0.7, sort=rng.random() < 0.7,
+    )
+    task = Task(labels=("billing", "account", "account_deletion"), mode="full",
+                examples=(), instruction="Sort the tickets.")
+    clf = Classifier(task, model=tiny_loaded, settings=settings)
+    assert_matches_reference(clf, random_texts(rng.randint(1, 12), seed=seed, max_words=90))
+
+
+def test_few_shot_examples_live_in_prefix(tiny_loaded):
+    from slmclassify.task import Example
+
+    task = Task(labels=("billing", "technical"), examples=(Example("card charged twice", "billing"),
+                                                          Example("app crashes", "technical")))
+    clf = Classifier(task, model=tiny_loaded)
+    plain = Classifier(Task(labels=("billing", "technical")), model=tiny_loaded)
+    assert clf.prefix.length > plain.prefix.length
+    assert_matches_reference(clf, random_texts(5, seed=7))
+
+
+def test_label_prefix_gets_end_of_turn(tiny_loaded):
+    """`account` is a token prefix of `accounting`: both get the end-of-turn token appended."""
+    clf = Classifier(Task(labels=("account", "accounting"), mode="full"), model=tiny_loaded)
+    eot = tiny_loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert all(seq[-1] == eot for seq in clf.trie.sequences)
+    assert "end-of-turn" in clf.mode_reason
+    assert_matches_reference(clf, random_texts(4, seed=3))
+
+
+def test_first_equals_full_for_single_token_labels(tiny_loaded):
+    texts = random_texts(6, seed=11)
+    labels = ("billing", "technical", "refund")  # single tokens in the tiny vocabulary
+    first = Classifier(Task(labels=labels, mode="first"), model=tiny_loaded)
+    full = Classifier(Task(labels=labels, mode="full"), model=tiny_loaded)
+    assert all(len(s) == 1 for s in full.trie.sequences), full.trie.sequences
+    np.testing.assert_array_equal(first.score(first.encode(texts)), full.score(full.encode(texts)))
+    auto = Classifier(Task(labels=labels), model=tiny_loaded)
+    assert auto.mode == "first"
+
+
+def test_left_padding_regression(tiny_loaded):
+    """Regression: with right padding (or positions counted from the padded edge) the last
+    position of short rows reads a pad token and every short row is scored wrongly. The engine
+    left-pads and derives positions from each row's length; this pins both."""
+    clf = Classifier(Task(labels=("billing", "technical", "account"), mode="first"), model=tiny_loaded)
+    texts = ["the app crashes " * 12, "refund", "my card was charged twice"]
+    encoded = clf.encode(texts)
+    suffixes = [encoded.suffix(i) for i in range(3)]
+    batch = collate(suffixes, np.arange(3), tiny_loaded.tokenizer.pad_token_id, cached=True)
+    assert (batch.input_ids[1, : batch.input_ids.shape[1] - len(suffixes[1])] == tiny_loaded.tokenizer.pad_token_id).all()
+    fast = clf.engine.score(batch, clf.prefix, clf.trie).numpy()
+    ref = clf.reference(encoded, range(3))
+    np.testing.assert_allclose(fast, ref, atol=1e-4)
+
+    width = batch.input_ids.shape[1]
+    right = torch.full_like(batch.input_ids, tiny_loaded.tokenizer.pad_token_id)
+    for r, s in enumerate(suffixes):
+        right[r, : len(s)] = torch.tensor(s)
+    wrong = clf.engine.score(type(batch)(batch.rows, right, torch.full((3,), width), True), clf.prefix, clf.trie)
+    assert np.abs(wrong.numpy()[1:] - ref[1:]).max() > 1e-2  # the check above can fail
+
+
+def test_verification_catches_wrong_positions(tiny_loaded, monkeypatch):
+    clf = Classifier(Task(labels=("billing", "technical", "account"), mode="first"), model=tiny_loaded)
+    texts = random_texts(8, seed=5)
+    encoded = clf.encode(texts)
+    good = compare(clf, encoded, clf.score(encoded), pick_probes(encoded, 8))
+    assert good.ok and good.agree == good.n == 8
+
+    original = type(clf.engine)._positions_and_mask
+
+    def shifted(self, *args):
+        positions, mask = original(self, *args)
+        return positions + 3, mask
+
+    monkeypatch.setattr(type(clf.engine), "_positions_and_mask", shifted)
+    bad = compare(clf, encoded, clf.score(encoded), pick_probes(encoded, 8))
+    assert not bad.ok and bad.max_abs_diff > 1e-3
+
+
+def test_prefix_boundary_fallback(tiny_loaded):
+    """Items whose first characters merge with the prompt's last shared token must not use the
+    cached prefix; they run with their full prompt, are counted, and still match the reference."""
+    task = Task(labels=("billing", "technical"), mode="first", user_template="Ticket: {text}")
+    clf = Classifier(task, model=tiny_loaded)
+    tok = tiny_loaded.tokenizer
+    # Take the prefix up to and including "Ticket:" + " ": the space merges with a following word.
+    full_head = tok(clf.renderer.head, add_special_tokens=False)["input_ids"]
+    clf.prefix_ids = full_head
+    clf.prefix = clf.engine.prefill(full_head)
+    texts = ["card charged", "  spaced start", "app crashes"]
+    encoded = clf.encode(texts)
+    for i, text in enumerate(texts):
+        full = tok(clf.renderer.render(text), add_special_tokens=False)["input_ids"]
+        assert encoded.ids[i] == full  # always the per-item path's exact tokens
+        assert encoded.cached[i] == (full[: len(full_head)] == full_head)
+    assert encoded.fallbacks >= 1
+    assert_matches_reference(clf, texts)
+    assert clf.stats.fallbacks == encoded.fallbacks
+
+
+def test_default_prefix_never_falls_back(tiny_loaded):
+    clf = Classifier(Task(labels=("billing", "technical"), user_template="Ticket: {text}"), model=tiny_loaded)
+    encoded = clf.encode(["card", " lead space", "\nnewline first", "x" * 50, "Ünïcödé ✓"])
+    assert encoded.fallbacks == 0
+
+
+def test_prefix_computed_once_per_run(tiny_loaded, monkeypatch):
+    calls = []
+    clf = Classifier(Task(labels=("billing", "technical")), model=tiny_loaded,
+                     settings=EngineSettings(token_budget=40, max_rows=2))
+    original = clf.engine.prefill
+    monkeypatch.setattr(clf.engine, "prefill", lambda ids: calls.append(ids) or original(ids))
+    clf.classify(random_texts(9, seed=2))
+    clf.classify(random_texts(4, seed=3))
+    assert calls == []  # computed in __init__, reused by every batch of every call
+    assert clf.stats.batches >= 2
