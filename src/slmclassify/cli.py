@@ -99,9 +99,11 @@ def _unescape(template: str | None) -> str | None:
 @click.option("--probes", type=int, default=8, show_default=True, help="Items checked against the per-item path.")
 @click.option("--no-verify", is_flag=True, help="Skip the probe check.")
 @click.option("--gold-column", help="Column of true labels: report accuracy.")
+@click.option("--result-prefix", default="", help="Prefix for the added columns (e.g. pred_).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @task_options
-def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column, quiet,
+def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
+             result_prefix, quiet,
              task_file, labels, instruction, system, user_template, mode, min_confidence, model,
              token_budget, max_rows, max_tokens):
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT."""
@@ -112,6 +114,7 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
         fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,
+        result_prefix=result_prefix,
     )
 
 

@@ -69,7 +69,8 @@ def encode_items(
     status = [EMPTY if not text.strip() else OK for text in texts]
     live = [i for i, s in enumerate(status) if s == OK]
     ids: list[list[int]] = [[] for _ in texts]
-    encoded = tokenizer([renderer.render(texts[i]) for i in live], add_special_tokens=False)["input_ids"]
+    prompts = [renderer.render(texts[i]) for i in live]
+    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
     overhead = len(tokenizer(renderer.head + renderer.tail, add_special_tokens=False)["input_ids"])
     for i, item_ids in zip(live, encoded):
         too_long = len(item_ids) > max_prompt_tokens

@@ -9,7 +9,7 @@ import click
 import pandas as pd
 
 from .classifier import Classifier, EngineSettings
-from .errors import InputError
+from .errors import InputError, VerificationError
 from .results import make_results
 from .tables import read_table, texts_of, write_table
 from .task import Task
@@ -22,11 +22,20 @@ def _echo(message: str = "") -> None:
 
 def classify_table(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
                    text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
-                   gold_column=None, progress=True) -> pd.DataFrame:
-    """Classify every row of a table and write it with the result columns added."""
-    frame = read_table(input_path, text_column, fmt=fmt, errors=errors, id_column=id_column)
+                   gold_column=None, progress=True, result_prefix="") -> pd.DataFrame:
+    """Classify every row of a table and write it with the result columns added.
+
+    Raises VerificationError after writing when the probe check finds a mismatch.
+    """
+    frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors,
+                       id_column=id_column)
     if gold_column is not None and gold_column not in frame.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, frame.columns))}")
+    columns = [result_prefix + c for c in result_columns(task.labels)]
+    clash = [c for c in columns if c in frame.columns]
+    if clash:
+        raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
+                         "so the results do not overwrite it")
     texts = texts_of(frame, text_column)
     started = time.perf_counter()
     classifier = Classifier(task, model=model, settings=settings)
@@ -38,26 +47,32 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
     results = make_results(task.labels, scores, encoded.status, task.min_confidence)
     report = compare(classifier, encoded, scores, pick_probes(encoded, probes)) if probes > 0 else None
 
+    values = [[r.label, r.confidence, r.needs_review, *(r.probabilities.get(lab) for lab in task.labels), r.status]
+              for r in results]
     out = frame.copy()
-    out["label"] = [r.label for r in results]
-    out["confidence"] = [r.confidence for r in results]
-    out["needs_review"] = [r.needs_review for r in results]
-    for label in task.labels:
-        out[f"p_{label}"] = [r.probabilities.get(label) for r in results]
-    out["status"] = [r.status for r in results]
+    for j, column in enumerate(columns):
+        out[column] = [row[j] for row in values]
     assert len(out) == len(frame), "every input row must yield one output row"
     write_table(out, output_path, fmt if output_path == "-" else None)
 
     _print_summary(classifier, load_seconds, report, output_path)
     if gold_column is not None:
         _print_accuracy(frame[gold_column].astype(str).tolist(), results)
+    if report is not None and not report.ok:
+        raise VerificationError(f"the output was written, but {report.summary()}; "
+                                f"disagreeing rows {list(report.disagreements)}")
     return out
+
+
+def result_columns(labels) -> list[str]:
+    """The columns classify adds, in order."""
+    return ["label", "confidence", "needs_review", *(f"p_{label}" for label in labels), "status"]
 
 
 def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",
                  fmt=None, errors="strict", probes=16, tolerance=1e-3) -> VerifyReport:
     """Run probe items through both paths; print and return the comparison."""
-    frame = read_table(input_path, text_column, fmt=fmt, errors=errors)
+    frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors)
     classifier = Classifier(task, model=model, settings=settings)
     encoded = classifier.encode(texts_of(frame, text_column))
     indices = pick_probes(encoded, probes)

@@ -7,10 +7,10 @@ complete-looking file behind.
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -20,7 +20,10 @@ import pandas as pd
 from .errors import InputError
 
 FORMATS = ("csv", "jsonl", "parquet")
-_SURROGATE = re.compile("[\udc80-\udcff]")
+# Invalid UTF-8 bytes are decoded to this noncharacter first, so the row that held them can be
+# named after parsing (surrogates would not survive pandas' or pyarrow's string handling).
+_BAD_BYTE = "\U0010fffe"
+codecs.register_error("slmclassify-mark", lambda exc: (_BAD_BYTE, exc.end))
 
 
 def table_format(path: str, explicit: str | None = None) -> str:
@@ -52,8 +55,7 @@ def read_table(path: str, text_column: str, fmt: str | None = None, errors: str 
     else:
         if raw is None:
             raw = Path(path).read_bytes()
-        # surrogateescape keeps invalid bytes visible, so the offending row can be named below.
-        text = raw.decode("utf-8", errors="replace" if errors == "replace" else "surrogateescape")
+        text = raw.decode("utf-8", errors="replace" if errors == "replace" else "slmclassify-mark")
         text = text.removeprefix("\ufeff")
         frame = _parse_text(text, fmt, name)
     if text_column not in frame.columns:
@@ -94,7 +96,7 @@ def _check_utf8(frame: pd.DataFrame, name: str, id_column: str | None) -> None:
         if values.dtype != object and not pd.api.types.is_string_dtype(values):
             continue
         for row, value in enumerate(values):
-            if isinstance(value, str) and _SURROGATE.search(value):
+            if isinstance(value, str) and _BAD_BYTE in value:
                 ident = f" (id {frame[id_column].iloc[row]})" if id_column else ""
                 raise InputError(
                     f"{name}: row {row + 1}{ident}, column {column!r} is not valid UTF-8; "
@@ -104,8 +106,7 @@ def _check_utf8(frame: pd.DataFrame, name: str, id_column: str | None) -> None:
 
 def texts_of(frame: pd.DataFrame, text_column: str) -> list[str]:
     """The text column as strings; missing values become empty texts."""
-    return ["" if value is None or (isinstance(value, float) and value != value) else str(value)
-            for value in frame[text_column]]
+    return ["" if pd.isna(value) else str(value) for value in frame[text_column]]
 
 
 def write_table(frame: pd.DataFrame, path: str, fmt: str | None = None) -> None:
@@ -134,6 +135,6 @@ def _write(frame: pd.DataFrame, fh, fmt: str) -> None:
     if fmt == "csv":
         fh.write(frame.to_csv(index=False).encode("utf-8"))
     elif fmt == "jsonl":
-        fh.write(frame.to_json(orient="records", lines=True, force_ascii=False).encode("utf-8"))
+        fh.write(frame.to_json(orient="records", lines=True, force_ascii=False, double_precision=15).encode("utf-8"))
     else:
         frame.to_parquet(fh, index=False)

@@ -109,16 +109,17 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "task") -> Task:
-        known = {f.name for f in fields(cls)} | {"token_budget", "max_rows"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise TaskError(f"{source}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+        _check_keys(data, _TOP_LEVEL, source, "")
+        for key, kind in _TYPES.items():
+            if key in data and not isinstance(data[key], kind) or isinstance(data.get(key), bool):
+                raise TaskError(f"{source}: {key!r} must be {_KIND_NAMES[kind]}, got {data[key]!r}")
         raw_labels = data.get("labels")
         if not isinstance(raw_labels, list):
             raise TaskError(f"{source}: 'labels' must be a list of names or of {{name, description}} tables")
         labels, descriptions = [], []
         for item in raw_labels:
             if isinstance(item, dict):
+                _check_keys(item, ("name", "description"), source, "label table ")
                 if "name" not in item:
                     raise TaskError(f"{source}: a label table needs a 'name': {item}")
                 labels.append(str(item["name"]))
@@ -130,14 +131,28 @@ class Task:
         for ex in data.get("examples", []):
             if not isinstance(ex, dict) or "text" not in ex or "label" not in ex:
                 raise TaskError(f"{source}: each example needs 'text' and 'label': {ex}")
+            _check_keys(ex, ("text", "label"), source, "example ")
             examples.append(Example(str(ex["text"]), str(ex["label"])))
-        kwargs = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        kwargs = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)} - {"descriptions"}}
         kwargs.update(
             labels=tuple(labels),
             descriptions=tuple(descriptions) if any(descriptions) else (),
             examples=tuple(examples),
         )
         return cls(**kwargs)
+
+
+_TOP_LEVEL = ("labels", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
+              "token_budget", "max_rows")
+_TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str,
+          "min_confidence": (int, float), "token_budget": int, "max_rows": int}
+_KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number"}
+
+
+def _check_keys(table: dict, known, source: str, where: str) -> None:
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise TaskError(f"{source}: unknown key(s) in {where or 'the task'}: {unknown}; known keys are {list(known)}")
 
 
 def parse_labels(spec: str) -> tuple[str, ...]:

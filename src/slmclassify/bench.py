@@ -1,0 +1,292 @@
+"""`slmclassify bench`: the article's experiment and ours, side by side in one process.
+
+Configurations (same model, same threads, same items):
+  a  the article's per-item loop: full prompt, logits_to_keep=1, first-token scoring
+  b  the article's fixed batches of 32, arbitrary order (HF forward, left padding)
+  c  the article's fixed batches of 32, sorted by length
+  d  ours, default settings (prefix cache, sorted token-budget batches)
+  e  ablations of ours: no prefix cache; fixed batches of 32; all three off
+  f  llama.cpp on the same GGUF, item by item with its prompt prefix reused (if llama-cpp-python
+     is importable and the model is a GGUF)
+Every row reports agreement with (a) and the largest |Δ label log-probability|.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from .classifier import Classifier, EngineSettings
+from .loading import LoadedModel
+from .task import Task
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class BenchRow:
+    """One configuration's measurements."""
+
+    name: str
+    description: str
+    seconds: float
+    items: int
+    prompt_tokens: int
+    """Tokens of every item's full prompt (what the per-item loop runs)."""
+    padding: float | None = None
+    """Share of processed tokens that were padding (None: not batched)."""
+    speedup: float = 0.0
+    """items/s over configuration (a)."""
+    agree: int = 0
+    """Items whose label equals (a)'s."""
+    max_abs_diff: float = 0.0
+    """Largest |Δ label log-probability| against (a)."""
+    roofline: float | None = None
+    """Achieved share of the measured float32 matmul rate (ours only)."""
+    peak_rss_mb: float | None = None
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.seconds
+
+
+@dataclass
+class BenchReport:
+    rows: list[BenchRow] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+    matmul_gflops: float = 0.0
+    prompt_lengths: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA_VERSION,
+            "machine": self.machine,
+            "matmul_gflops": round(self.matmul_gflops, 2),
+            "prompt_lengths": self.prompt_lengths,
+            "rows": [
+                {**asdict(r), "items_per_s": round(r.items_per_s, 3), "tokens_per_s": round(r.tokens_per_s, 1)}
+                for r in self.rows
+            ],
+        }
+
+    def table(self) -> str:
+        head = f"{'config':<30} {'s':>7} {'items/s':>8} {'tok/s':>7} {'pad%':>6} {'speedup':>7} {'agree':>9} {'max|Δ|':>8} {'roofline':>8}"
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            pad = f"{100 * r.padding:.1f}" if r.padding is not None else "-"
+            roof = f"{r.roofline:.2f}" if r.roofline is not None else "-"
+            lines.append(
+                f"{r.name:<30} {r.seconds:>7.2f} {r.items_per_s:>8.2f} {r.tokens_per_s:>7.0f} {pad:>6} "
+                f"{r.speedup:>6.2f}x {f'{r.agree}/{r.items}':>9} {r.max_abs_diff:>8.1e} {roof:>8}"
+            )
+        return "\n".join(lines)
+
+
+def machine_info() -> dict:
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def matmul_rate(model: torch.nn.Module, rows: int = 2048, repeats: int = 5) -> float:
+    """float32 GFLOP/s of the model's own linear-layer shapes at `rows` tokens (best of repeats)."""
+    shapes = sorted({tuple(m.weight.shape) for m in model.model.layers[0].modules()
+                     if isinstance(m, torch.nn.Linear)})
+    xs = {k: torch.randn(rows, k) for _, k in shapes}
+    ws = [torch.randn(k, n) for n, k in shapes]
+    flops = sum(2 * rows * n * k for n, k in shapes)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for (n, k), w in zip(shapes, ws):
+                torch.mm(xs[k], w)
+            best = min(best, time.perf_counter() - start)
+    return flops / best / 1e9
+
+
+def non_embedding_params(model: torch.nn.Module) -> int:
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+    return total - embed.numel() - (0 if head is embed else head.numel())
+
+
+# --- the article's code paths (a, b, c), as in the article ----------------------------------
+
+def _article_first_ids(tokenizer, labels) -> torch.Tensor:
+    return torch.tensor([tokenizer.encode(label, add_special_tokens=False)[0] for label in labels])
+
+
+@torch.inference_mode()
+def article_loop(loaded: LoadedModel, prompts: list[str], labels) -> np.ndarray:
+    """(a): one forward per item, full prompt, last position only, first-token scores."""
+    tok, model = loaded.tokenizer, loaded.model
+    first = _article_first_ids(tok, labels)
+    out = np.zeros((len(prompts), len(labels)))
+    for i, prompt in enumerate(prompts):
+        inputs = tok(prompt, add_special_tokens=False, return_tensors="pt")
+        logits = model(**inputs, logits_to_keep=1).logits[0, -1, :]
+        out[i] = torch.log_softmax(logits, dim=-1)[first].numpy()
+    return out
+
+
+@torch.inference_mode()
+def article_batched(loaded: LoadedModel, prompts: list[str], labels, order, batch_size=32):
+    """(b)/(c): fixed batches in the given order; returns (scores, processed, real tokens)."""
+    tok, model = loaded.tokenizer, loaded.model
+    tok.padding_side = "left"
+    first = _article_first_ids(tok, labels)
+    out = np.zeros((len(prompts), len(labels)))
+    processed = real = 0
+    for i in range(0, len(order), batch_size):
+        idx = order[i : i + batch_size]
+        batch = tok([prompts[j] for j in idx], add_special_tokens=False, padding=True, return_tensors="pt")
+        processed += batch["input_ids"].numel()
+        real += int(batch["attention_mask"].sum())
+        logits = model(**batch, logits_to_keep=1).logits[:, -1, :]
+        out[idx] = torch.log_softmax(logits, dim=-1)[:, first].numpy()
+    return out, processed, real
+
+
+def llama_cpp_scores(gguf_path: str, prompts: list[str], labels, tokenizer) -> np.ndarray | None:
+    """(f): llama.cpp item by item, reusing its cached prompt prefix between calls."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=gguf_path, n_ctx=2048, verbose=False, n_threads=torch.get_num_threads())
+    first = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
+    out = np.zeros((len(prompts), len(labels)))
+    for i, prompt in enumerate(prompts):
+        tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+        # Reuse the longest common prefix with what is already in llama.cpp's KV cache.
+        previous = llm.input_ids[: llm.n_tokens].tolist()
+        common = 0
+        while common < min(len(previous), len(tokens) - 1) and previous[common] == tokens[common]:
+            common += 1
+        llm.n_tokens = common
+        llm.eval(tokens[common:])
+        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        out[i] = logits[first] - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
+    return out
+
+
+# --- the whole comparison -------------------------------------------------------------------
+
+def _peak_rss_reset() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # resets the peak resident set size (VmHWM) on Linux
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: EngineSettings | None = None,
+              gguf_path: str | None = None, log=print) -> BenchReport:
+    """Run every configuration on `texts` and return the report (rows in table order)."""
+    settings = settings or EngineSettings()
+    report = BenchReport(machine=machine_info())
+    probe = Classifier(task, model=loaded, settings=settings)
+    prompts = [probe.renderer.render(t) for t in texts]
+    lengths = np.array([len(ids) for ids in probe.encode(texts).ids])
+    total_tokens = int(lengths.sum())
+    report.prompt_lengths = {"min": int(lengths.min()), "median": int(np.median(lengths)), "max": int(lengths.max())}
+    log(f"{len(texts)} items; prompt tokens min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}")
+    report.matmul_gflops = matmul_rate(loaded.model)
+    flops_per_token = 2 * non_embedding_params(loaded.model)
+    log(f"float32 matmul rate on the model's shapes: {report.matmul_gflops:.1f} GFLOP/s")
+
+    def add(name, description, seconds, scores, padding=None, roofline=None, rss=None):
+        row = BenchRow(name, description, seconds, len(texts), total_tokens, padding=padding,
+                       roofline=roofline, peak_rss_mb=rss)
+        base = report.rows[0] if report.rows else None
+        if base is None:
+            row.speedup, row.agree, row.max_abs_diff = 1.0, len(texts), 0.0
+            add.reference = scores
+        else:
+            row.speedup = base.seconds / seconds
+            row.agree = int((scores.argmax(1) == add.reference.argmax(1)).sum())
+            row.max_abs_diff = float(np.abs(scores - add.reference).max())
+        report.rows.append(row)
+        log(f"  {name}: {seconds:.2f} s, {row.items_per_s:.2f} items/s, agree {row.agree}/{row.items}")
+
+    start = time.perf_counter()
+    scores = article_loop(loaded, prompts, task.labels)
+    add("a article per-item loop", "full prompt per item, logits_to_keep=1", time.perf_counter() - start, scores)
+
+    rng = np.random.default_rng(0)
+    for name, order in (("b article batch 32 unsorted", rng.permutation(len(texts))),
+                        ("c article batch 32 sorted", np.argsort(lengths, kind="stable"))):
+        start = time.perf_counter()
+        scores, processed, real = article_batched(loaded, prompts, task.labels, order)
+        add(name, "HF forward, fixed batches of 32", time.perf_counter() - start, scores, padding=1 - real / processed)
+
+    def ours(name, description, engine_settings, measure=False):
+        if measure:
+            _peak_rss_reset()
+        start = time.perf_counter()
+        clf = Classifier(task, model=loaded, settings=engine_settings)  # includes the prefix prefill
+        scores = clf.score(clf.encode(texts))
+        seconds = time.perf_counter() - start
+        s = clf.stats
+        roof = (s.real_tokens * flops_per_token / seconds / 1e9) / report.matmul_gflops if measure else None
+        add(name, description, seconds, scores, padding=s.padding_share, roofline=roof,
+            rss=_peak_rss_mb() if measure else None)
+
+    ours("d ours (default)", f"prefix cache, sorted, token budget {settings.token_budget}", settings, measure=True)
+    ours("e ours - no prefix cache", "sorted token-budget batches only",
+         EngineSettings(token_budget=settings.token_budget, max_rows=settings.max_rows, prefix_cache=False))
+    ours("e ours - fixed 32 rows", "prefix cache, sorted, 32 rows per batch",
+         EngineSettings(token_budget=None, max_rows=32))
+    ours("e ours - unsorted", "prefix cache, token budget, input order",
+         EngineSettings(token_budget=settings.token_budget, max_rows=settings.max_rows, sort=False))
+    ours("e ours - none of the three", "no cache, fixed 32 rows, input order",
+         EngineSettings(token_budget=None, max_rows=32, prefix_cache=False, sort=False))
+
+    if gguf_path is not None:
+        start = time.perf_counter()
+        scores = llama_cpp_scores(gguf_path, prompts, task.labels, loaded.tokenizer)
+        if scores is not None:
+            add("f llama.cpp per item", "llama-cpp-python, prefix reused", time.perf_counter() - start, scores)
+        else:
+            log("  f llama.cpp: skipped (llama-cpp-python is not installed)")
+    return report
+
+
+def dump_json(report: BenchReport) -> str:
+    return json.dumps(report.to_json(), sort_keys=True)
