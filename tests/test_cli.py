@@ -6,6 +6,7 @@ successful runs through click's `CliRunner`; stdin/stdout through the installed 
 
 from __future__ import annotations
 
+import dataclasses
 import csv
 import io
 import json
@@ -679,18 +680,19 @@ def test_verify_agrees_on_tiny_model(model_arg, tmp_path):
 
 
 def _shift_positions(by):
-    original = Engine._positions_and_mask
+    original = Engine._layout
 
-    def broken(self, lengths, S, trie, n_prefix):
-        positions, mask = original(self, lengths, S, trie, n_prefix)
-        return (torch.zeros_like(positions) if by == "zero" else positions + by), mask
+    def broken(self, batch, trie, n_prefix):
+        layout = original(self, batch, trie, n_prefix)
+        positions = torch.zeros_like(layout.positions) if by == "zero" else layout.positions + by
+        return dataclasses.replace(layout, positions=positions)
 
     return broken
 
 
 @pytest.mark.parametrize("by", [3, "zero"], ids=["shift+3", "zeroed"])
 def test_verify_catches_wrong_positions(run_main, model_arg, tmp_path, monkeypatch, by):
-    monkeypatch.setattr(Engine, "_positions_and_mask", _shift_positions(by))
+    monkeypatch.setattr(Engine, "_layout", _shift_positions(by))
     src = write_input(tmp_path / "in.csv")
     code, out, err = run_main("verify", src, "--labels", LABEL_ARG, *model_arg)
     assert code == 1
@@ -702,7 +704,7 @@ def test_verify_catches_wrong_positions(run_main, model_arg, tmp_path, monkeypat
 
 def test_classify_reports_mismatch_and_exits_1(model_arg, tmp_path, monkeypatch):
     """A mismatch is printed in the summary; the output is written, and the exit code is 1."""
-    monkeypatch.setattr(Engine, "_positions_and_mask", _shift_positions(3))
+    monkeypatch.setattr(Engine, "_layout", _shift_positions(3))
     src = write_input(tmp_path / "in.csv")
     result = CliRunner().invoke(cli, ["classify", str(src), "-o", str(tmp_path / "out.csv"),
                                       "--labels", LABEL_ARG, *model_arg])

@@ -3,6 +3,7 @@ reference path's label log-probabilities, for both architectures and every scori
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -118,13 +119,13 @@ def test_verification_catches_wrong_positions(tiny_loaded, monkeypatch):
     good = compare(clf, encoded, clf.score(encoded), pick_probes(encoded, 8))
     assert good.ok and good.agree == good.n == 8
 
-    original = type(clf.engine)._positions_and_mask
+    original = type(clf.engine)._layout
 
     def shifted(self, *args):
-        positions, mask = original(self, *args)
-        return positions + 3, mask
+        layout = original(self, *args)
+        return dataclasses.replace(layout, positions=layout.positions + 3)
 
-    monkeypatch.setattr(type(clf.engine), "_positions_and_mask", shifted)
+    monkeypatch.setattr(type(clf.engine), "_layout", shifted)
     bad = compare(clf, encoded, clf.score(encoded), pick_probes(encoded, 8))
     assert not bad.ok and bad.max_abs_diff > 1e-3
 

@@ -1,17 +1,22 @@
-"""The fast path: the model's decoder layers run over left-padded batches that continue a
-prefix whose keys and values were computed once, plus the label-trie nodes, in one pass.
+"""The fast path: the model's decoder layers over a batch of items that continue a prefix
+whose keys and values were computed once, plus the label-trie nodes, in one forward pass.
 
-Layout of one row (P prefix tokens, S suffix width, T trie nodes; `.` = pad):
+A batch arrives left-padded ([B, S], `batching.py`). The label-trie nodes are appended to every
+row, giving a padded layout of width W = S + T. Attention runs in that padded layout; everything
+else (projections, MLP, norms: ~90% of the arithmetic) runs on the *packed* real tokens only,
+so padding costs attention work and nothing more.
 
-    keys:      [ p p p p | . . s s s s | n1 n2 ]      n = trie node
-    positions:   0 ... P-1  P P P+0 .. P+3  P+4+depth-1
-    query s_i sees: every prefix key, real suffix keys up to itself (causal)
-    query n_t sees: every prefix key, every real suffix key, its own trie ancestors and itself
+    padded row:  [ . . s s s s | n1 n2 ]        . = pad, s = item token, n = trie node
+    keys seen:   [ p p p p ] + the row above     p = cached prefix (P tokens)
+    positions:     0 .. P-1    P .. P+3 | P+4+depth-1
+    query s_i sees: every prefix key, the row's real suffix keys up to itself (causal)
+    query n_t sees: every prefix key, every real suffix key, its trie ancestors and itself
     query .   sees: prefix keys and itself (its output is never read)
 
-Only the item's last token and the trie nodes reach the output layer. The weights and
-sub-modules are the Hugging Face model's own (Llama and Qwen2 share this layout), so the
-reference path in `reference.py` is an independent oracle for this code.
+Only the item's last token and the trie nodes reach the output layer. The weights are the
+Hugging Face model's own (Llama and Qwen2 share this layout), re-arranged once: q/k/v and
+gate/up projections concatenated, RMSNorm weights folded into the projection that follows.
+`reference.py` runs the unmodified Hugging Face forward and is the oracle for this code.
 """
 
 from __future__ import annotations
@@ -42,112 +47,200 @@ class PrefixCache:
         return int(self.keys[0].shape[2]) if self.keys else 0
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's weights, re-arranged for the packed forward."""
+
+    qkv: torch.Tensor  # [(H + 2 H_kv) D, hidden], input RMSNorm weight folded in
+    qkv_bias: torch.Tensor | None  # [(H + 2 H_kv) D] (Qwen2) or None (Llama)
+    o: torch.Tensor  # [hidden, H D]
+    gate_up: torch.Tensor  # [2 I, hidden], post-attention RMSNorm weight folded in
+    down: torch.Tensor  # [hidden, I]
+    eps: float
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a batch's real tokens sit in its padded [B, W] layout."""
+
+    B: int
+    W: int
+    index: torch.Tensor  # [N] flat positions (into B*W) of the real tokens, row-major
+    read: torch.Tensor  # [B, 1+T] packed indices of each row's last item token and its trie nodes
+    positions: torch.Tensor  # [N] rotary position of each real token
+    mask: torch.Tensor  # [B, 1, W, P+W] bool, True = may attend
+
+
+def _fold(norm: torch.nn.Module, *linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate linears that read the same normed input, scaling their columns by the norm weight."""
+    weight = torch.cat([lin.weight for lin in linears]) * norm.weight[None, :]
+    biases = [lin.bias for lin in linears]
+    bias = torch.cat(biases) if all(b is not None for b in biases) else None
+    return weight.contiguous(), bias
 
 
 class Engine:
     """Scores label tries for batches of items, reusing one prefix cache."""
 
     def __init__(self, model: torch.nn.Module):
-        self.model = model
         base = model.model
-        self.embed = base.embed_tokens
-        self.layers = base.layers
-        self.norm = base.norm
-        self.rotary = base.rotary_emb
-        self.lm_head = model.lm_head
         cfg = model.config
+        self.embed = base.embed_tokens
+        self.rotary = base.rotary_emb
+        self.final_norm = base.norm
+        self.lm_head = model.lm_head
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.scale = self.head_dim**-0.5
+        with torch.no_grad():
+            self.layers = []
+            for layer in base.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv, qkv_bias = _fold(layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
+                gate_up, _ = _fold(layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj)
+                self.layers.append(_Layer(
+                    qkv=qkv, qkv_bias=qkv_bias, o=attn.o_proj.weight, gate_up=gate_up,
+                    down=mlp.down_proj.weight, eps=layer.input_layernorm.variance_epsilon,
+                ))
 
     @torch.inference_mode()
     def prefill(self, prefix_ids: list[int]) -> PrefixCache:
         """Run the prefix once and keep every layer's keys and values."""
-        ids = torch.tensor([prefix_ids], dtype=torch.long)  # [1, P]
-        positions = torch.arange(len(prefix_ids))[None]  # [1, P]
-        _, keys, values = self._layers(ids, positions, mask=None, prefix=None, keep_kv=True)
+        P = len(prefix_ids)
+        layout = _Layout(
+            B=1, W=P, index=torch.arange(P), read=torch.tensor([[P - 1]]), positions=torch.arange(P),
+            mask=torch.ones(P, P, dtype=torch.bool).tril()[None, None],
+        )
+        keys, values = [], []
+        self._layers(torch.tensor(prefix_ids), layout, None, keys, values)
         return PrefixCache(keys=tuple(keys), values=tuple(values))
 
     @torch.inference_mode()
     def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie) -> torch.Tensor:
         """[B, L] label scores of every row (mode of `trie`)."""
-        n_prefix = prefix.length if (batch.cached and prefix is not None) else 0
+        prefix = prefix if (batch.cached and prefix is not None and prefix.length) else None
+        layout = self._layout(batch, trie, prefix.length if prefix else 0)
+        B, S = batch.input_ids.shape
+        ids = torch.cat([batch.input_ids, trie.node_tokens.expand(B, -1)], dim=1)  # [B, W]
+        read = self.final_norm(self._layers(ids.reshape(-1)[layout.index], layout, prefix))  # [B, 1+T, hidden]
+        return trie.score(self._step_logprobs(read, trie))
+
+    def _layout(self, batch: Batch, trie: LabelTrie, n_prefix: int) -> _Layout:
+        lengths = batch.lengths
         B, S = batch.input_ids.shape
         T = trie.n_nodes
-        ids = torch.cat([batch.input_ids, trie.node_tokens.expand(B, T)], dim=1)  # [B, S+T]
-        positions, mask = self._positions_and_mask(batch.lengths, S, trie, n_prefix)
-        hidden, _, _ = self._layers(ids, positions, mask, prefix if n_prefix else None)
-        # hidden: [B, S+T, H]; read the item's last token (S-1) and the trie nodes (S..S+T-1)
-        read = hidden[:, S - 1 :]  # [B, 1+T, H]
-        step_logprobs = self._step_logprobs(self.norm(read), trie)  # [B, N]
-        return trie.score(step_logprobs)
-
-    def _positions_and_mask(self, lengths: torch.Tensor, S: int, trie: LabelTrie, n_prefix: int):
-        B, T = lengths.shape[0], trie.n_nodes
+        W = S + T
         pad = (S - lengths)[:, None]  # [B, 1] pads at the left of each row
-        col = torch.arange(S)[None]  # [1, S]
-        suffix_pos = n_prefix + (col - pad).clamp(min=0)  # [B, S]
-        node_pos = n_prefix + lengths[:, None] + trie.node_depth[None] - 1  # [B, T]
-        positions = torch.cat([suffix_pos, node_pos], dim=1)  # [B, S+T]
+        col = torch.arange(W)[None]  # [1, W]
+        real = (col >= pad) | (col >= S)  # [B, W] item tokens and trie nodes
+        index = real.reshape(-1).nonzero().squeeze(1)  # [N]
+        depth = torch.cat([torch.zeros(S, dtype=torch.long), trie.node_depth])  # [W]
+        positions = torch.where(col < S, col - pad, lengths[:, None] + depth[None] - 1) + n_prefix  # [B, W]
 
-        q = torch.arange(S + T)[:, None]  # [S+T, 1] query index
-        k = torch.arange(S)[None]  # [1, S] suffix key index
-        real_key = k[None] >= pad[:, :, None]  # [B, 1, S] key is a real token
-        causal = k <= q  # [S+T, S]; trie queries (q >= S) see every suffix key
-        sees_suffix = (real_key & causal[None]) | (k == q)[None]  # [B, S+T, S]; pads see themselves
-        sees_nodes = torch.zeros(S + T, T, dtype=torch.bool)
-        sees_nodes[S:] = trie.ancestors  # [S+T, T]
-        parts = [sees_suffix, sees_nodes.expand(B, S + T, T)]
+        # Packed index of each row's first real token; its last item token and nodes follow.
+        row_start = torch.cumsum(lengths + T, 0) - (lengths + T)  # [B]
+        read = row_start[:, None] + lengths[:, None] - 1 + torch.arange(1 + T)[None]  # [B, 1+T]
+
+        q = torch.arange(W)[:, None]  # [W, 1] query column
+        k = torch.arange(S)[None]  # [1, S] suffix key column
+        sees_suffix = ((k[None] >= pad[:, :, None]) & (k <= q)[None]) | (k == q)[None]  # [B, W, S]
+        sees_nodes = torch.zeros(W, T, dtype=torch.bool)
+        sees_nodes[S:] = trie.ancestors  # [W, T]
+        parts = [sees_suffix, sees_nodes.expand(B, W, T)]
         if n_prefix:
-            parts.insert(0, torch.ones(B, S + T, n_prefix, dtype=torch.bool))
-        mask = torch.cat(parts, dim=2)[:, None]  # [B, 1, S+T, P+S+T]
-        return positions, mask
+            parts.insert(0, torch.ones(B, W, n_prefix, dtype=torch.bool))
+        mask = torch.cat(parts, dim=2)[:, None]  # [B, 1, W, P+W]
+        return _Layout(B=B, W=W, index=index, read=read, positions=positions.reshape(-1)[index], mask=mask)
 
-    def _layers(self, ids, positions, mask, prefix: PrefixCache | None, keep_kv: bool = False):
-        """Embed, run every decoder layer, return the last hidden states (before the final norm)."""
-        h = self.embed(ids)  # [B, Q, H]
-        cos, sin = self.rotary(h, positions)  # [B, Q, D] each
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, Q, D]
-        keys, values = [], []
+    def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
+                keys: list | None = None, values: list | None = None) -> torch.Tensor:
+        """Embed the packed ids and run every decoder layer.
+
+        Returns [B, 1+T, hidden] (before the final norm) at the read positions: the last layer
+        computes its attention queries and MLP only there. With `keys` given (the prefill), every
+        layer's keys and values are collected and nothing is read.
+        """
+        h = self.embed(ids)  # [N, hidden]
+        cos, sin = self.rotary(h[None], layout.positions[None])  # [1, N, D] each
+        half = self.head_dim // 2
+        # HF's cos/sin repeat the same half twice; keep one half: [N, 1, D/2]
+        cos, sin = cos[0, :, None, :half], sin[0, :, None, :half]
+        last = len(self.layers) - 1 if keys is None else None
         for i, layer in enumerate(self.layers):
-            residual = h
-            attn_out, k, v = self._attention(
-                layer.self_attn, layer.input_layernorm(h), cos, sin, mask,
-                None if prefix is None else (prefix.keys[i], prefix.values[i]),
-            )
-            h = residual + attn_out
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-            if keep_kv:
+            past = None if prefix is None else (prefix.keys[i], prefix.values[i])
+            if i == last:
+                h = self._attention_block(h, layer, cos, sin, layout, past, read_only=True)  # [B*(1+T), hidden]
+                self._mlp_block(h, layer)
+                return h.view(layout.B, -1, h.shape[-1])
+            k, v = self._attention_block(h, layer, cos, sin, layout, past)
+            if keys is not None:
                 keys.append(k)
                 values.append(v)
-        return h, keys, values
+            self._mlp_block(h, layer)
+        return h
 
-    def _attention(self, attn, x, cos, sin, mask, past):
-        B, Q, _ = x.shape
-        D = self.head_dim
-        q = attn.q_proj(x).view(B, Q, -1, D).transpose(1, 2)  # [B, H, Q, D]
-        k = attn.k_proj(x).view(B, Q, -1, D).transpose(1, 2)  # [B, H_kv, Q, D]
-        v = attn.v_proj(x).view(B, Q, -1, D).transpose(1, 2)  # [B, H_kv, Q, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+    def _attention_block(self, h, layer: _Layer, cos, sin, layout: _Layout, past, read_only: bool = False):
+        """h += attention(norm(h)); returns this block's [B, H_kv, W, D] keys and values.
+
+        With `read_only`, queries are computed at the read positions only, and the updated hidden
+        states of those positions, [B*(1+T), hidden], are returned instead.
+        """
+        N = h.shape[0]
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        qkv = F.linear(_rms(h, layer.eps), layer.qkv, layer.qkv_bias).view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]
+        _rotate(qkv[:, : H + Hkv], cos, sin)
+        padded = qkv.new_zeros(layout.B * layout.W, H + 2 * Hkv, D)
+        padded[layout.index] = qkv
+        padded = padded.view(layout.B, layout.W, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, W, D]
+        q, k, v = padded[:, :H], padded[:, H : H + Hkv], padded[:, H + Hkv :]
         new_k, new_v = k, v
         if past is not None:
             pk, pv = past  # [1, H_kv, P, D]
-            k = torch.cat([pk.expand(B, -1, -1, -1), k], dim=2)  # [B, H_kv, P+Q, D]
-            v = torch.cat([pv.expand(B, -1, -1, -1), v], dim=2)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, scale=attn.scaling, enable_gqa=True
-        )  # [B, H, Q, D]
-        return attn.o_proj(out.transpose(1, 2).reshape(B, Q, -1)), new_k, new_v
+            k = torch.cat([pk.expand(layout.B, -1, -1, -1), k], dim=2)  # [B, H_kv, P+W, D]
+            v = torch.cat([pv.expand(layout.B, -1, -1, -1), v], dim=2)
+        mask = layout.mask
+        if read_only:
+            n_read = layout.read.shape[1]  # the read columns are the last 1+T of the padded layout
+            q, mask = q[:, :, -n_read:], mask[:, :, -n_read:]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(-1, H * D)  # [B*Q, H D]
+        if read_only:
+            return h[layout.read.reshape(-1)] + F.linear(out, layer.o)
+        h.add_(F.linear(out[layout.index], layer.o))
+        return new_k, new_v
+
+    @staticmethod
+    def _mlp_block(h, layer: _Layer) -> None:
+        """h += down(silu(gate(norm(h))) * up(norm(h)))."""
+        gate_up = F.linear(_rms(h, layer.eps), layer.gate_up)  # [N, 2I]
+        gate, up = gate_up.chunk(2, dim=-1)
+        h.add_(F.linear(F.silu(gate, inplace=True).mul_(up), layer.down))
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
-        """[B, 1+T, H] normed hidden states → [B, N] log-probabilities of the trie steps."""
+        """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
         B, n_pos, _ = read.shape
         vocab = self.lm_head.out_features
         per_call = max(1, _LOGITS_CHUNK // (n_pos * vocab))
         out = []
         for start in range(0, B, per_call):
             logprobs = torch.log_softmax(self.lm_head(read[start : start + per_call]), dim=-1)  # [b, 1+T, V]
-            out.append(logprobs[:, trie.step_pos, trie.step_token])  # [b, N]
+            out.append(logprobs[:, trie.step_pos, trie.step_token])  # [b, N_steps]
         return torch.cat(out)
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without its weight (folded into the next projection)."""
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotary embedding in place: x = x * cos + rotate_half(x) * sin, on [N, heads, D] halves."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    r1 = x1 * cos
+    r1.addcmul_(x2, sin, value=-1.0)
+    x2_new = x2 * cos
+    x2_new.addcmul_(x1, sin)
+    x1.copy_(r1)
+    x2.copy_(x2_new)
