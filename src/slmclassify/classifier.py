@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .batching import collate, plan_batches
+from .calibration import CONTENT_FREE, adjust, prior_from_scores
 from .encode import EncodedItems, choose_prefix, encode_items
 from .engine import Engine
 from .errors import TaskError
@@ -23,8 +24,8 @@ from .reference import reference_scores
 from .results import Result, RunStats, make_results
 from .task import Task
 
-DEFAULT_TOKEN_BUDGET = 4096
-DEFAULT_MAX_ROWS = 64
+DEFAULT_TOKEN_BUDGET = 2048
+DEFAULT_MAX_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,22 @@ class Classifier:
         context = getattr(self.loaded.model.config, "max_position_embeddings", 2048)
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
         self.stats = RunStats()
+        self.bias = self.content_free_prior() if task.calibrate else None
+
+    def content_free_prior(self) -> np.ndarray:
+        """[L] log prior of each label on content-free inputs (a few passes over the cached prefix)."""
+        encoded = encode_items(
+            self.loaded.tokenizer, self.renderer, list(CONTENT_FREE), self.prefix_ids,
+            self.max_prompt_tokens, score_empty=True,
+        )
+        stats = self.stats
+        prior = prior_from_scores(self.score(encoded))
+        self.stats = stats  # calibration passes are not part of a run's figures
+        return prior
+
+    def calibrated(self, scores: np.ndarray) -> np.ndarray:
+        """Scores with the task's calibration applied (prior removed, temperature)."""
+        return adjust(scores, self.bias, self.task.temperature)
 
     @property
     def mode(self) -> str:
@@ -92,7 +109,8 @@ class Classifier:
         """One Result per text, in input order. `progress(n)` is called as n more items finish."""
         encoded = self.encode(texts)
         scores = self.score(encoded, progress)
-        return make_results(self.task.labels, scores, encoded.status, self.task.min_confidence)
+        return make_results(self.task.labels, scores, self.calibrated(scores), encoded.status,
+                            self.task.min_confidence)
 
     def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None) -> np.ndarray:
         """[n, L] label scores (NaN rows for empty items), through the fast path."""

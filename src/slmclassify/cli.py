@@ -46,6 +46,8 @@ def task_options(fn):
         click.option("--user-template", help="Wrap each item, e.g. 'Ticket: {text}\\nCategory:'."),
         click.option("--mode", type=click.Choice(MODES), help="Label scoring mode (default auto)."),
         click.option("--min-confidence", type=float, help="Below this, needs_review = true (default 0.5)."),
+        click.option("--calibrate/--no-calibrate", default=None,
+                     help="Remove label priors measured on content-free inputs (contextual calibration)."),
         click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M)."),
         click.option("--token-budget", type=int, help="Max rows × padded tokens per batch."),
         click.option("--max-rows", type=int, help="Max rows per batch."),
@@ -56,10 +58,10 @@ def task_options(fn):
     return fn
 
 
-def build_task(task_file, labels, instruction, system, user_template, mode, min_confidence) -> Task:
+def build_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate=None) -> Task:
     """The task from a task file and/or flags; flags win."""
     overrides = dict(instruction=instruction, system=system, mode=mode, min_confidence=min_confidence,
-                     user_template=_unescape(user_template))
+                     user_template=_unescape(user_template), calibrate=calibrate)
     if task_file:
         task = Task.from_toml(task_file)
         if labels:
@@ -104,12 +106,12 @@ def _unescape(template: str | None) -> str | None:
 @task_options
 def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
              result_prefix, quiet,
-             task_file, labels, instruction, system, user_template, mode, min_confidence, model,
+             task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
              token_budget, max_rows, max_tokens):
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT."""
     from .run import classify_table
 
-    task = build_task(task_file, labels, instruction, system, user_template, mode, min_confidence)
+    task = build_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
     settings = build_settings(task_file, token_budget, max_rows, max_tokens)
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
@@ -127,7 +129,7 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
 @click.option("--tolerance", type=float, default=1e-3, show_default=True, help="Max allowed |Δ log-prob|.")
 @task_options
 def verify(input_path, text_column, fmt, errors, probes, tolerance, task_file, labels, instruction, system,
-           user_template, mode, min_confidence, model, token_budget, max_rows, max_tokens):
+           user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens):
     """Run probe items of INPUT through the fast and the per-item path and compare them."""
     from .run import verify_table
 
@@ -139,3 +141,160 @@ def verify(input_path, text_column, fmt, errors, probes, tolerance, task_file, l
         raise VerificationError(f"verification failed: {report.summary()}; disagreeing rows {list(report.disagreements)}")
 
 
+
+
+def _bench_texts(input_path, text_column, n):
+    """The user's file (first n rows) or the article's synthetic tickets."""
+    from .tables import read_table, texts_of
+    from .workload import article_tickets
+
+    if input_path is None:
+        return article_tickets(n)
+    texts = texts_of(read_table(input_path, text_column), text_column)
+    return [t for t in texts if t.strip()][:n]
+
+
+def _bench_task(task_file, labels, instruction, system, user_template):
+    from .workload import ARTICLE_TASK
+
+    if not (task_file or labels):
+        return ARTICLE_TASK
+    return build_task(task_file, labels, instruction, system, user_template, None, None)
+
+
+@cli.command()
+@click.option("--n", "n_items", type=int, default=600, show_default=True, help="Number of items.")
+@click.option("--input", "input_path", help="Benchmark on your own file instead of the article's tickets.")
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--json", "json_path", help="Also save the JSON summary to this file.")
+@click.option("--task", "task_file", type=click.Path(dir_okay=False), help="TOML task file (default: the article's).")
+@click.option("--labels", help="Labels (default: the article's billing,technical,account).")
+@click.option("--instruction")
+@click.option("--system")
+@click.option("--user-template")
+@click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M).")
+@click.option("--token-budget", type=int)
+@click.option("--max-rows", type=int)
+def bench(n_items, input_path, text_column, json_path, task_file, labels, instruction, system, user_template,
+          model, token_budget, max_rows):
+    """Reproduce the article's experiment next to ours, in one process: speed, padding, agreement.
+
+    Every configuration scores first tokens (the article's method), so predictions are comparable.
+    """
+    from pathlib import Path as _Path
+
+    from .bench import dump_json, run_bench
+    from .loading import embedded_gguf_path, load_model
+
+    if n_items < 1:
+        raise TaskError(f"--n must be positive, got {n_items}")
+    task = _bench_task(task_file, labels, instruction, system, user_template).with_overrides(mode="first")
+    settings = build_settings(task_file, token_budget, max_rows, None)
+    texts = _bench_texts(input_path, text_column, n_items)
+    loaded = load_model(model)
+    gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
+    report = run_bench(loaded, texts, task, settings, gguf_path=gguf, log=lambda m: click.echo(m, err=True))
+    click.echo(f"model: {loaded.name}; {report.machine['cpu']}, {report.machine['threads']} threads, "
+               f"torch {report.machine['torch']}, transformers {report.machine['transformers']}")
+    click.echo(f"float32 matmul rate on the model's shapes: {report.matmul_gflops:.1f} GFLOP/s")
+    click.echo(report.table())
+    line = dump_json(report)
+    if json_path:
+        _Path(json_path).write_text(line + "\n")
+    click.echo(line)
+
+
+@cli.command()
+@click.argument("input_path", metavar="[INPUT]", required=False)
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--n", "n_items", type=int, default=200, show_default=True, help="Items to run per setting.")
+@click.option("--budgets", default="512,1024,2048,4096,8192", show_default=True, help="Token budgets to try.")
+@click.option("--row-caps", default="32,128", show_default=True, help="Row caps to try.")
+@click.option("--plot", "plot_path", default="sweep.png", show_default=True, help="PNG of throughput and padding.")
+@click.option("--save", is_flag=True, help="Save the best setting as your default (user config file).")
+@click.option("--save-to-task", is_flag=True, help="Write the best setting into the --task file instead.")
+@task_options
+def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, task_file, labels,
+          instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
+          max_tokens):
+    """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets)."""
+    from . import sweep as sweeping
+    from .loading import load_model
+    from .tuning import save_settings
+
+    budget_list = _int_list(budgets, "--budgets")
+    rows_list = _int_list(row_caps, "--row-caps")
+    task = (build_task(task_file, labels, instruction, system, user_template, mode, min_confidence)
+            if (task_file or labels) else _bench_task(None, None, None, None, None))
+    if save_to_task and not task_file:
+        raise TaskError("--save-to-task needs --task FILE")
+    texts = _bench_texts(input_path, text_column, n_items)
+    points = sweeping.run_sweep(load_model(model), task, texts, budget_list, rows_list,
+                                log=lambda m: click.echo(m, err=True))
+    top = sweeping.best(points)
+    sweeping.plot(points, plot_path)
+    click.echo(f"{'budget':>8} {'rows':>5} {'items/s':>8} {'padding%':>9}")
+    for p in points:
+        click.echo(f"{p.token_budget:>8} {p.max_rows:>5} {p.items_per_s:>8.2f} {100 * p.padding:>9.1f}")
+    click.echo(f"best: --token-budget {top.token_budget} --max-rows {top.max_rows} ({top.items_per_s:.2f} items/s); "
+               f"plot: {plot_path}")
+    if save:
+        click.echo(f"saved as default in {save_settings(token_budget=top.token_budget, max_rows=top.max_rows)}")
+    if save_to_task:
+        _write_task_settings(task_file, token_budget=top.token_budget, max_rows=top.max_rows)
+        click.echo(f"saved into {task_file}")
+
+
+def _int_list(spec: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise TaskError(f"{option} must be comma-separated integers, got {spec!r}") from None
+    if not values or min(values) < 1:
+        raise TaskError(f"{option} must list positive integers, got {spec!r}")
+    return values
+
+
+def _write_task_settings(task_file: str, **values: int) -> None:
+    """Set top-level integer keys in a TOML task file, keeping the rest of it as written."""
+    path = Path(task_file)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.split("=")[0].strip() not in values]
+    # Top-level keys must precede the first [table]: insert before it.
+    first_table = next((i for i, line in enumerate(kept) if line.lstrip().startswith("[")), len(kept))
+    new = [f"{k} = {int(v)}" for k, v in values.items()]
+    path.write_text("\n".join(kept[:first_table] + new + kept[first_table:]) + "\n", encoding="utf-8")
+
+
+@cli.command()
+@click.argument("input_path", metavar="LABELLED_FILE")
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--label-column", default="label", show_default=True, help="Column of gold labels (tables).")
+@click.option("--compare-modes", is_flag=True, help="Also report every scoring mode, with and without calibration.")
+@click.option("--fit-temperature", is_flag=True, help="Fit temperature scaling on these items.")
+@click.option("--target-accuracy", type=float, help="Print the confidence threshold that reaches this accuracy.")
+@click.option("--write-task", is_flag=True, help="Write min_confidence (and temperature) into the --task file.")
+@click.option("--fewshot-cost", type=int, default=0, help="Also time 0 vs N examples per label in the prefix.")
+@click.option("--plots", "plots_dir", help="Folder for confusion.png, reliability.png and coverage.png.")
+@click.option("--json", "json_path", help="Write the summary as JSON.")
+@click.option("--limit", type=int, help="Only the first N items.")
+@task_options
+def evaluate(input_path, text_column, label_column, compare_modes, fit_temperature, target_accuracy, write_task,
+             fewshot_cost, plots_dir, json_path, limit, task_file, labels, instruction, system, user_template, mode,
+             min_confidence, calibrate, model, token_budget, max_rows, max_tokens):
+    """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
+    macro-F1, calibration and the review threshold."""
+    from .evaluation_run import evaluate_file
+
+    if target_accuracy is not None and not 0 < target_accuracy <= 1:
+        raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
+    if write_task and not task_file:
+        raise TaskError("--write-task needs --task FILE")
+    evaluate_file(
+        input_path, text_column=text_column, label_column=label_column, task_args=dict(
+            task_file=task_file, labels=labels, instruction=instruction, system=system,
+            user_template=user_template, mode=mode, min_confidence=min_confidence, calibrate=calibrate),
+        settings=build_settings(task_file, token_budget, max_rows, max_tokens), model=model,
+        compare_modes=compare_modes, fit_temperature=fit_temperature, target_accuracy=target_accuracy,
+        write_task=write_task, fewshot_cost=fewshot_cost, plots_dir=plots_dir, json_path=json_path, limit=limit,
+    )

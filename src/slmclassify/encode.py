@@ -64,9 +64,14 @@ def encode_items(
     prefix_ids: list[int],
     max_prompt_tokens: int,
     max_text_tokens: int | None = None,
+    score_empty: bool = False,
 ) -> EncodedItems:
-    """Render and tokenize every item; truncate over-long texts so the template stays whole."""
-    status = [EMPTY if not text.strip() else OK for text in texts]
+    """Render and tokenize every item; truncate over-long texts so the template stays whole.
+
+    Empty texts get status `empty` and are not scored, unless `score_empty` (content-free
+    calibration inputs include "").
+    """
+    status = [EMPTY if not text.strip() and not score_empty else OK for text in texts]
     live = [i for i, s in enumerate(status) if s == OK]
     ids: list[list[int]] = [[] for _ in texts]
     prompts = [renderer.render(texts[i]) for i in live]

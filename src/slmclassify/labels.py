@@ -172,3 +172,20 @@ def resolve_mode(labels: tuple[str, ...], sequences: list[tuple[int, ...]], requ
 
 def _first_token_clash(labels, firsts) -> list[str]:
     return [label for label, first in zip(labels, firsts) if firsts.count(first) > 1]
+
+
+def describe_labels(tokenizer, labels: tuple[str, ...], sequences: list[tuple[int, ...]]) -> list[str]:
+    """One line per label showing its tokens, plus warnings about first tokens that mislead."""
+    lines, warnings = [], []
+    firsts = [seq[0] for seq in sequences]
+    for label, seq in zip(labels, sequences):
+        pieces = [tokenizer.decode([t]) for t in seq]
+        lines.append(f"  {label!r} -> {' | '.join(repr(p) for p in pieces)} ({len(seq)} token{'s' * (len(seq) > 1)})")
+        first = pieces[0].strip()
+        if len(seq) > 1 and len(first) < len(label.strip()) and len(first) <= 3:
+            warnings.append(f"  warning: {label!r} starts with the fragment {first!r}, which also begins many other "
+                            "words; first-token scoring compares that fragment's prior, not the label")
+    clash = _first_token_clash(labels, firsts)
+    if clash:
+        warnings.append(f"  warning: labels {clash} share their first token; only full-sequence modes can tell them apart")
+    return lines + warnings

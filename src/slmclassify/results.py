@@ -34,10 +34,14 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=1, keepdims=True)
 
 
-def make_results(labels, scores: np.ndarray, status: list[str], min_confidence: float) -> list[Result]:
-    """[n, L] scores (NaN rows for empty items) → one Result per item, in order."""
+def make_results(labels, scores: np.ndarray, calibrated: np.ndarray, status: list[str],
+                 min_confidence: float) -> list[Result]:
+    """[n, L] raw and calibrated scores (NaN rows for empty items) → one Result per item, in order.
+
+    Probabilities are the softmax of the calibrated scores; `scores` keeps the raw ones.
+    """
     results = []
-    probs = softmax(np.nan_to_num(scores, nan=0.0))
+    probs = softmax(np.nan_to_num(calibrated, nan=0.0))
     for i, st in enumerate(status):
         if st == EMPTY:
             results.append(Result(None, None, {}, True, st))

@@ -44,7 +44,7 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
     bar = _progress_bar(len(encoded.scored), enabled=progress)
     scores = classifier.score(encoded, progress=bar.update)
     bar.close()
-    results = make_results(task.labels, scores, encoded.status, task.min_confidence)
+    results = make_results(task.labels, scores, classifier.calibrated(scores), encoded.status, task.min_confidence)
     report = compare(classifier, encoded, scores, pick_probes(encoded, probes)) if probes > 0 else None
 
     values = [[r.label, r.confidence, r.needs_review, *(r.probabilities.get(lab) for lab in task.labels), r.status]

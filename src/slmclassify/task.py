@@ -45,6 +45,10 @@ class Task:
     """Items whose top probability is below this get `needs_review = true`."""
     mode: str = "auto"
     """Label scoring: auto, first (first token), full (sum of log-probs), full-mean (per-token mean)."""
+    calibrate: bool = True
+    """Remove each label's prior, estimated from content-free inputs (contextual calibration)."""
+    temperature: float = 1.0
+    """Divide label scores by this before the softmax (fitted by `evaluate --fit-temperature`)."""
 
     def __post_init__(self) -> None:
         labels = tuple(str(label) for label in self.labels)
@@ -74,6 +78,8 @@ class Task:
             raise TaskError(f"--user-template must contain '{{text}}' exactly once, got {self.user_template!r}")
         if not 0.0 <= self.min_confidence <= 1.0:
             raise TaskError(f"--min-confidence must be between 0 and 1, got {self.min_confidence}")
+        if not self.temperature > 0:
+            raise TaskError(f"temperature must be positive, got {self.temperature}")
         if self.mode not in MODES:
             raise TaskError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
@@ -111,7 +117,7 @@ class Task:
     def from_dict(cls, data: dict[str, Any], source: str = "task") -> Task:
         _check_keys(data, _TOP_LEVEL, source, "")
         for key, kind in _TYPES.items():
-            if key in data and not isinstance(data[key], kind) or isinstance(data.get(key), bool):
+            if key in data and (not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))):
                 raise TaskError(f"{source}: {key!r} must be {_KIND_NAMES[kind]}, got {data[key]!r}")
         raw_labels = data.get("labels")
         if not isinstance(raw_labels, list):
@@ -143,10 +149,10 @@ class Task:
 
 
 _TOP_LEVEL = ("labels", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
-              "token_budget", "max_rows")
-_TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str,
-          "min_confidence": (int, float), "token_budget": int, "max_rows": int}
-_KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number"}
+              "calibrate", "temperature", "token_budget", "max_rows")
+_TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str, "calibrate": bool,
+          "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int}
+_KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false"}
 
 
 def _check_keys(table: dict, known, source: str, where: str) -> None:

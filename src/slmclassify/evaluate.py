@@ -1,0 +1,227 @@
+"""`slmclassify evaluate`: accuracy, macro-F1, per-label precision/recall, confusion matrix,
+expected calibration error and the coverage–accuracy curve, with the confidence threshold that
+reaches a target accuracy.
+
+Metrics are plain numpy on (gold index, predicted index, confidence) so they can be checked
+against a hand-computed confusion matrix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+ECE_BINS = 15
+
+
+@dataclass
+class Evaluation:
+    """Metrics of one scoring configuration on labelled items."""
+
+    labels: tuple[str, ...]
+    gold: np.ndarray  # [n] gold label index
+    predicted: np.ndarray  # [n] predicted label index
+    confidence: np.ndarray  # [n] top probability
+    name: str = ""
+    target_accuracy: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def accuracy(self) -> float:
+        return float((self.gold == self.predicted).mean())
+
+    @property
+    def confusion(self) -> np.ndarray:
+        """[L, L] counts: rows gold, columns predicted."""
+        L = len(self.labels)
+        matrix = np.zeros((L, L), dtype=np.int64)
+        np.add.at(matrix, (self.gold, self.predicted), 1)
+        return matrix
+
+    def per_label(self) -> dict[str, dict[str, float]]:
+        m = self.confusion
+        out = {}
+        for i, label in enumerate(self.labels):
+            tp, predicted, actual = m[i, i], m[:, i].sum(), m[i, :].sum()
+            precision = tp / predicted if predicted else 0.0
+            recall = tp / actual if actual else 0.0
+            f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+            out[label] = {"precision": float(precision), "recall": float(recall), "f1": float(f1),
+                          "support": int(actual)}
+        return out
+
+    @property
+    def macro_f1(self) -> float:
+        present = [v["f1"] for v in self.per_label().values() if v["support"] > 0]
+        return float(np.mean(present)) if present else 0.0
+
+    @property
+    def ece(self) -> float:
+        """Expected calibration error over equal-width confidence bins."""
+        return float(sum(abs(acc - conf) * count for acc, conf, count in self.reliability()) / len(self.gold))
+
+    def reliability(self) -> list[tuple[float, float, int]]:
+        """(accuracy, mean confidence, count) per non-empty confidence bin."""
+        edges = np.linspace(0, 1, ECE_BINS + 1)
+        which = np.clip(np.digitize(self.confidence, edges[1:-1], right=True), 0, ECE_BINS - 1)
+        correct = self.gold == self.predicted
+        return [(float(correct[which == b].mean()), float(self.confidence[which == b].mean()), int((which == b).sum()))
+                for b in range(ECE_BINS) if (which == b).any()]
+
+    def coverage_curve(self) -> list[tuple[float, float, float]]:
+        """(threshold, coverage, accuracy on covered items), auto-labelling items with confidence ≥ threshold."""
+        order = np.argsort(-self.confidence, kind="stable")
+        conf = self.confidence[order]
+        correct = (self.gold == self.predicted)[order]
+        hits = np.cumsum(correct)
+        n = len(conf)
+        curve = []
+        for k in range(n):
+            if k + 1 < n and conf[k + 1] == conf[k]:
+                continue  # ties: a threshold admits all items of equal confidence together
+            curve.append((float(conf[k]), (k + 1) / n, float(hits[k] / (k + 1))))
+        return curve
+
+    def threshold_for(self, target: float) -> tuple[float | None, float]:
+        """Lowest threshold whose covered items reach `target` accuracy, and its coverage."""
+        reachable = [(t, cov) for t, cov, acc in self.coverage_curve() if acc >= target]
+        if not reachable:
+            return None, 0.0
+        t, cov = min(reachable, key=lambda x: x[0])
+        return t, cov
+
+    def summary(self) -> dict:
+        data = {
+            "name": self.name, "items": int(len(self.gold)), "accuracy": self.accuracy,
+            "macro_f1": self.macro_f1, "ece": self.ece, "per_label": self.per_label(),
+            "confusion": self.confusion.tolist(), "labels": list(self.labels), **self.extra,
+        }
+        if self.target_accuracy is not None:
+            threshold, coverage = self.threshold_for(self.target_accuracy)
+            data.update(target_accuracy=self.target_accuracy, threshold=threshold, coverage=coverage)
+        return data
+
+
+def read_labelled(path: str, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
+    """(texts, gold labels) from a BIG-bench task JSON, or a CSV/JSONL/Parquet table."""
+    from .tables import read_table, texts_of
+
+    if path.endswith(".json"):
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(f"input file not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        examples = data.get("examples") if isinstance(data, dict) else None
+        if not isinstance(examples, list):
+            raise InputError(f"{path}: expected a BIG-bench task with an 'examples' list")
+        texts, gold = [], []
+        for i, ex in enumerate(examples, start=1):
+            scores = ex.get("target_scores") if isinstance(ex, dict) else None
+            if not isinstance(scores, dict) or "input" not in ex:
+                raise InputError(f"{path}: example {i} needs 'input' and 'target_scores'")
+            best = [k for k, v in scores.items() if v == max(scores.values())]
+            texts.append(str(ex["input"]))
+            gold.append(best[0])
+        return texts, gold
+    frame = read_table(path, text_column)
+    if label_column not in frame.columns:
+        raise InputError(f"{path}: no label column {label_column!r} (use --label-column); "
+                         f"columns are: {', '.join(map(str, frame.columns))}")
+    return texts_of(frame, text_column), [str(v) for v in frame[label_column]]
+
+
+def labels_in_file(path: str) -> tuple[str, ...] | None:
+    """The label set a BIG-bench file declares (its target_scores keys), in file order."""
+    if not path.endswith(".json"):
+        return None
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return tuple(data["examples"][0]["target_scores"]) if data.get("examples") else None
+
+
+def format_report(ev: Evaluation) -> str:
+    lines = [f"accuracy {ev.accuracy:.3f}   macro-F1 {ev.macro_f1:.3f}   ECE {ev.ece:.3f}   ({len(ev.gold)} items)"]
+    width = max(len(label) for label in ev.labels)
+    lines.append(f"{'label':<{width}}  precision  recall     f1  support")
+    for label, m in ev.per_label().items():
+        lines.append(f"{label:<{width}}  {m['precision']:9.3f}  {m['recall']:6.3f}  {m['f1']:5.3f}  {m['support']:7d}")
+    lines.append("confusion (rows gold, columns predicted):")
+    for label, row in zip(ev.labels, ev.confusion):
+        lines.append(f"{label:<{width}}  " + " ".join(f"{c:4d}" for c in row))
+    lines.append("coverage-accuracy (auto-label items with confidence >= threshold):")
+    curve = ev.coverage_curve()
+    for cov_target in (1.0, 0.9, 0.75, 0.5, 0.25, 0.1):
+        point = min((p for p in curve if p[1] >= cov_target - 1e-9), key=lambda p: p[1], default=None)
+        if point:
+            lines.append(f"  threshold {point[0]:.3f}: coverage {point[1]:.2f}, accuracy {point[2]:.3f}")
+    if ev.target_accuracy is not None:
+        threshold, coverage = ev.threshold_for(ev.target_accuracy)
+        if threshold is None:
+            lines.append(f"no threshold reaches accuracy {ev.target_accuracy:.2f}")
+        else:
+            lines.append(f"min_confidence {threshold:.3f} reaches accuracy {ev.target_accuracy:.2f} "
+                         f"on {100 * coverage:.1f}% of items; the rest go to review")
+    return "\n".join(lines)
+
+
+def write_plots(ev: Evaluation, folder: str) -> list[Path]:
+    """confusion.png, reliability.png and coverage.png in `folder`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    m = ev.confusion
+    ax.imshow(m, cmap="Blues")
+    ax.set_xticks(range(len(ev.labels)), ev.labels, rotation=45, ha="right")
+    ax.set_yticks(range(len(ev.labels)), ev.labels)
+    for i in range(len(ev.labels)):
+        for j in range(len(ev.labels)):
+            ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("gold")
+    ax.set_title(f"confusion matrix ({ev.name}, accuracy {ev.accuracy:.3f})")
+    fig.tight_layout()
+    paths.append(out / "confusion.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    rel = ev.reliability()
+    ax.plot([0, 1], [0, 1], "--", color="gray", label="perfect calibration")
+    ax.plot([r[1] for r in rel], [r[0] for r in rel], marker="o", label=f"{ev.name} (ECE {ev.ece:.3f})")
+    ax.set_xlabel("confidence")
+    ax.set_ylabel("accuracy")
+    ax.set_title("reliability diagram")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "reliability.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    curve = ev.coverage_curve()
+    ax.plot([c[1] for c in curve], [c[2] for c in curve])
+    if ev.target_accuracy is not None:
+        ax.axhline(ev.target_accuracy, color="red", linestyle="--", label=f"target {ev.target_accuracy:.2f}")
+        ax.legend()
+    ax.set_xlabel("coverage (share of items auto-labelled)")
+    ax.set_ylabel("accuracy on auto-labelled items")
+    ax.set_title("coverage vs accuracy")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(out / "coverage.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,137 @@
+"""The `evaluate` job: score labelled items under one or several configurations and report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .calibration import adjust, fit_temperature
+from .classifier import Classifier
+from .errors import InputError, TaskError
+from .evaluate import Evaluation, format_report, labels_in_file, read_labelled, write_plots
+from .labels import build_trie, describe_labels
+from .loading import load_model
+from .results import softmax
+from .task import Example, Task
+
+def _echo(message: str = "") -> None:
+    click.echo(message)
+
+def evaluate_file(path, *, text_column, label_column, task_args, settings, model, compare_modes, fit_temperature,
+                  target_accuracy, write_task, fewshot_cost, plots_dir, json_path, limit) -> dict:
+    from .cli import build_task, _write_task_settings
+
+    texts, gold_names = read_labelled(path, text_column, label_column)
+    if limit is not None:
+        texts, gold_names = texts[:limit], gold_names[:limit]
+    if not task_args["labels"] and not task_args["task_file"]:
+        found = labels_in_file(path) or tuple(sorted(set(gold_names)))
+        task_args = {**task_args, "labels": ",".join(found)}
+    task = build_task(**task_args)
+    index = {label: i for i, label in enumerate(task.labels)}
+    for row, name in enumerate(gold_names, start=1):
+        if name not in index:
+            raise InputError(f"{path}: row {row} has gold label {name!r}, which is not in the label set {list(task.labels)}")
+    gold = np.array([index[name] for name in gold_names])
+    loaded = load_model(model)
+
+    def run(config_task: Task, name: str) -> tuple[Classifier, np.ndarray, float]:
+        clf = Classifier(config_task, model=loaded, settings=settings)
+        start = time.perf_counter()
+        scores = clf.score(clf.encode(texts))
+        return clf, scores, time.perf_counter() - start
+
+    def evaluation(name, scores, bias, temperature, clf=None, seconds=None) -> Evaluation:
+        probs = softmax(adjust(scores, bias, temperature))
+        extra = {"mode": clf.mode if clf else None, "calibrated": bias is not None, "temperature": temperature}
+        if seconds is not None:
+            extra["items_per_s"] = len(texts) / seconds
+        return Evaluation(task.labels, gold, probs.argmax(1), probs.max(1), name=name,
+                          target_accuracy=target_accuracy, extra=extra)
+
+    clf, scores, seconds = run(task, "task")
+    _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
+    _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
+    _echo("label tokens (after the chat template):")
+    for line in describe_labels(loaded.tokenizer, task.labels, list(clf.trie.sequences)):
+        _echo(line)
+    temperature = task.temperature
+    if fit_temperature:
+        temperature = fit_temperature_on(scores, clf.bias, gold)
+        _echo(f"fitted temperature: {temperature:.3f}")
+    main = evaluation(f"{clf.mode}{' +cal' if clf.bias is not None else ''}", scores, clf.bias, temperature, clf, seconds)
+    _echo(format_report(main))
+    summary = main.summary()
+
+    if compare_modes:
+        rows = []
+        _echo("\nmode comparison (same items, one run each):")
+        _echo(f"{'mode':<12} {'calibrated':>10} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7} {'items/s':>8}")
+        for m in ("first", "full", "full-mean"):
+            try:
+                mclf, mscores, msec = run(task.with_overrides(mode=m, calibrate=False), m)
+            except TaskError:
+                # Labels share first tokens: score them the article's way anyway (tied labels get
+                # equal scores and the first in label order wins), as the baseline to beat.
+                mclf = Classifier(task.with_overrides(mode="full", calibrate=False), model=loaded, settings=settings)
+                mclf.trie = build_trie(task.labels, list(mclf.trie.sequences), "first")
+                start = time.perf_counter()
+                mscores = mclf.score(mclf.encode(texts))
+                msec = time.perf_counter() - start
+            prior = mclf.content_free_prior()
+            for bias in (None, prior):
+                ev = evaluation(m, mscores, bias, 1.0, mclf, msec)
+                rows.append({"mode": m, "calibrated": bias is not None, "accuracy": ev.accuracy,
+                             "macro_f1": ev.macro_f1, "ece": ev.ece, "items_per_s": len(texts) / msec})
+                _echo(f"{m:<12} {str(bias is not None):>10} {ev.accuracy:>9.3f} {ev.macro_f1:>9.3f} "
+                      f"{ev.ece:>7.3f} {len(texts) / msec:>8.1f}")
+        summary["modes"] = rows
+
+    if fewshot_cost > 0:
+        summary["fewshot_cost"] = _fewshot_cost(loaded, task, settings, texts, gold_names, fewshot_cost)
+
+    if plots_dir:
+        for p in write_plots(main, plots_dir):
+            _echo(f"wrote {p}")
+    if write_task:
+        threshold = summary.get("threshold")
+        values = {}
+        if threshold is not None:
+            values["min_confidence"] = round(float(threshold), 4)
+        if fit_temperature:
+            values["temperature"] = round(float(temperature), 4)
+        if values:
+            _write_task_settings(task_args["task_file"], **values)
+            _echo(f"wrote {', '.join(f'{k} = {v}' for k, v in values.items())} into {task_args['task_file']}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=2))
+        _echo(f"wrote {json_path}")
+    return summary
+
+def fit_temperature_on(scores, bias, gold) -> float:
+    return fit_temperature(adjust(scores, bias, 1.0), gold)
+
+def _fewshot_cost(loaded, task: Task, settings, texts, gold_names, per_label: int) -> dict:
+    """Per-item time with no examples and with `per_label` examples per label in the cached prefix."""
+    examples = []
+    for label in task.labels:
+        picked = [t for t, g in zip(texts, gold_names) if g == label][:per_label]
+        examples += [Example(t, label) for t in picked]
+    out = {}
+    for name, ex in (("zero_shot", ()), (f"{per_label}_per_label", tuple(examples))):
+        clf = Classifier(task.with_overrides(examples=ex), model=loaded, settings=settings)
+        clf.score(clf.encode(texts[:8]))  # warm-up
+        start = time.perf_counter()
+        clf.score(clf.encode(texts))
+        seconds = time.perf_counter() - start
+        out[name] = {"prefix_tokens": len(clf.prefix_ids), "ms_per_item": 1000 * seconds / len(texts)}
+    base, shots = out["zero_shot"], out[f"{per_label}_per_label"]
+    out["cost_ratio"] = shots["ms_per_item"] / base["ms_per_item"]
+    _echo(f"\nfew-shot cost: prefix {base['prefix_tokens']} -> {shots['prefix_tokens']} tokens (computed once); "
+          f"{base['ms_per_item']:.1f} -> {shots['ms_per_item']:.1f} ms per item ({out['cost_ratio']:.2f}x)")
+    return out
+

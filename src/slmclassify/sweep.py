@@ -1,0 +1,72 @@
+"""`slmclassify sweep`: throughput and padding over token budgets and row caps on the user's data.
+
+Every setting runs the same items through the same loaded model, one after another, so the
+figures are ratios measured side by side. The best setting can be saved as the user's default.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .classifier import Classifier, EngineSettings
+from .loading import LoadedModel
+from .task import Task
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    token_budget: int
+    max_rows: int
+    items_per_s: float
+    padding: float
+    batches: int
+
+
+def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_caps, log=print) -> list[SweepPoint]:
+    """Score `texts` once per (budget, row cap); the first run also warms the model up."""
+    clf = Classifier(task, model=loaded)
+    encoded = clf.encode(texts)
+    clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
+    points = []
+    for rows in row_caps:
+        for budget in budgets:
+            clf.settings = EngineSettings(token_budget=budget, max_rows=rows)
+            start = time.perf_counter()
+            clf.score(encoded)
+            seconds = time.perf_counter() - start
+            point = SweepPoint(budget, rows, len(texts) / seconds, clf.stats.padding_share, clf.stats.batches)
+            points.append(point)
+            log(f"  budget {budget:>6}, rows {rows:>4}: {point.items_per_s:7.2f} items/s, "
+                f"padding {100 * point.padding:5.1f}%, {point.batches} batches")
+    return points
+
+
+def best(points: list[SweepPoint]) -> SweepPoint:
+    return max(points, key=lambda p: p.items_per_s)
+
+
+def plot(points: list[SweepPoint], path: str) -> None:
+    """Items/s and padding share against the token budget, one line per row cap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for rows in sorted({p.max_rows for p in points}):
+        line = sorted((p for p in points if p.max_rows == rows), key=lambda p: p.token_budget)
+        xs = [p.token_budget for p in line]
+        ax1.plot(xs, [p.items_per_s for p in line], marker="o", label=f"max rows {rows}")
+        ax2.plot(xs, [100 * p.padding for p in line], marker="o", label=f"max rows {rows}")
+    top = best(points)
+    ax1.scatter([top.token_budget], [top.items_per_s], s=120, facecolors="none", edgecolors="red", label="best")
+    for ax, title in ((ax1, "throughput (items/s)"), (ax2, "padding (% of processed tokens)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("token budget (rows x padded length)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,101 @@
+"""The article workload generator and the bench/sweep commands (schema only: no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from slmclassify.bench import non_embedding_params, run_bench
+from slmclassify.cli import cli
+from slmclassify.workload import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
+
+
+def test_workload_is_the_articles():
+    tickets = article_tickets(600)
+    assert tickets == article_tickets(600)  # deterministic
+    assert len(tickets) == 600 and len(set(tickets)) == 335  # the same base + length repeats
+    words = [len(t.split()) for t in tickets]
+    assert min(words) == 12 and max(words) == 400
+    assert all(t.startswith(BASE_TICKETS[i % 3].rstrip(".")) for i, t in enumerate(tickets))
+    assert article_tickets(150) == tickets[:150]
+    long_one = tickets[int(np.argmax(words))]
+    assert FILLER[0] in long_one.split()
+    # the first draws of lognormal(log 60, 0.9) with seed 0, as the article generates them
+    expected = np.clip(np.random.default_rng(0).lognormal(np.log(60), 0.9, size=600), 12, 400).astype(int)
+    assert words == expected.tolist()
+
+
+@pytest.mark.e2e
+def test_workload_prompt_lengths_with_our_tokenizer():
+    """The article reports 48 / 94 / 449 min / median / max prompt tokens with Qwen's tokenizer;
+    SmolLM2's tokenizer (the embedded model) gives 50 / 96 / 451 for the same prompts."""
+    from slmclassify import Classifier, load_model
+
+    clf = Classifier(ARTICLE_TASK, model=load_model())
+    lengths = [len(ids) for ids in clf.encode(article_tickets(600)).ids]
+    assert (min(lengths), int(np.median(lengths)), max(lengths)) == (50, 96, 451)
+
+
+def short_tickets(n: int) -> list[str]:
+    """Article tickets that fit the tiny model's 256-position context untruncated."""
+    return [t for t in article_tickets(600) if len(t.split()) <= 30][:n]
+
+
+def test_bench_report_schema(llama_loaded):
+    report = run_bench(llama_loaded, short_tickets(12), ARTICLE_TASK, log=lambda m: None)
+    data = report.to_json()
+    assert data["schema"] == 1
+    assert set(data["machine"]) >= {"cpu", "threads", "torch", "transformers", "date"}
+    assert data["matmul_gflops"] > 0
+    names = [r["name"] for r in data["rows"]]
+    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 8
+    for row in data["rows"]:
+        assert set(row) >= {"name", "seconds", "items_per_s", "tokens_per_s", "padding", "speedup",
+                            "agree", "items", "max_abs_diff", "roofline"}
+        assert row["items"] == 12 and row["agree"] == 12  # every path predicts what the loop predicts
+        assert row["max_abs_diff"] < 1e-3
+    ours = data["rows"][3]
+    assert 0 < ours["roofline"] and ours["peak_rss_mb"] > 0
+
+
+def test_non_embedding_params(llama_loaded):
+    model = llama_loaded.model
+    total = sum(p.numel() for p in model.parameters())
+    assert non_embedding_params(model) == total - model.get_input_embeddings().weight.numel()
+
+
+def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    data = tmp_path / "tickets.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in short_tickets(6)))
+    result = CliRunner().invoke(cli, ["bench", "--n", "6", "--input", str(data), "--model", str(llama_dir),
+                                      "--json", str(out)], catch_exceptions=False)
+    lines = result.stdout.strip().splitlines()
+    assert "speedup" in result.stdout and "a article per-item loop" in result.stdout
+    last = json.loads(lines[-1])
+    assert last == json.loads(out.read_text())
+    assert [r["agree"] for r in last["rows"]] == [6] * 8
+
+
+def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
+    from slmclassify.tuning import saved_settings
+
+    task = tmp_path / "task.toml"
+    task.write_text('labels = ["billing", "technical"]\n[[examples]]\ntext = "x"\nlabel = "billing"\n')
+    png = tmp_path / "sweep.png"
+    result = CliRunner().invoke(cli, ["sweep", "--n", "6", "--budgets", "64,256", "--row-caps", "2,8",
+                                      "--model", str(llama_dir), "--plot", str(png), "--save",
+                                      "--task", str(task), "--save-to-task"], catch_exceptions=False)
+    assert png.stat().st_size > 1000
+    best = [line for line in result.stdout.splitlines() if line.startswith("best:")]
+    assert len(best) == 1
+    saved = saved_settings()
+    assert saved["token_budget"] in (64, 256) and saved["max_rows"] in (2, 8)
+    assert f"--token-budget {saved['token_budget']} --max-rows {saved['max_rows']}" in best[0]
+    from slmclassify.task import Task, task_file_settings
+
+    assert task_file_settings(task) == saved
+    assert Task.from_toml(task).labels == ("billing", "technical")
