@@ -181,8 +181,6 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 
     Every configuration scores first tokens (the article's method), so predictions are comparable.
     """
-    from pathlib import Path as _Path
-
     from .bench import dump_json, run_bench
     from .loading import embedded_gguf_path, load_model
 
@@ -200,7 +198,7 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
     click.echo(report.table())
     line = dump_json(report)
     if json_path:
-        _Path(json_path).write_text(line + "\n")
+        Path(json_path).write_text(line + "\n")
     click.echo(line)
 
 
@@ -220,7 +218,7 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets)."""
     from . import sweep as sweeping
     from .loading import load_model
-    from .tuning import save_settings
+    from .tuning import save_settings, write_task_settings
 
     budget_list = _int_list(budgets, "--budgets")
     rows_list = _int_list(row_caps, "--row-caps")
@@ -241,7 +239,7 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     if save:
         click.echo(f"saved as default in {save_settings(token_budget=top.token_budget, max_rows=top.max_rows)}")
     if save_to_task:
-        _write_task_settings(task_file, token_budget=top.token_budget, max_rows=top.max_rows)
+        write_task_settings(task_file, token_budget=top.token_budget, max_rows=top.max_rows)
         click.echo(f"saved into {task_file}")
 
 
@@ -253,17 +251,6 @@ def _int_list(spec: str, option: str) -> list[int]:
     if not values or min(values) < 1:
         raise TaskError(f"{option} must list positive integers, got {spec!r}")
     return values
-
-
-def _write_task_settings(task_file: str, **values: int) -> None:
-    """Set top-level integer keys in a TOML task file, keeping the rest of it as written."""
-    path = Path(task_file)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.split("=")[0].strip() not in values]
-    # Top-level keys must precede the first [table]: insert before it.
-    first_table = next((i for i, line in enumerate(kept) if line.lstrip().startswith("[")), len(kept))
-    new = [f"{k} = {int(v)}" for k, v in values.items()]
-    path.write_text("\n".join(kept[:first_table] + new + kept[first_table:]) + "\n", encoding="utf-8")
 
 
 @cli.command()

@@ -17,13 +17,14 @@ from .labels import build_trie, describe_labels
 from .loading import load_model
 from .results import softmax
 from .task import Example, Task
+from .tuning import write_task_settings
 
 def _echo(message: str = "") -> None:
     click.echo(message)
 
 def evaluate_file(path, *, text_column, label_column, task_args, settings, model, compare_modes, fit_temperature,
                   target_accuracy, write_task, fewshot_cost, plots_dir, json_path, limit) -> dict:
-    from .cli import build_task, _write_task_settings
+    from .cli import build_task
 
     texts, gold_names = read_labelled(path, text_column, label_column)
     if limit is not None:
@@ -105,7 +106,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         if fit_temperature:
             values["temperature"] = round(float(temperature), 4)
         if values:
-            _write_task_settings(task_args["task_file"], **values)
+            write_task_settings(task_args["task_file"], **values)
             _echo(f"wrote {', '.join(f'{k} = {v}' for k, v in values.items())} into {task_args['task_file']}")
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))

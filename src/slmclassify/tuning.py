@@ -34,3 +34,14 @@ def save_settings(**values: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{k} = {int(v)}\n" for k, v in values.items() if k in KEYS), encoding="utf-8")
     return path
+
+
+def write_task_settings(task_file: str, **values: float) -> None:
+    """Set top-level numeric keys in a TOML task file, keeping the rest of it as written."""
+    path = Path(task_file)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.split("=")[0].strip() not in values]
+    # Top-level keys must precede the first [table]: insert before it.
+    first_table = next((i for i, line in enumerate(kept) if line.lstrip().startswith("[")), len(kept))
+    new = [f"{k} = {v!r}" for k, v in values.items()]
+    path.write_text("\n".join(kept[:first_table] + new + kept[first_table:]) + "\n", encoding="utf-8")
