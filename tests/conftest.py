@@ -55,7 +55,12 @@ def _model(kind: str, vocab: int):
     torch.manual_seed(0 if kind == "llama" else 1)
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=True, rope_theta=10000.0))
-    return Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False))
+    model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False))
+    with torch.no_grad():  # HF initialises biases to zero; random ones test that they are handled
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.2)
+    return model
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ Configurations (same model, same threads, same items):
   b  the article's fixed batches of 32, arbitrary order (HF forward, left padding)
   c  the article's fixed batches of 32, sorted by length
   d  ours, default settings (prefix cache, sorted token-budget batches)
-  e  ablations of ours: no prefix cache; fixed batches of 32; all three off
+  e  ablations of ours, one change each: no prefix cache; fixed batches of 32; unsorted
   f  llama.cpp on the same GGUF, item by item with its prompt prefix reused (if llama-cpp-python
      is importable and the model is a GGUF)
 Every row reports agreement with (a) and the largest |Δ label log-probability|.
@@ -197,7 +197,7 @@ def llama_cpp_scores(gguf_path: str, prompts: list[str], labels, tokenizer) -> n
 
 # --- the whole comparison -------------------------------------------------------------------
 
-def _peak_rss_reset() -> None:
+def reset_peak_rss() -> None:
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # resets the peak resident set size (VmHWM) on Linux
@@ -205,7 +205,7 @@ def _peak_rss_reset() -> None:
         pass
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
@@ -258,7 +258,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
 
     def ours(name, description, engine_settings, measure=False):
         if measure:
-            _peak_rss_reset()
+            reset_peak_rss()
         start = time.perf_counter()
         clf = Classifier(task, model=loaded, settings=engine_settings)  # includes the prefix prefill
         scores = clf.score(clf.encode(texts))
@@ -266,7 +266,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         s = clf.stats
         roof = (s.real_tokens * flops_per_token / seconds / 1e9) / report.matmul_gflops if measure else None
         add(name, description, seconds, scores, padding=s.padding_share, roofline=roof,
-            rss=_peak_rss_mb() if measure else None)
+            rss=peak_rss_mb() if measure else None)
 
     ours("d ours (default)", f"prefix cache, sorted, token budget {settings.token_budget}", settings, measure=True)
     ours("e ours - no prefix cache", "sorted token-budget batches only",
@@ -275,8 +275,6 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
          EngineSettings(token_budget=None, max_rows=32))
     ours("e ours - unsorted", "prefix cache, token budget, input order",
          EngineSettings(token_budget=settings.token_budget, max_rows=settings.max_rows, sort=False))
-    ours("e ours - none of the three", "no cache, fixed 32 rows, input order",
-         EngineSettings(token_budget=None, max_rows=32, prefix_cache=False, sort=False))
 
     if gguf_path is not None:
         start = time.perf_counter()

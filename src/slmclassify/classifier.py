@@ -71,7 +71,9 @@ class Classifier:
             task.labels, sequences, task.mode, end_of_turn_id(tokenizer)
         )
         self.trie = build_trie(task.labels, sequences, mode)
-        self.engine = Engine(self.loaded.model)
+        if self.loaded.engine is None:  # re-arranging the weights once per model, not per classifier
+            self.loaded.engine = Engine(self.loaded.model)
+        self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
         context = getattr(self.loaded.model.config, "max_position_embeddings", 2048)

@@ -231,9 +231,10 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
                                 log=lambda m: click.echo(m, err=True))
     top = sweeping.best(points)
     sweeping.plot(points, plot_path)
-    click.echo(f"{'budget':>8} {'rows':>5} {'items/s':>8} {'padding%':>9}")
+    click.echo(f"{'budget':>8} {'rows':>5} {'items/s':>8} {'padding%':>9} {'peak RSS MB':>12}")
     for p in points:
-        click.echo(f"{p.token_budget:>8} {p.max_rows:>5} {p.items_per_s:>8.2f} {100 * p.padding:>9.1f}")
+        click.echo(f"{p.token_budget:>8} {p.max_rows:>5} {p.items_per_s:>8.2f} {100 * p.padding:>9.1f} "
+                   f"{p.peak_rss_mb:>12.0f}")
     click.echo(f"best: --token-budget {top.token_budget} --max-rows {top.max_rows} ({top.items_per_s:.2f} items/s); "
                f"plot: {plot_path}")
     if save:

@@ -15,7 +15,8 @@ so padding costs attention work and nothing more.
 
 Only the item's last token and the trie nodes reach the output layer. The weights are the
 Hugging Face model's own (Llama and Qwen2 share this layout), re-arranged once: q/k/v and
-gate/up projections concatenated, RMSNorm weights folded into the projection that follows.
+gate/up projections concatenated, RMSNorm weights folded into the projection that follows, and
+each q/k head's rows interleaved so that the rotary embedding is one complex multiplication.
 `reference.py` runs the unmodified Hugging Face forward and is the oracle for this code.
 """
 
@@ -66,9 +67,11 @@ class _Layout:
     B: int
     W: int
     index: torch.Tensor  # [N] flat positions (into B*W) of the real tokens, row-major
+    row: torch.Tensor  # [N] index // W: the row of each real token
+    col: torch.Tensor  # [N] index % W: its column in the padded layout
     read: torch.Tensor  # [B, 1+T] packed indices of each row's last item token and its trie nodes
     positions: torch.Tensor  # [N] rotary position of each real token
-    mask: torch.Tensor  # [B, 1, W, P+W] bool, True = may attend
+    mask: torch.Tensor  # [B, 1, W, P+W] additive: 0 = may attend, -inf = may not
 
 
 def _fold(norm: torch.nn.Module, *linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -98,19 +101,36 @@ class Engine:
             for layer in base.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 qkv, qkv_bias = _fold(layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
+                qkv, qkv_bias = self._interleave_rotary_rows(qkv, qkv_bias)
                 gate_up, _ = _fold(layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj)
                 self.layers.append(_Layer(
                     qkv=qkv, qkv_bias=qkv_bias, o=attn.o_proj.weight, gate_up=gate_up,
                     down=mlp.down_proj.weight, eps=layer.input_layernorm.variance_epsilon,
                 ))
 
+    def _interleave_rotary_rows(self, qkv: torch.Tensor, bias: torch.Tensor | None):
+        """Reorder each q/k head's rows from halves (i, i + D/2) to adjacent pairs (2i, 2i + 1).
+
+        Rotary embedding then is one complex multiplication per pair. Scores q·k are sums over
+        the head dimension, so permuting it the same way in q and k changes nothing (V is untouched).
+        """
+        D, half = self.head_dim, self.head_dim // 2
+        pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)  # [D]
+        rotated = (self.n_heads + self.n_kv) * D
+        order = torch.cat([
+            (torch.arange(rotated // D)[:, None] * D + pairs[None]).reshape(-1),
+            torch.arange(rotated, qkv.shape[0]),
+        ])
+        return qkv[order].contiguous(), None if bias is None else bias[order].contiguous()
+
     @torch.inference_mode()
     def prefill(self, prefix_ids: list[int]) -> PrefixCache:
         """Run the prefix once and keep every layer's keys and values."""
         P = len(prefix_ids)
         layout = _Layout(
-            B=1, W=P, index=torch.arange(P), read=torch.tensor([[P - 1]]), positions=torch.arange(P),
-            mask=torch.ones(P, P, dtype=torch.bool).tril()[None, None],
+            B=1, W=P, index=torch.arange(P), row=torch.zeros(P, dtype=torch.long), col=torch.arange(P),
+            read=torch.tensor([[P - 1]]), positions=torch.arange(P),
+            mask=_additive(torch.ones(P, P, dtype=torch.bool).tril()[None, None]),
         )
         keys, values = [], []
         self._layers(torch.tensor(prefix_ids), layout, None, keys, values)
@@ -150,8 +170,9 @@ class Engine:
         parts = [sees_suffix, sees_nodes.expand(B, W, T)]
         if n_prefix:
             parts.insert(0, torch.ones(B, W, n_prefix, dtype=torch.bool))
-        mask = torch.cat(parts, dim=2)[:, None]  # [B, 1, W, P+W]
-        return _Layout(B=B, W=W, index=index, read=read, positions=positions.reshape(-1)[index], mask=mask)
+        mask = _additive(torch.cat(parts, dim=2)[:, None])  # [B, 1, W, P+W]
+        return _Layout(B=B, W=W, index=index, row=index // W, col=index % W, read=read,
+                       positions=positions.reshape(-1)[index], mask=mask)
 
     def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
                 keys: list | None = None, values: list | None = None) -> torch.Tensor:
@@ -164,23 +185,26 @@ class Engine:
         h = self.embed(ids)  # [N, hidden]
         cos, sin = self.rotary(h[None], layout.positions[None])  # [1, N, D] each
         half = self.head_dim // 2
-        # HF's cos/sin repeat the same half twice; keep one half: [N, 1, D/2]
-        cos, sin = cos[0, :, None, :half], sin[0, :, None, :half]
+        # HF's cos/sin repeat one half twice; as complex numbers: [N, 1, D/2]
+        cis = torch.complex(cos[0, :, None, :half].contiguous(), sin[0, :, None, :half].contiguous())
+        # q/k/v in the padded layout, shared by all layers: only real rows are ever written, so
+        # the pad rows stay zero (a pad key is masked anyway, and zeros keep its product finite).
+        padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim)
         last = len(self.layers) - 1 if keys is None else None
         for i, layer in enumerate(self.layers):
             past = None if prefix is None else (prefix.keys[i], prefix.values[i])
             if i == last:
-                h = self._attention_block(h, layer, cos, sin, layout, past, read_only=True)  # [B*(1+T), hidden]
+                h = self._attention_block(h, layer, cis, padded, layout, past, read_only=True)  # [B*(1+T), hidden]
                 self._mlp_block(h, layer)
                 return h.view(layout.B, -1, h.shape[-1])
-            k, v = self._attention_block(h, layer, cos, sin, layout, past)
+            k, v = self._attention_block(h, layer, cis, padded, layout, past)
             if keys is not None:
-                keys.append(k)
-                values.append(v)
+                keys.append(k.clone())  # views of `padded`, which the next layer overwrites
+                values.append(v.clone())
             self._mlp_block(h, layer)
         return h
 
-    def _attention_block(self, h, layer: _Layer, cos, sin, layout: _Layout, past, read_only: bool = False):
+    def _attention_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, read_only: bool = False):
         """h += attention(norm(h)); returns this block's [B, H_kv, W, D] keys and values.
 
         With `read_only`, queries are computed at the read positions only, and the updated hidden
@@ -189,11 +213,11 @@ class Engine:
         N = h.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         qkv = F.linear(_rms(h, layer.eps), layer.qkv, layer.qkv_bias).view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]
-        _rotate(qkv[:, : H + Hkv], cos, sin)
-        padded = qkv.new_zeros(layout.B * layout.W, H + 2 * Hkv, D)
+        qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
+        qk.mul_(cis)  # rotary embedding, in place (rows interleaved at load time)
         padded[layout.index] = qkv
-        padded = padded.view(layout.B, layout.W, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, W, D]
-        q, k, v = padded[:, :H], padded[:, H : H + Hkv], padded[:, H + Hkv :]
+        heads = padded.view(layout.B, layout.W, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, W, D]
+        q, k, v = heads[:, :H], heads[:, H : H + Hkv], heads[:, H + Hkv :]
         new_k, new_v = k, v
         if past is not None:
             pk, pv = past  # [1, H_kv, P, D]
@@ -204,10 +228,10 @@ class Engine:
             n_read = layout.read.shape[1]  # the read columns are the last 1+T of the padded layout
             q, mask = q[:, :, -n_read:], mask[:, :, -n_read:]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
-        out = out.transpose(1, 2).reshape(-1, H * D)  # [B*Q, H D]
+        out = out.transpose(1, 2)  # [B, Q, H, D]
         if read_only:
-            return h[layout.read.reshape(-1)] + F.linear(out, layer.o)
-        h.add_(F.linear(out[layout.index], layer.o))
+            return h[layout.read.reshape(-1)] + F.linear(out.reshape(-1, H * D), layer.o)
+        h.add_(F.linear(out[layout.row, layout.col].view(N, H * D), layer.o))  # gather real rows: [N, H D]
         return new_k, new_v
 
     @staticmethod
@@ -229,18 +253,11 @@ class Engine:
         return torch.cat(out)
 
 
+def _additive(allowed: torch.Tensor) -> torch.Tensor:
+    """Bool mask → additive float mask, built once per batch (sdpa would convert a bool mask in every layer)."""
+    return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+
+
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm without its weight (folded into the next projection)."""
     return F.rms_norm(x, (x.shape[-1],), eps=eps)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotary embedding in place: x = x * cos + rotate_half(x) * sin, on [N, heads, D] halves."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    r1 = x1 * cos
-    r1.addcmul_(x2, sin, value=-1.0)
-    x2_new = x2 * cos
-    x2_new.addcmul_(x1, sin)
-    x1.copy_(r1)
-    x2.copy_(x2_new)

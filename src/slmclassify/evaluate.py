@@ -181,6 +181,12 @@ def write_plots(ev: Evaluation, folder: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(6, 5))
     m = ev.confusion
     ax.imshow(m, cmap="Blues")
@@ -192,10 +198,7 @@ def write_plots(ev: Evaluation, folder: str) -> list[Path]:
     ax.set_xlabel("predicted")
     ax.set_ylabel("gold")
     ax.set_title(f"confusion matrix ({ev.name}, accuracy {ev.accuracy:.3f})")
-    fig.tight_layout()
-    paths.append(out / "confusion.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    save(fig, "confusion.png")
 
     fig, ax = plt.subplots(figsize=(5, 5))
     rel = ev.reliability()
@@ -205,10 +208,7 @@ def write_plots(ev: Evaluation, folder: str) -> list[Path]:
     ax.set_ylabel("accuracy")
     ax.set_title("reliability diagram")
     ax.legend()
-    fig.tight_layout()
-    paths.append(out / "reliability.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    save(fig, "reliability.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     curve = ev.coverage_curve()
@@ -220,8 +220,5 @@ def write_plots(ev: Evaluation, folder: str) -> list[Path]:
     ax.set_ylabel("accuracy on auto-labelled items")
     ax.set_title("coverage vs accuracy")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(out / "coverage.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    save(fig, "coverage.png")
     return paths

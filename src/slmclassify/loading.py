@@ -38,6 +38,8 @@ class LoadedModel:
     """Its tokenizer (fast), with a pad token set."""
     name: str
     """Where it came from, for summaries."""
+    engine: object | None = None
+    """The fast-path engine built from this model (re-arranged weights), shared by classifiers."""
 
 
 def embedded_gguf_path() -> Path:

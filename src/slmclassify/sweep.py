@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .bench import peak_rss_mb, reset_peak_rss
 from .classifier import Classifier, EngineSettings
 from .loading import LoadedModel
 from .task import Task
@@ -21,6 +22,8 @@ class SweepPoint:
     items_per_s: float
     padding: float
     batches: int
+    peak_rss_mb: float
+    """Peak resident memory of the process during this setting's run."""
 
 
 def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_caps, log=print) -> list[SweepPoint]:
@@ -32,13 +35,15 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
     for rows in row_caps:
         for budget in budgets:
             clf.settings = EngineSettings(token_budget=budget, max_rows=rows)
+            reset_peak_rss()
             start = time.perf_counter()
             clf.score(encoded)
             seconds = time.perf_counter() - start
-            point = SweepPoint(budget, rows, len(texts) / seconds, clf.stats.padding_share, clf.stats.batches)
+            point = SweepPoint(budget, rows, len(texts) / seconds, clf.stats.padding_share, clf.stats.batches,
+                               peak_rss_mb())
             points.append(point)
             log(f"  budget {budget:>6}, rows {rows:>4}: {point.items_per_s:7.2f} items/s, "
-                f"padding {100 * point.padding:5.1f}%, {point.batches} batches")
+                f"padding {100 * point.padding:5.1f}%, {point.batches} batches, peak RSS {point.peak_rss_mb:.0f} MB")
     return points
 
 
