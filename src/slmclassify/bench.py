@@ -180,6 +180,7 @@ def llama_cpp_scores(gguf_path: str, prompts: list[str], labels, tokenizer) -> n
         return None
     llm = Llama(model_path=gguf_path, n_ctx=2048, verbose=False, n_threads=torch.get_num_threads())
     first = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
+    vocab = llm.n_vocab()
     out = np.zeros((len(prompts), len(labels)))
     for i, prompt in enumerate(prompts):
         tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
@@ -190,7 +191,8 @@ def llama_cpp_scores(gguf_path: str, prompts: list[str], labels, tokenizer) -> n
             common += 1
         llm.n_tokens = common
         llm.eval(tokens[common:])
-        logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        # Without logits_all, llama-cpp-python keeps no scores: read the last token's logits.
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,)).astype(np.float64)
         out[i] = logits[first] - (np.log(np.exp(logits - logits.max()).sum()) + logits.max())
     return out
 

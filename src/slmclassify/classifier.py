@@ -66,9 +66,10 @@ class Classifier:
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model)
         tokenizer = self.loaded.tokenizer
         self.renderer = PromptRenderer(tokenizer, task)
-        sequences = label_sequences(tokenizer, self.renderer.tail, task.labels)
+        self.label_tokens = label_sequences(tokenizer, self.renderer.tail, task.labels)
+        """Each label's token ids as they follow the prompt (before the mode truncates or terminates them)."""
         mode, sequences, self.mode_reason = resolve_mode(
-            task.labels, sequences, task.mode, end_of_turn_id(tokenizer)
+            task.labels, self.label_tokens, task.mode, end_of_turn_id(tokenizer)
         )
         self.trie = build_trie(task.labels, sequences, mode)
         if self.loaded.engine is None:  # re-arranging the weights once per model, not per classifier

@@ -58,7 +58,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
     _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
     _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
     _echo("label tokens (after the chat template):")
-    for line in describe_labels(loaded.tokenizer, task.labels, list(clf.trie.sequences)):
+    for line in describe_labels(loaded.tokenizer, task.labels, clf.label_tokens):
         _echo(line)
     temperature = task.temperature
     if fit_temperature:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .classifier import Classifier, EngineSettings
 from .errors import InputError, VerificationError
+from .labels import describe_labels
 from .results import make_results
 from .tables import read_table, texts_of, write_table
 from .task import Task
@@ -96,7 +97,9 @@ def _progress_bar(total: int, enabled: bool):
 def _print_summary(classifier: Classifier, load_seconds: float, report: VerifyReport | None, output: str) -> None:
     s = classifier.stats
     _echo(f"model: {classifier.loaded.name} (loaded in {load_seconds:.1f} s); "
-          f"mode: {classifier.mode} ({classifier.mode_reason})")
+          f"mode: {classifier.mode} ({classifier.mode_reason}); calibrated: {classifier.bias is not None}")
+    _echo("labels: " + "; ".join(line.strip() for line in describe_labels(
+        classifier.loaded.tokenizer, classifier.task.labels, classifier.label_tokens)))
     _echo(f"items: {s.items} ({s.scored} scored, {s.items - s.scored} empty) in {s.seconds:.2f} s: "
           f"{s.items_per_s:.1f} items/s, {s.tokens_per_s:.0f} tokens/s")
     _echo(f"batches: {s.batches}; padding: {100 * s.padding_share:.1f}% of processed tokens; "
