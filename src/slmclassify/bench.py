@@ -123,7 +123,7 @@ def matmul_rate(model: torch.nn.Module, rows: int = 2048, repeats: int = 5) -> f
     with torch.inference_mode():
         for _ in range(repeats):
             start = time.perf_counter()
-            for (n, k), w in zip(shapes, ws):
+            for (_, k), w in zip(shapes, ws):
                 torch.mm(xs[k], w)
             best = min(best, time.perf_counter() - start)
     return flops / best / 1e9
