@@ -37,6 +37,13 @@ class EncodedItems:
         """Indices of the items that are scored (not empty)."""
         return np.array([i for i, s in enumerate(self.status) if s != EMPTY], dtype=np.int64)
 
+    def subset(self, indices: list[int]) -> EncodedItems:
+        """The given items, in the given order (no re-tokenisation)."""
+        return EncodedItems(
+            ids=[self.ids[i] for i in indices], status=[self.status[i] for i in indices],
+            prefix_ids=self.prefix_ids, cached=self.cached[list(indices)],
+        )
+
     def suffix(self, i: int) -> list[int]:
         """The ids the engine runs for item i: after the prefix, or the whole prompt."""
         return self.ids[i][len(self.prefix_ids) :] if self.cached[i] else self.ids[i]

@@ -40,7 +40,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
     gold = np.array([index[name] for name in gold_names])
     loaded = load_model(model)
 
-    def run(config_task: Task, name: str) -> tuple[Classifier, np.ndarray, float]:
+    def run(config_task: Task) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings)
         start = time.perf_counter()
         scores = clf.score(clf.encode(texts))
@@ -54,7 +54,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         return Evaluation(task.labels, gold, probs.argmax(1), probs.max(1), name=name,
                           target_accuracy=target_accuracy, extra=extra)
 
-    clf, scores, seconds = run(task, "task")
+    clf, scores, seconds = run(task)
     _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
     _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
     _echo("label tokens (after the chat template):")
@@ -74,7 +74,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         _echo(f"{'mode':<12} {'calibrated':>10} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7} {'items/s':>8}")
         for m in ("first", "full", "full-mean"):
             try:
-                mclf, mscores, msec = run(task.with_overrides(mode=m, calibrate=False), m)
+                mclf, mscores, msec = run(task.with_overrides(mode=m, calibrate=False))
             except TaskError:
                 # Labels share first tokens: score them the article's way anyway (tied labels get
                 # equal scores and the first in label order wins), as the baseline to beat.

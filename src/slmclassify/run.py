@@ -77,7 +77,7 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     classifier = Classifier(task, model=model, settings=settings)
     encoded = classifier.encode(texts_of(frame, text_column))
     indices = pick_probes(encoded, probes)
-    probe_items = classifier.encode([texts_of(frame, text_column)[i] for i in indices])
+    probe_items = encoded.subset(indices)
     fast = classifier.score(probe_items)  # the probes batched together: padded rows, the prefix cache
     report = compare(classifier, probe_items, fast, list(range(len(indices))), tolerance)
     _echo(f"model: {classifier.loaded.name}; mode: {classifier.mode} ({classifier.mode_reason})")
