@@ -209,41 +209,26 @@ def test_unknown_output_extension(run_main, model_arg, tmp_path):
     assert list(tmp_path.iterdir()) == [src]
 
 
-@pytest.mark.parametrize("content", [b"PAR1 this is not a parquet file", b""], ids=["garbage", "zero-bytes"])
-def test_corrupt_parquet(run_main, model_arg, tmp_path, content):
-    src = tmp_path / "in.parquet"
+UNREADABLE = [
+    ("in.parquet", b"PAR1 this is not a parquet file", "not a readable Parquet file"),
+    ("in.parquet", b"", "not a readable Parquet file"),
+    ("in.jsonl", b'{"text": "one"}\n{"text": "two"}\n{"text": "three",}\n{"text": "four"}\n', "line 3 is not valid JSON"),
+    ("in.jsonl", b'{"text": "one"}\n"just a string"\n', "line 2 is not a JSON object"),
+    ("in.csv", b"", "the file is empty"),
+    ("in.csv", b"\n  \n", "the file is empty"),
+    ("in.csv", b"id,text\n1,fine\n2,too,many,fields\n", "not a readable CSV file"),
+]
+
+
+@pytest.mark.parametrize("name,content,message", UNREADABLE,
+                         ids=["parquet-garbage", "parquet-empty", "jsonl-bad-line", "jsonl-not-object",
+                              "csv-empty", "csv-blank-lines", "csv-ragged"])
+def test_unreadable_input(run_main, model_arg, tmp_path, name, content, message):
+    """Each unreadable file: exit 2 and one line naming the file and what is wrong with it."""
+    src = tmp_path / name
     src.write_bytes(content)
     code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, str(src), "not a readable Parquet file")
-
-
-def test_invalid_jsonl_line(run_main, model_arg, tmp_path):
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three",}\n{"text": "four"}\n', encoding="utf-8")
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, str(src), "line 3 is not valid JSON")
-
-
-def test_jsonl_line_not_an_object(run_main, model_arg, tmp_path):
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"text": "one"}\n"just a string"\n', encoding="utf-8")
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, str(src), "line 2 is not a JSON object")
-
-
-@pytest.mark.parametrize("content", [b"", b"\n  \n"], ids=["empty", "blank-lines"])
-def test_empty_csv(run_main, model_arg, tmp_path, content):
-    src = tmp_path / "in.csv"
-    src.write_bytes(content)
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, str(src), "the file is empty")
-
-
-def test_unreadable_csv(run_main, model_arg, tmp_path):
-    src = tmp_path / "in.csv"
-    src.write_text("id,text\n1,fine\n2,too,many,fields\n", encoding="utf-8")
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, str(src), "not a readable CSV file")
+    assert_error(code, err, str(src), message)
 
 
 def test_missing_gold_column(run_main, model_arg, tmp_path):
