@@ -1,17 +1,21 @@
 """The fast path: the model's decoder layers over a batch of items that continue a prefix
 whose keys and values were computed once, plus the label-trie nodes, in one forward pass.
 
-A batch arrives left-padded ([B, S], `batching.py`). The label-trie nodes are appended to every
-row, giving a padded layout of width W = S + T. Attention runs in that padded layout; everything
-else (projections, MLP, norms: ~90% of the arithmetic) runs on the *packed* real tokens only,
-so padding costs attention work and nothing more.
+A batch arrives left-padded ([B, S], `batching.py`); its real tokens are packed, one row after
+another, each row's label-trie nodes after its item tokens. Projections, MLP and norms (~90% of
+the arithmetic) run on the packed tokens only. Attention runs in a padded layout of width
+W = S + T in which every row is right-padded, and in two parts merged by their log-sum-exps:
 
-    padded row:  [ . . s s s s | n1 n2 ]        . = pad, s = item token, n = trie node
-    keys seen:   [ p p p p ] + the row above     p = cached prefix (P tokens)
-    positions:     0 .. P-1    P .. P+3 | P+4+depth-1
-    query s_i sees: every prefix key, the row's real suffix keys up to itself (causal)
-    query n_t sees: every prefix key, every real suffix key, its trie ancestors and itself
-    query .   sees: prefix keys and itself (its output is never read)
+    padded row:  [ s s s s n1 n2 . . ]           s = item token, n = trie node, . = pad
+    positions:     P .. P+3 | P+4+depth-1
+    part 1, all queries of the batch at once:    every prefix key  [ p p p p ]  (P tokens, cached)
+    part 2, per row:  query s_i sees the row's item keys up to itself (causal)
+                      query n_t sees every item key of the row, its trie ancestors and itself
+                      query .   sees what is causal (finite; its output is never read)
+
+Part 1 is one dense product (no copies of the prefix per row, no mask). Without trie nodes
+(first-token scoring, single-token labels) part 2 is plain causal attention without a mask,
+whose kernel skips the blocks above the diagonal; with nodes it takes a mask.
 
 Only the item's last token and the trie nodes reach the output layer. The weights are the
 Hugging Face model's own (Llama and Qwen2 share this layout), re-arranged once: q/k/v and
@@ -32,6 +36,8 @@ from .labels import LabelTrie
 
 # Cap on the [rows, positions, vocab] logits tensor per output-layer call (floats).
 _LOGITS_CHUNK = 1 << 24
+# Flash attention that also returns the log-sum-exp (the public sdpa does not); CPU, float32.
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 @dataclass(frozen=True)
@@ -50,28 +56,36 @@ class PrefixCache:
 
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer's weights, re-arranged for the packed forward."""
+    """One decoder layer's weights, re-arranged for the packed forward.
 
-    qkv: torch.Tensor  # [(H + 2 H_kv) D, hidden], input RMSNorm weight folded in
+    Stored as [in, out] (transposed, contiguous): `x @ w` runs ~5% faster than `F.linear`'s
+    `x @ w.T` with MKL on these shapes.
+    """
+
+    qkv: torch.Tensor  # [hidden, (H + 2 H_kv) D], input RMSNorm weight folded in
     qkv_bias: torch.Tensor | None  # [(H + 2 H_kv) D] (Qwen2) or None (Llama)
-    o: torch.Tensor  # [hidden, H D]
-    gate_up: torch.Tensor  # [2 I, hidden], post-attention RMSNorm weight folded in
-    down: torch.Tensor  # [hidden, I]
+    o: torch.Tensor  # [H D, hidden]
+    gate_up: torch.Tensor  # [hidden, 2 I], post-attention RMSNorm weight folded in
+    down: torch.Tensor  # [I, hidden]
     eps: float
 
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where a batch's real tokens sit in its padded [B, W] layout."""
+    """Where a batch's real tokens sit in the attention's padded [B, W] layout.
+
+    Each row is right-padded there: its item tokens at columns 0 .. len-1, its trie nodes next,
+    so that without trie nodes plain causal attention is exact for every real query.
+    """
 
     B: int
     W: int
-    index: torch.Tensor  # [N] flat positions (into B*W) of the real tokens, row-major
-    row: torch.Tensor  # [N] index // W: the row of each real token
-    col: torch.Tensor  # [N] index % W: its column in the padded layout
+    source: torch.Tensor  # [N] flat positions of the real tokens in the batch's left-padded ids (+ nodes)
+    index: torch.Tensor  # [N] flat positions (into B*W) of the real tokens in the padded layout, row-major
     read: torch.Tensor  # [B, 1+T] packed indices of each row's last item token and its trie nodes
     positions: torch.Tensor  # [N] rotary position of each real token
-    mask: torch.Tensor  # [B, 1, W, P+W] additive: 0 = may attend, -inf = may not
+    mask: torch.Tensor | None  # [B, 1, W, W] additive (0 = may attend, -inf = may not); None = causal
+    read_mask: torch.Tensor  # [B, 1, 1+T, W] the mask's rows at the read positions
 
 
 def _fold(norm: torch.nn.Module, *linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -95,7 +109,6 @@ class Engine:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
-        self.scale = self.head_dim**-0.5
         with torch.no_grad():
             self.layers = []
             for layer in base.layers:
@@ -104,8 +117,9 @@ class Engine:
                 qkv, qkv_bias = self._interleave_rotary_rows(qkv, qkv_bias)
                 gate_up, _ = _fold(layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj)
                 self.layers.append(_Layer(
-                    qkv=qkv, qkv_bias=qkv_bias, o=attn.o_proj.weight, gate_up=gate_up,
-                    down=mlp.down_proj.weight, eps=layer.input_layernorm.variance_epsilon,
+                    qkv=_in_out(qkv), qkv_bias=qkv_bias, o=_in_out(attn.o_proj.weight),
+                    gate_up=_in_out(gate_up), down=_in_out(mlp.down_proj.weight),
+                    eps=layer.input_layernorm.variance_epsilon,
                 ))
 
     def _interleave_rotary_rows(self, qkv: torch.Tensor, bias: torch.Tensor | None):
@@ -127,11 +141,9 @@ class Engine:
     def prefill(self, prefix_ids: list[int]) -> PrefixCache:
         """Run the prefix once and keep every layer's keys and values."""
         P = len(prefix_ids)
-        layout = _Layout(
-            B=1, W=P, index=torch.arange(P), row=torch.zeros(P, dtype=torch.long), col=torch.arange(P),
-            read=torch.tensor([[P - 1]]), positions=torch.arange(P),
-            mask=_additive(torch.ones(P, P, dtype=torch.bool).tril()[None, None]),
-        )
+        everything = torch.arange(P)
+        layout = _Layout(B=1, W=P, source=everything, index=everything, read=torch.tensor([[P - 1]]),
+                         positions=everything, mask=None, read_mask=torch.zeros(1, 1, 1, P))
         keys, values = [], []
         self._layers(torch.tensor(prefix_ids), layout, None, keys, values)
         return PrefixCache(keys=tuple(keys), values=tuple(values))
@@ -141,38 +153,47 @@ class Engine:
         """[B, L] label scores of every row (mode of `trie`)."""
         prefix = prefix if (batch.cached and prefix is not None and prefix.length) else None
         layout = self._layout(batch, trie, prefix.length if prefix else 0)
-        B, S = batch.input_ids.shape
-        ids = torch.cat([batch.input_ids, trie.node_tokens.expand(B, -1)], dim=1)  # [B, W]
-        read = self.final_norm(self._layers(ids.reshape(-1)[layout.index], layout, prefix))  # [B, 1+T, hidden]
+        B = batch.input_ids.shape[0]
+        ids = torch.cat([batch.input_ids, trie.node_tokens.expand(B, -1)], dim=1)  # [B, S+T], left-padded
+        read = self.final_norm(self._layers(ids.reshape(-1)[layout.source], layout, prefix))  # [B, 1+T, hidden]
         return trie.score(self._step_logprobs(read, trie))
 
     def _layout(self, batch: Batch, trie: LabelTrie, n_prefix: int) -> _Layout:
-        lengths = batch.lengths
+        lengths = batch.lengths[:, None]  # [B, 1]
         B, S = batch.input_ids.shape
         T = trie.n_nodes
         W = S + T
-        pad = (S - lengths)[:, None]  # [B, 1] pads at the left of each row
         col = torch.arange(W)[None]  # [1, W]
-        real = (col >= pad) | (col >= S)  # [B, W] item tokens and trie nodes
-        index = real.reshape(-1).nonzero().squeeze(1)  # [N]
-        depth = torch.cat([torch.zeros(S, dtype=torch.long), trie.node_depth])  # [W]
-        positions = torch.where(col < S, col - pad, lengths[:, None] + depth[None] - 1) + n_prefix  # [B, W]
+        # The real tokens in row-major order are each row's item tokens, then its trie nodes;
+        # `source` finds them in the left-padded ids, `index` in the right-padded layout.
+        source = ((col >= S - lengths) | (col >= S)).reshape(-1).nonzero().squeeze(1)  # [N]
+        index = (col < lengths + T).reshape(-1).nonzero().squeeze(1)  # [N]
+        node = col - lengths  # [B, W] node number at and after the row's item tokens
+        is_node = (node >= 0) & (node < T)
+        depth = trie.node_depth[node.clamp(0, max(T - 1, 0))] if T else torch.zeros_like(col)
+        positions = n_prefix + torch.where(is_node, lengths + depth - 1, col)  # [B, W]
 
         # Packed index of each row's first real token; its last item token and nodes follow.
-        row_start = torch.cumsum(lengths + T, 0) - (lengths + T)  # [B]
-        read = row_start[:, None] + lengths[:, None] - 1 + torch.arange(1 + T)[None]  # [B, 1+T]
+        per_row = batch.lengths + T
+        read = (torch.cumsum(per_row, 0) - per_row + batch.lengths - 1)[:, None] + torch.arange(1 + T)[None]
+        read_cols = lengths - 1 + torch.arange(1 + T)[None]  # [B, 1+T]
 
-        q = torch.arange(W)[:, None]  # [W, 1] query column
-        k = torch.arange(S)[None]  # [1, S] suffix key column
-        sees_suffix = ((k[None] >= pad[:, :, None]) & (k <= q)[None]) | (k == q)[None]  # [B, W, S]
-        sees_nodes = torch.zeros(W, T, dtype=torch.bool)
-        sees_nodes[S:] = trie.ancestors  # [W, T]
-        parts = [sees_suffix, sees_nodes.expand(B, W, T)]
-        if n_prefix:
-            parts.insert(0, torch.ones(B, W, n_prefix, dtype=torch.bool))
-        mask = _additive(torch.cat(parts, dim=2)[:, None])  # [B, 1, W, P+W]
-        return _Layout(B=B, W=W, index=index, row=index // W, col=index % W, read=read,
-                       positions=positions.reshape(-1)[index], mask=mask)
+        # Item (and pad) queries see the keys up to themselves; node queries see every item
+        # token of their row and their trie ancestors.
+        q, k = col[..., None], col[:, None, :]  # [1, W, 1], [1, 1, W]
+        allowed = k <= q  # [1, W, W]
+        if T:
+            node_q, node_k = node[:, :, None], node[:, None, :]  # [B, W, 1], [B, 1, W]
+            k_is_node = is_node[:, None, :]
+            sees_ancestor = trie.ancestors[node_q.clamp(0, T - 1), node_k.clamp(0, T - 1)] & k_is_node
+            sees_node_row = (node_k < 0) | sees_ancestor
+            allowed = torch.where(is_node[:, :, None], sees_node_row, allowed)  # [B, W, W]
+        allowed = allowed.expand(B, W, W)
+        read_allowed = allowed.gather(1, read_cols[:, :, None].expand(B, 1 + T, W))  # [B, 1+T, W]
+        return _Layout(B=B, W=W, source=source, index=index, read=read,
+                       positions=positions.reshape(-1)[index],
+                       mask=_additive(allowed[:, None]) if T else None,
+                       read_mask=_additive(read_allowed[:, None]))
 
     def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
                 keys: list | None = None, values: list | None = None) -> torch.Tensor:
@@ -188,7 +209,8 @@ class Engine:
         # HF's cos/sin repeat one half twice; as complex numbers: [N, 1, D/2]
         cis = torch.complex(cos[0, :, None, :half].contiguous(), sin[0, :, None, :half].contiguous())
         # q/k/v in the padded layout, shared by all layers: only real rows are ever written, so
-        # the pad rows stay zero (a pad key is masked anyway, and zeros keep its product finite).
+        # the pad rows stay zero (a pad key is masked or after every real query, a pad query is
+        # never read, and zeros keep their products finite).
         padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim)
         last = len(self.layers) - 1 if keys is None else None
         for i, layer in enumerate(self.layers):
@@ -207,39 +229,46 @@ class Engine:
     def _attention_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, read_only: bool = False):
         """h += attention(norm(h)); returns this block's [B, H_kv, W, D] keys and values.
 
+        Attention to the shared prefix and attention within each row run as two flash-attention
+        calls, merged with their log-sum-exps: the prefix part is one dense product for all
+        queries of the batch (no copies of the prefix per row, no mask), the row part is causal.
         With `read_only`, queries are computed at the read positions only, and the updated hidden
         states of those positions, [B*(1+T), hidden], are returned instead.
         """
         N = h.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
-        qkv = F.linear(_rms(h, layer.eps), layer.qkv, layer.qkv_bias).view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]
+        x = _rms(h, layer.eps)
+        qkv = (torch.mm(x, layer.qkv) if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, x, layer.qkv))
+        qkv = qkv.view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]
         qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
         qk.mul_(cis)  # rotary embedding, in place (rows interleaved at load time)
-        padded[layout.index] = qkv
+        padded.index_copy_(0, layout.index, qkv)
         heads = padded.view(layout.B, layout.W, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, W, D]
-        q, k, v = heads[:, :H], heads[:, H : H + Hkv], heads[:, H + Hkv :]
-        new_k, new_v = k, v
+        k, v = heads[:, H : H + Hkv], heads[:, H + Hkv :]
+        q = qkv[:, :H]  # [N, H, D] packed
+        if read_only:
+            q = q.index_select(0, layout.read.reshape(-1))  # [R, H, D]
+            out, lse = _flash(q.view(layout.B, -1, H, D).transpose(1, 2), k, v, mask=layout.read_mask)
+            out, lse = out.reshape(-1, H, D), lse.reshape(-1, H)  # [R, H, D], [R, H]
+        else:
+            out, lse = _flash(heads[:, :H], k, v, mask=layout.mask)
+            out = out.reshape(-1, H, D).index_select(0, layout.index)  # [N, H, D]
+            lse = lse.reshape(-1, H).index_select(0, layout.index)  # [N, H]
         if past is not None:
-            pk, pv = past  # [1, H_kv, P, D]
-            k = torch.cat([pk.expand(layout.B, -1, -1, -1), k], dim=2)  # [B, H_kv, P+W, D]
-            v = torch.cat([pv.expand(layout.B, -1, -1, -1), v], dim=2)
-        mask = layout.mask
+            out_p, lse_p = _flash(q[None].transpose(1, 2), *past, mask=None, causal=False)  # all rows at once
+            out = _merge(out, lse, out_p.reshape(-1, H, D), lse_p.reshape(-1, H))
+        out = out.reshape(-1, H * D)
         if read_only:
-            n_read = layout.read.shape[1]  # the read columns are the last 1+T of the padded layout
-            q, mask = q[:, :, -n_read:], mask[:, :, -n_read:]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
-        out = out.transpose(1, 2)  # [B, Q, H, D]
-        if read_only:
-            return h[layout.read.reshape(-1)] + F.linear(out.reshape(-1, H * D), layer.o)
-        h.add_(F.linear(out[layout.row, layout.col].view(N, H * D), layer.o))  # gather real rows: [N, H D]
-        return new_k, new_v
+            return torch.addmm(h.index_select(0, layout.read.reshape(-1)), out, layer.o)
+        h.addmm_(out, layer.o)
+        return k, v
 
     @staticmethod
     def _mlp_block(h, layer: _Layer) -> None:
         """h += down(silu(gate(norm(h))) * up(norm(h)))."""
-        gate_up = F.linear(_rms(h, layer.eps), layer.gate_up)  # [N, 2I]
+        gate_up = torch.mm(_rms(h, layer.eps), layer.gate_up)  # [N, 2I]
         gate, up = gate_up.chunk(2, dim=-1)
-        h.add_(F.linear(F.silu(gate, inplace=True).mul_(up), layer.down))
+        h.addmm_(F.silu(gate, inplace=True).mul_(up), layer.down)
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
         """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
@@ -253,11 +282,35 @@ class Engine:
         return torch.cat(out)
 
 
+def _flash(q, k, v, mask: torch.Tensor | None, causal: bool = True):
+    """CPU flash attention → (out [B, Q, H, D] contiguous, logsumexp [B, Q, H]).
+
+    `mask` None means causal (or, with causal=False, no mask); keys may have fewer heads (GQA);
+    scores are scaled by 1/sqrt(D), as in Llama and Qwen2.
+    """
+    out, lse = _FLASH(q, k, v, 0.0, causal and mask is None, attn_mask=mask)
+    return out.transpose(1, 2), lse.transpose(1, 2)
+
+
+def _merge(out_a, lse_a, out_b, lse_b):
+    """Attention over the union of two disjoint key sets from each set's output and log-sum-exp."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    return out_a.mul_((lse_a - lse).exp_()[..., None]).addcmul_(out_b, (lse_b - lse).exp_()[..., None])
+
+
 def _additive(allowed: torch.Tensor) -> torch.Tensor:
     """Bool mask → additive float mask, built once per batch (sdpa would convert a bool mask in every layer)."""
     return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without its weight (folded into the next projection)."""
-    return F.rms_norm(x, (x.shape[-1],), eps=eps)
+    """RMSNorm without its weight (folded into the next projection).
+
+    One fused reduction (the vector norm) and one multiply: ~1.5x faster than F.rms_norm on CPU.
+    """
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [N, 1]
+    return x * norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+
+
+def _in_out(weight: torch.Tensor) -> torch.Tensor:
+    return weight.t().contiguous()
