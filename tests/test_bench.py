@@ -99,3 +99,28 @@ def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
 
     assert task_file_settings(task) == saved
     assert Task.from_toml(task).labels == ("billing", "technical")
+
+
+def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, monkeypatch):
+    """(f) runs on a .gguf model when llama-cpp-python is importable; --no-llama-cpp skips it."""
+    import slmclassify.bench
+    import slmclassify.loading
+
+    calls = []
+
+    def fake_llama_cpp(gguf_path, prompts, labels, tokenizer):
+        calls.append(gguf_path)
+        return np.zeros((len(prompts), len(labels)))
+
+    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model: llama_loaded)
+    monkeypatch.setattr(slmclassify.bench, "llama_cpp_scores", fake_llama_cpp)
+    data = tmp_path / "tickets.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in short_tickets(4)))
+    args = ["bench", "--n", "4", "--input", str(data), "--model", str(tmp_path / "model.gguf")]
+
+    with_f = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).stdout.splitlines()[-1])
+    assert [r["name"][0] for r in with_f["rows"]] == list("abcdeee") + ["f"]
+    assert calls == [str(tmp_path / "model.gguf")]
+
+    without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])
+    assert len(without_f["rows"]) == 7 and len(calls) == 1

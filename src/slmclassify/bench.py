@@ -179,7 +179,9 @@ def llama_cpp_scores(gguf_path: str, prompts: list[str], labels, tokenizer) -> n
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model_path=gguf_path, n_ctx=2048, verbose=False, n_threads=torch.get_num_threads())
+    threads = torch.get_num_threads()
+    llm = Llama(model_path=gguf_path, n_ctx=2048, verbose=False, n_threads=threads, n_threads_batch=threads,
+                flash_attn=True)  # ~12% faster prompt processing here; llama.cpp's own CLI picks it by default
     first = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
     vocab = llm.n_vocab()
     out = np.zeros((len(prompts), len(labels)))
@@ -226,8 +228,13 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     report = BenchReport(machine=machine_info())
     probe = Classifier(task, model=loaded, settings=settings)
     prompts = [probe.renderer.render(t) for t in texts]
-    lengths = np.array([len(ids) for ids in probe.encode(texts).ids])
+    encoded = probe.encode(texts)
+    lengths = np.array([len(ids) for ids in encoded.ids])
     total_tokens = int(lengths.sum())
+    # The roofline's useful work: every scored item's tokens after the shared prefix, the same
+    # for every configuration (recomputing the prefix, as the ablation without the cache does,
+    # is not useful work).
+    work_tokens = int(lengths[encoded.scored].sum()) - len(encoded.scored) * len(probe.prefix_ids)
     report.prompt_lengths = {"min": int(lengths.min()), "median": int(np.median(lengths)), "max": int(lengths.max())}
     log(f"{len(texts)} items; prompt tokens min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}")
     report.matmul_gflops = matmul_rate(loaded.model)
@@ -270,18 +277,17 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     run_loop_chunk(len(texts) - loop["done"])  # items not scored by us (empty texts), if any
     add("a article per-item loop", "full prompt per item, logits_to_keep=1", loop["seconds"], loop_scores)
 
-    rng = np.random.default_rng(0)
-    for name, order in (("b article batch 32 unsorted", rng.permutation(len(texts))),
+    for name, order in (("b article batch 32 unsorted", np.arange(len(texts))),  # input order
                         ("c article batch 32 sorted", np.argsort(lengths, kind="stable"))):
         start = time.perf_counter()
         scores, processed, real = article_batched(loaded, prompts, task.labels, order)
         add(name, "HF forward, fixed batches of 32", time.perf_counter() - start, scores, padding=1 - real / processed)
 
-    def roofline(stats, seconds: float) -> float:
-        return (stats.real_tokens * flops_per_token / seconds / 1e9) / report.matmul_gflops
+    def roofline(seconds: float) -> float:
+        return (work_tokens * flops_per_token / seconds / 1e9) / report.matmul_gflops
 
     add("d ours (default)", f"prefix cache, sorted, token budget {settings.token_budget}; timed interleaved with a",
-        ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=roofline(clf.stats, ours_seconds),
+        ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=roofline(ours_seconds),
         rss=ours_rss)
 
     def ours(name, description, engine_settings):
@@ -289,7 +295,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         clf = Classifier(task, model=loaded, settings=engine_settings)
         scores = clf.score(clf.encode(texts))
         seconds = time.perf_counter() - start
-        add(name, description, seconds, scores, padding=clf.stats.padding_share, roofline=roofline(clf.stats, seconds))
+        add(name, description, seconds, scores, padding=clf.stats.padding_share, roofline=roofline(seconds))
 
     ours("e ours - no prefix cache", "sorted token-budget batches only",
          EngineSettings(token_budget=settings.token_budget, max_rows=settings.max_rows, prefix_cache=False))

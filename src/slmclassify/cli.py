@@ -175,8 +175,10 @@ def _bench_task(task_file, labels, instruction, system, user_template):
 @click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M).")
 @click.option("--token-budget", type=int)
 @click.option("--max-rows", type=int)
+@click.option("--llama-cpp/--no-llama-cpp", "with_llama_cpp", default=True, show_default=True,
+              help="Run (f), llama.cpp on the GGUF, when llama-cpp-python is installed.")
 def bench(n_items, input_path, text_column, json_path, task_file, labels, instruction, system, user_template,
-          model, token_budget, max_rows):
+          model, token_budget, max_rows, with_llama_cpp):
     """Reproduce the article's experiment next to ours, in one process: speed, padding, agreement.
 
     Every configuration scores first tokens (the article's method), so predictions are comparable.
@@ -191,6 +193,7 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
     texts = _bench_texts(input_path, text_column, n_items)
     loaded = load_model(model)
     gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
+    gguf = gguf if with_llama_cpp else None
     report = run_bench(loaded, texts, task, settings, gguf_path=gguf, log=lambda m: click.echo(m, err=True))
     click.echo(f"model: {loaded.name}; {report.machine['cpu']}, {report.machine['threads']} threads, "
                f"torch {report.machine['torch']}, transformers {report.machine['transformers']}")
