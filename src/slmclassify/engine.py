@@ -36,7 +36,8 @@ from .labels import LabelTrie
 
 # Cap on the [rows, positions, vocab] logits tensor per output-layer call (floats).
 _LOGITS_CHUNK = 1 << 24
-# Flash attention that also returns the log-sum-exp (the public sdpa does not); CPU, float32.
+# The CPU flash-attention kernel behind F.scaled_dot_product_attention, called directly because
+# it also returns the log-sum-exp (needed to merge prefix and row attention); torch is pinned.
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
@@ -283,7 +284,7 @@ class Engine:
 
 
 def _flash(q, k, v, mask: torch.Tensor | None, causal: bool = True):
-    """CPU flash attention → (out [B, Q, H, D] contiguous, logsumexp [B, Q, H]).
+    """CPU flash attention → (out [B, Q, H, D], logsumexp [B, Q, H]) for q [B, H, Q, D].
 
     `mask` None means causal (or, with causal=False, no mask); keys may have fewer heads (GQA);
     scores are scaled by 1/sqrt(D), as in Llama and Qwen2.
@@ -299,7 +300,7 @@ def _merge(out_a, lse_a, out_b, lse_b):
 
 
 def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    """Bool mask → additive float mask, built once per batch (sdpa would convert a bool mask in every layer)."""
+    """Bool mask → additive float mask (what the kernel adds to the scores), built once per batch, not per layer."""
     return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
 
 
