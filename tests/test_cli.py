@@ -182,17 +182,15 @@ def test_missing_input_file(run_main, model_arg, tmp_path):
     assert not (tmp_path / "out.csv").exists()
 
 
-def test_missing_text_column_lists_columns(run_main, model_arg, tmp_path):
-    src = write_csv(tmp_path / "in.csv", [("1", "hello")], header=("id", "body"))
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, "no column 'text'", "--text-column", "columns are: id, body")
-
-
-def test_missing_id_column(run_main, model_arg, tmp_path):
-    src = write_input(tmp_path / "in.csv")
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--id-column", "ticket",
-                            "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, "no id column 'ticket'", "columns are: id, text, note")
+@pytest.mark.parametrize(("header", "option", "expected"), [
+    (("id", "body"), [], ["no column 'text'", "--text-column", "columns are: id, body"]),
+    (("id", "text", "note"), ["--id-column", "ticket"], ["no id column 'ticket'", "columns are: id, text, note"]),
+    (("id", "text", "note"), ["--gold-column", "gold"], ["no gold column 'gold'", "columns are: id, text, note"]),
+], ids=["text", "id", "gold"])
+def test_missing_column_lists_columns(run_main, model_arg, tmp_path, header, option, expected):
+    src = write_csv(tmp_path / "in.csv", [("1", "hello", "x")[: len(header)]], header=header)
+    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", *option, "--labels", LABEL_ARG, *model_arg)
+    assert_error(code, err, *expected)
 
 
 def test_unknown_extension(run_main, model_arg, tmp_path):
@@ -229,13 +227,6 @@ def test_unreadable_input(run_main, model_arg, tmp_path, name, content, message)
     src.write_bytes(content)
     code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
     assert_error(code, err, str(src), message)
-
-
-def test_missing_gold_column(run_main, model_arg, tmp_path):
-    src = write_input(tmp_path / "in.csv")
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--gold-column", "gold",
-                            "--labels", LABEL_ARG, *model_arg)
-    assert_error(code, err, "no gold column 'gold'", "columns are: id, text, note")
 
 
 def test_missing_output_folder(run_main, model_arg, tmp_path):

@@ -96,21 +96,6 @@ def test_read_missing_id_column(tmp_path):
         read_table(str(path), "text", id_column="ticket")
 
 
-@pytest.mark.parametrize("content", [b"", b"  \n\n \t\n", b"\xef\xbb\xbf"])
-def test_read_empty_csv(tmp_path, content):
-    path = tmp_path / "empty.csv"
-    path.write_bytes(content)
-    with pytest.raises(InputError, match=r"the file is empty"):
-        read_table(str(path), "text")
-
-
-def test_read_ragged_csv(tmp_path):
-    path = tmp_path / "ragged.csv"
-    path.write_text("id,text\n1,a\n2,b,extra,fields\n", encoding="utf-8")
-    with pytest.raises(InputError, match=r"not a readable CSV file"):
-        read_table(str(path), "text")
-
-
 def test_read_jsonl_skips_blank_lines_and_counts_them(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"id": "007", "text": "a"}\n\n{"id": "0001", "text": null}\n', encoding="utf-8")
@@ -123,27 +108,26 @@ def test_read_jsonl_skips_blank_lines_and_counts_them(tmp_path):
         read_table(str(path), "text")
 
 
-def test_read_jsonl_line_not_an_object(tmp_path):
-    path = tmp_path / "in.jsonl"
-    path.write_text('{"text": "a"}\n[1, 2]\n', encoding="utf-8")
-    with pytest.raises(InputError, match=r"line 2 is not a JSON object"):
-        read_table(str(path), "text")
+UNREADABLE = {
+    "csv-empty": ("in.csv", b"", "the file is empty"),
+    "csv-blank-lines": ("in.csv", b"  \n\n \t\n", "the file is empty"),
+    "csv-bom-only": ("in.csv", b"\xef\xbb\xbf", "the file is empty"),
+    "csv-ragged": ("in.csv", b"id,text\n1,a\n2,b,extra,fields\n", "not a readable CSV file ("),
+    "jsonl-not-object": ("in.jsonl", b'{"text": "a"}\n[1, 2]\n', "line 2 is not a JSON object"),
+    "jsonl-blank": ("in.jsonl", b"\n", "no column 'text' (use --text-column); columns are: (none)"),
+    "parquet-empty": ("in.parquet", b"", "not a readable Parquet file ("),
+    "parquet-garbage": ("in.parquet", b"PAR1 definitely not parquet", "not a readable Parquet file ("),
+}
 
 
-def test_read_empty_jsonl_has_no_text_column(tmp_path):
-    path = tmp_path / "in.jsonl"
-    path.write_text("\n", encoding="utf-8")
-    with pytest.raises(InputError, match=r"no column 'text' .*columns are: \(none\)"):
-        read_table(str(path), "text")
-
-
-@pytest.mark.parametrize("content", [b"", b"PAR1 definitely not parquet"])
-def test_read_corrupt_parquet(tmp_path, content):
-    path = tmp_path / "bad.parquet"
+@pytest.mark.parametrize(("name", "content", "message"), UNREADABLE.values(), ids=UNREADABLE.keys())
+def test_read_unreadable_file(tmp_path, name, content, message):
+    """One line that starts with the file's path and says what is wrong."""
+    path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(InputError) as info:
         read_table(str(path), "text")
-    assert str(info.value).startswith(f"{path}: not a readable Parquet file (")
+    assert str(info.value).startswith(f"{path}: {message}")
     assert "\n" not in str(info.value)
 
 
