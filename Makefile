@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	mkdir -p out
 	$(BIN)/slmclassify classify examples/tickets.csv -o out/tickets_labelled.csv \
 		--task examples/support.toml --gold-column gold
 
