@@ -14,6 +14,7 @@ import numpy as np
 
 from .batching import collate, plan_batches
 from .calibration import CONTENT_FREE, adjust, prior_from_scores
+from .config_check import context_limit
 from .encode import EncodedItems, choose_prefix, encode_items
 from .engine import Engine
 from .errors import TaskError
@@ -77,7 +78,8 @@ class Classifier:
         self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
-        context = getattr(self.loaded.model.config, "max_position_embeddings", 2048)
+        # The engine is exact up to this length (the model's context, or less: see config_check).
+        context = context_limit(self.loaded.model.config)
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
         self.stats = RunStats()
         self.bias = self.content_free_prior() if task.calibrate else None

@@ -34,6 +34,9 @@ def main() -> None:
 def cli() -> None:
     """Label texts with a small local language model: constrained scoring, a prefix KV cache
     and length-bucketed batching, checked against the per-item path."""
+    from . import loading
+
+    loading.set_threads()  # once per process, from its CPU affinity; the library never does
 
 
 def task_options(fn):
