@@ -219,17 +219,8 @@ def _complete(folder: Path) -> bool:
 def _convert_gguf(path: Path, target: Path) -> None:
     """De-quantise a GGUF file to a float32 safetensors folder (written atomically; caller holds the lock)."""
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, filename = str(path.parent), path.name
-    try:
-        with _no_gguf_progress_bar():
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
-            )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
+    model, tokenizer = _dequantise(path)
     check_config(model.config, str(path))
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -246,6 +237,22 @@ def _convert_gguf(path: Path, target: Path) -> None:
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _dequantise(path: Path):
+    """(model in float32, tokenizer) read from a GGUF file by transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, filename = str(path.parent), path.name
+    try:
+        with _no_gguf_progress_bar():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
+            )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer
 
 
 @contextlib.contextmanager
