@@ -27,6 +27,9 @@ from .task import Task
 
 DEFAULT_TOKEN_BUDGET = 2048
 DEFAULT_MAX_ROWS = 128
+DEFAULT_MAX_TEXT_TOKENS = 256
+"""Default cap on an item's text tokens: one very long text would otherwise dominate a run
+(attention is quadratic in its length) while the label rarely needs more (README, *Long texts*)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,8 @@ class EngineSettings:
     """Run the shared prefix once and reuse its keys/values (off only for ablations)."""
     sort: bool = True
     """Sort items by length before batching (off only for ablations)."""
-    max_text_tokens: int | None = None
-    """Truncate item texts to this many tokens (status `truncated`)."""
+    max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS
+    """Cut item texts to this many tokens (status `truncated`); None: only at the model's context."""
 
     def __post_init__(self) -> None:
         if self.token_budget is not None and self.token_budget < 1:

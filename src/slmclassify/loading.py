@@ -69,9 +69,10 @@ def embedded_gguf_path() -> Path:
 
 
 def cache_root() -> Path:
-    """`$XDG_CACHE_HOME/slmclassify`, or `~/.cache/slmclassify`."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "slmclassify"
+    """The user cache folder: `$XDG_CACHE_HOME/slmclassify` (default `~/.cache/slmclassify`) on Linux."""
+    from platformdirs import user_cache_path
+
+    return user_cache_path("slmclassify", appauthor=False)
 
 
 def _file_hash(path: Path) -> str:
