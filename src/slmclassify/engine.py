@@ -162,8 +162,9 @@ class Engine:
             self.layers = [self._arrange(layer) for layer in base.layers]
         with torch.inference_mode():
             after = model(input_ids=probe, logits_to_keep=1).logits
-        # Sharing and folding only re-associate float32 products; anything more is a bug here.
-        assert torch.allclose(after, before, rtol=0, atol=1e-4), float((after - before).abs().max())
+        # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
+        # SmolLM2-135M, whose logits reach ~30); a wrong arrangement moves them by units.
+        assert torch.allclose(after, before, rtol=1e-3, atol=1e-3), float((after - before).abs().max())
 
     def _arrange(self, layer: torch.nn.Module) -> _Layer:
         """Arrange one layer's weights [in, out], sharing them with the module (see `_share`)."""
