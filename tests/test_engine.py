@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -40,7 +41,8 @@ def test_fast_path_equals_reference(tiny_loaded, mode, budget, max_rows):
     clf = Classifier(task, model=tiny_loaded, settings=EngineSettings(token_budget=budget, max_rows=max_rows))
     assert clf.mode == mode
     assert clf.prefix is not None and clf.prefix.length > 10
-    assert_matches_reference(clf, random_texts(13, seed=hash((mode, budget)) % 1000))
+    # A stable seed per case (hash() of a str changes with PYTHONHASHSEED: failures would not reproduce).
+    assert_matches_reference(clf, random_texts(13, seed=zlib.crc32(f"{mode}/{budget}".encode()) % 1000))
     assert clf.stats.fallbacks == 0
     assert clf.stats.prefix_reused == clf.prefix.length * 13
 

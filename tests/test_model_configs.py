@@ -159,3 +159,22 @@ def test_weights_are_held_once(loaded_configs):
     rotated = (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim
     qk_copies = cfg.num_hidden_layers * rotated * (cfg.hidden_size + 1) * 4  # weights and biases
     assert sum(storages.values()) == model_bytes + qk_copies
+
+
+@pytest.mark.parametrize("name", ["llama-attention-and-mlp-bias", "qwen2.5-untied", "head_dim-not-hidden/heads"])
+def test_sharing_weights_leaves_the_reference_model_unchanged(tiny_tokenizer, name):
+    """The reference path is the oracle only if building the engine (which makes the module's
+    weights views of its own tensors) leaves the Hugging Face forward as it was."""
+    import torch
+
+    from conftest import tiny_model
+    from slmclassify.engine import Engine
+
+    kind, config = EXACT[name]
+    model = tiny_model(kind, len(tiny_tokenizer), seed=5, **config).eval()
+    ids = torch.tensor([tiny_tokenizer("my card was charged twice, the app crashes")["input_ids"]])
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+        Engine(model)
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
