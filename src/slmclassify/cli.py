@@ -376,7 +376,7 @@ def loadtest(url, concurrency, duration, max_requests, input_path, text_column, 
                                                   info["limits"].get("max_text_tokens"))
         click.echo(f"offline classify: {len(texts)} texts at {offline_rate:.2f} items/s", err=True)
     report = run_load(url, task_name, texts, concurrency=concurrency, duration=duration, max_requests=max_requests,
-                      api_key=api_key, expected=expected)
+                      api_key=api_key, expected=expected, tolerance=1e-4)
     lines = report_lines([report])
     click.echo("\n".join(lines))
     if json_path:
