@@ -311,3 +311,104 @@ def evaluate(input_path, text_column, label_column, compare_modes, fit_temperatu
         target_accuracy=target_accuracy, task_file=task_file if write_task else None, fewshot_cost=fewshot_cost,
         plots_dir=plots_dir, json_path=json_path, limit=limit,
     )
+
+
+def _named_tasks(specs) -> dict:
+    """`--task NAME=FILE.toml` options → {name: Task}."""
+    tasks = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise TaskError(f"--task must be NAME=FILE.toml, got {spec!r}")
+        if name.strip() in tasks:
+            raise TaskError(f"task name {name.strip()!r} is given twice")
+        tasks[name.strip()] = Task.from_toml(path.strip())
+    return tasks
+
+
+@cli.command()
+@click.option("--task", "task_specs", multiple=True, required=True, metavar="NAME=FILE",
+              help="A task to serve under NAME, from a TOML task file (repeat for several).")
+@click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8080, show_default=True, help="0 picks a free port (logged).")
+@click.option("--max-wait-ms", type=float, default=None, help="Longest wait for a batch to fill [default: 5].")
+@click.option("--token-budget", type=int, help="Max rows × padded tokens per engine batch.")
+@click.option("--max-batch-rows", type=int, help="Max rows per engine batch (1 turns batching off).")
+@click.option("--max-text-tokens", type=int, default=512, show_default=True,
+              help="Cut longer texts to this many tokens (status truncated).")
+@click.option("--max-texts", type=int, default=64, show_default=True, help="Most texts per request (413).")
+@click.option("--max-body-bytes", type=int, default=1 << 20, show_default=True, help="Largest request body (413).")
+@click.option("--max-queue", type=int, default=1024, show_default=True,
+              help="Most texts waiting for the model (503 with Retry-After beyond).")
+@click.option("--request-timeout", type=float, default=30.0, show_default=True, help="Seconds before 504.")
+@click.option("--api-key", envvar="SLMCLASSIFY_API_KEY", help="Require 'Authorization: Bearer KEY' "
+              "(also from $SLMCLASSIFY_API_KEY); /healthz stays open.")
+def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_batch_rows, max_text_tokens, max_texts,
+          max_body_bytes, max_queue, request_timeout, api_key):
+    """Serve tasks over HTTP, batching concurrent requests by length (needs the 'serve' extra)."""
+    from .serve import ServeSettings
+    from .serve.settings import DEFAULT_MAX_WAIT_MS
+
+    _need_serve_extra()
+    tasks = _named_tasks(task_specs)
+    settings = ServeSettings(
+        max_wait_ms=DEFAULT_MAX_WAIT_MS if max_wait_ms is None else max_wait_ms, max_texts=max_texts,
+        max_body_bytes=max_body_bytes, max_queue_items=max_queue, request_timeout_s=request_timeout,
+        api_key=api_key or None)
+    engine = build_settings(None, token_budget, max_batch_rows, max_text_tokens)
+    from .serve.server import bind, build_service, serve as run_server
+
+    bind(host, port).close()  # a taken port fails now, not after the model has loaded
+    run_server(build_service(tasks, model, engine, settings), host, port)
+
+
+@cli.command()
+@click.argument("url", default="http://127.0.0.1:8080")
+@click.option("--concurrency", type=int, default=32, show_default=True, help="Concurrent clients.")
+@click.option("--duration", type=float, default=30.0, show_default=True, help="Seconds to run (at most 600).")
+@click.option("--requests", "max_requests", type=int, help="Stop after this many requests.")
+@click.option("--input", "input_path", help="File of texts (default: the article's 600 tickets).")
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--task", "task_name", help="Task name on the server (default: its only task).")
+@click.option("--check", "check_task", type=click.Path(dir_okay=False),
+              help="Task file the server uses: check every response against offline classify results.")
+@click.option("--model", help="Model for --check (the one the server uses).")
+@click.option("--api-key", envvar="SLMCLASSIFY_API_KEY")
+@click.option("--json", "json_path", help="Also save the JSON line to this file.")
+def loadtest(url, concurrency, duration, max_requests, input_path, text_column, task_name, check_task, model,
+             api_key, json_path):
+    """Send single texts from N concurrent clients to a local `slmclassify serve` (loopback only)
+    and print throughput, p50/p95/p99 latency and errors."""
+    from .serve.loadtest import offline_expected, report_lines, run_load, server_info
+
+    _need_serve_extra()
+    info = server_info(url, api_key)
+    names = [t["name"] for t in info["tasks"]]
+    if task_name is None:
+        if len(names) != 1:
+            raise TaskError(f"the server has tasks {names}; pick one with --task")
+        task_name = names[0]
+    elif task_name not in names:
+        raise TaskError(f"the server has no task {task_name!r}; tasks are {names}")
+    texts = _bench_texts(input_path, text_column, 1 << 30) if input_path else _bench_texts(None, None, 600)
+    expected = None
+    if check_task:
+        expected, offline_rate = offline_expected(texts, Task.from_toml(check_task), model,
+                                                  info["limits"].get("max_text_tokens"))
+        click.echo(f"offline classify: {len(texts)} texts at {offline_rate:.2f} items/s", err=True)
+    report = run_load(url, task_name, texts, concurrency=concurrency, duration=duration, max_requests=max_requests,
+                      api_key=api_key, expected=expected, tolerance=1e-4)
+    lines = report_lines([report])
+    click.echo("\n".join(lines))
+    if json_path:
+        Path(json_path).write_text(lines[-1] + "\n")
+
+
+def _need_serve_extra() -> None:
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client", "httpx") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise TaskError(f"serve needs the 'serve' extra ({', '.join(missing)} missing): "
+                        "pip install 'slmclassify[serve]'")

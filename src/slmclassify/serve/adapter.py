@@ -1,0 +1,108 @@
+"""The service's only window into a Classifier: encode a request, score a batch of items taken
+from many requests, turn scores into Results.
+
+Everything else in `serve/` treats encoded items as opaque handles, so a change to the layout
+of `EncodedItems` touches this module only. Scoring goes through the public
+`Classifier.score` / `Classifier.calibrated` and `results.make_results`, the same calls as
+offline `classify`, so a text gets the same scores (within float32 rounding, ≤1e-4 log-prob)
+however the scheduler groups it with others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..classifier import Classifier
+from ..encode import EMPTY, EncodedItems
+from ..results import Result, make_results
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """One request's texts, tokenized."""
+
+    items: EncodedItems
+    """Opaque to the scheduler: only this module reads it."""
+    status: tuple[str, ...]
+    """ok, empty or truncated, per text."""
+    scored: tuple[int, ...]
+    """Indices of the texts the model must score (not empty), in request order."""
+    lengths: tuple[int, ...]
+    """Tokens the engine runs for each scored text (after the cached prefix)."""
+
+
+@dataclass(frozen=True)
+class BatchWork:
+    """What one engine call did, for the metrics."""
+
+    rows: int
+    real_tokens: int
+    """Non-pad tokens run."""
+    processed_tokens: int
+    """Tokens run including padding."""
+
+
+class TaskRunner:
+    """One task's classifier, seen through what the scheduler and the HTTP layer need."""
+
+    def __init__(self, name: str, classifier: Classifier):
+        self.name = name
+        self.classifier = classifier
+        self.labels = classifier.task.labels
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.classifier.settings.token_budget
+
+    @property
+    def max_rows(self) -> int:
+        return self.classifier.settings.max_rows
+
+    @property
+    def max_text_tokens(self) -> int | None:
+        return self.classifier.settings.max_text_tokens
+
+    def describe(self) -> dict:
+        """The task as /v1/tasks lists it."""
+        clf = self.classifier
+        return {"name": self.name, "labels": list(self.labels), "mode": clf.mode,
+                "calibrated": clf.bias is not None, "min_confidence": clf.task.min_confidence}
+
+    def encode(self, texts: list[str]) -> EncodedRequest:
+        """Tokenize a request's texts (per-text token cap applied: status `truncated`)."""
+        items = self.classifier.encode(texts)
+        scored = tuple(int(i) for i in items.scored)
+        return EncodedRequest(items=items, status=tuple(items.status), scored=scored,
+                              lengths=tuple(len(items.suffix(i)) for i in scored))
+
+    def score(self, picks: list[tuple[EncodedRequest, int]]) -> tuple[np.ndarray, BatchWork]:
+        """[k, L] raw label scores of the picked (request, text index) items, in pick order."""
+        combined = EncodedItems(
+            ids=[req.items.ids[i] for req, i in picks],
+            status=[req.items.status[i] for req, i in picks],
+            prefix_ids=picks[0][0].items.prefix_ids,
+            cached=np.array([bool(req.items.cached[i]) for req, i in picks], dtype=bool),
+        )
+        scores = self.classifier.score(combined)
+        stats = self.classifier.stats
+        return scores, BatchWork(rows=len(picks), real_tokens=stats.real_tokens,
+                                 processed_tokens=stats.processed_tokens)
+
+    def results(self, scores: np.ndarray, status: tuple[str, ...]) -> list[Result]:
+        """[n, L] raw scores (NaN rows for empty texts) → one Result per text, as offline classify."""
+        clf = self.classifier
+        return make_results(self.labels, scores, clf.calibrated(scores), list(status), clf.task.min_confidence)
+
+    def empty_scores(self, n: int) -> np.ndarray:
+        return np.full((n, len(self.labels)), np.nan, dtype=np.float64)
+
+
+def result_json(result: Result) -> dict:
+    """A Result as the API returns it."""
+    return {"label": result.label, "confidence": result.confidence, "needs_review": result.needs_review,
+            "probabilities": result.probabilities, "status": result.status}
+
+
+__all__ = ["BatchWork", "EMPTY", "EncodedRequest", "TaskRunner", "result_json"]

@@ -1,0 +1,187 @@
+"""The FastAPI application: /v1/classify, /v1/tasks, /healthz, /readyz, /metrics, /docs.
+
+Handlers run on the event loop and never touch the model: they validate, tokenize (the
+tokenizer is used from this one thread only), queue a ticket and await it, while watching for
+the client's disconnect and the request timeout. Errors are JSON: {"error": "what is wrong"}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.exceptions import HTTPException
+
+from .adapter import TaskRunner, result_json
+from .guard import Guard
+from .metrics import Metrics
+from .scheduler import QueueFull, Scheduler, Ticket
+from .settings import ServeSettings
+
+
+@dataclass
+class Service:
+    """Everything the app serves: the tasks (sharing one loaded model) and the scheduler's settings."""
+
+    runners: dict[str, TaskRunner]
+    """Task name → its classifier, built at start-up (prefix cache and calibration done)."""
+    settings: ServeSettings
+    model_name: str
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+class ClassifyRequest(BaseModel):
+    """Texts to classify with one task: `text` for one, `texts` for several (not both)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str = Field(description="A task name from GET /v1/tasks.")
+    text: str | None = Field(default=None, description="One text.")
+    texts: list[str] | None = Field(default=None, min_length=1, description="Several texts, answered in order.")
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.text is None) == (self.texts is None):
+            raise ValueError("give exactly one of 'text' (a string) or 'texts' (a list of strings)")
+        return self
+
+
+class ClassifyResult(BaseModel):
+    label: str | None = Field(description="Predicted label (null for an empty text).")
+    confidence: float | None = Field(description="Probability of the predicted label.")
+    needs_review: bool = Field(description="Confidence below the task's min_confidence, or no label.")
+    probabilities: dict[str, float] = Field(description="Calibrated probability per label, summing to 1.")
+    status: str = Field(description="ok, empty or truncated (text cut to the per-text token cap).")
+
+
+class ClassifyResponse(BaseModel):
+    results: list[ClassifyResult]
+
+
+class ApiError(HTTPException):
+    """An error answered as {"error": message} with the given status and headers."""
+
+
+def create_app(service: Service):
+    """The ASGI app (FastAPI wrapped in the Guard middleware) for a built service."""
+    settings, metrics = service.settings, service.metrics
+    scheduler = Scheduler(settings.max_wait_ms, settings.max_queue_items, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        scheduler.start()
+        yield
+        # uvicorn has stopped accepting and waited for in-flight requests; finish what is queued
+        await asyncio.to_thread(scheduler.stop, settings.request_timeout_s)
+
+    app = FastAPI(title="slmclassify", version="1", lifespan=lifespan,
+                  description="Classify short texts with a small local language model; concurrent "
+                              "requests are batched together by length.")
+    app.state.scheduler = scheduler
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request, exc: HTTPException):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+                             for e in exc.errors())
+        if "json" not in request.headers.get("content-type", ""):
+            problems += "; send the body as JSON with 'Content-Type: application/json'"
+        return JSONResponse({"error": f"invalid request body: {problems}",
+                             "detail": jsonable_encoder(exc.errors())}, status_code=422)
+
+    @app.get("/healthz", summary="The process is alive")
+    async def healthz():
+        return {"status": "alive"}
+
+    @app.get("/readyz", summary="Model loaded, tasks calibrated, worker running")
+    async def readyz():
+        if not scheduler.alive:
+            return JSONResponse({"status": "not ready", "error": "the engine worker is not running"}, 503)
+        return {"status": "ready", "model": service.model_name, "tasks": sorted(service.runners)}
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus():
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/tasks", summary="Tasks, their labels and the service's limits")
+    async def tasks():
+        return {"model": service.model_name,
+                "tasks": [runner.describe() for runner in service.runners.values()],
+                "limits": {"max_texts": settings.max_texts, "max_body_bytes": settings.max_body_bytes,
+                           "max_text_tokens": _max_text_tokens(service),
+                           "max_queue_items": settings.max_queue_items,
+                           "request_timeout_s": settings.request_timeout_s}}
+
+    @app.post("/v1/classify", response_model=ClassifyResponse, summary="Classify one text or several",
+              responses={404: {"description": "Unknown task"}, 413: {"description": "Too many texts or bytes"},
+                         503: {"description": "Queue full or not ready (see Retry-After)"},
+                         504: {"description": "Not answered within the request timeout"}})
+    async def classify(body: ClassifyRequest, request: Request):
+        runner = service.runners.get(body.task)
+        if runner is None:
+            raise ApiError(404, f"unknown task {body.task!r}; tasks are: {', '.join(sorted(service.runners))}")
+        texts = [body.text] if body.text is not None else body.texts
+        if len(texts) > settings.max_texts:
+            raise ApiError(413, f"{len(texts)} texts in one request, over the limit of {settings.max_texts} "
+                                "(--max-texts); split the request")
+        request.state.task, request.state.texts = runner.name, len(texts)
+        if not scheduler.alive:
+            raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
+        ticket = Ticket(runner, runner.encode(texts))
+        if ticket.size:
+            results = await _wait(ticket, request)
+        else:  # only empty texts: nothing to run
+            results = runner.results(ticket.scores, ticket.encoded.status)
+        for r in results:
+            metrics.items.labels(runner.name, r.status).inc()
+        return {"results": [result_json(r) for r in results]}
+
+    async def _wait(ticket: Ticket, request: Request):
+        """Queue the ticket and wait for its results, the client's disconnect or the timeout."""
+        try:
+            scheduler.submit(ticket)
+        except QueueFull as full:
+            raise ApiError(503, f"{full}; the service is overloaded",
+                           {"Retry-After": str(full.retry_after)}) from None
+        started = asyncio.get_running_loop().time()
+        answer = asyncio.wrap_future(ticket.future)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({answer, gone}, timeout=settings.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if answer not in done:
+            scheduler.cancel(ticket)
+            answer.cancel()
+            if gone in done:  # nobody will read this; the access log shows the status
+                raise ApiError(499, "the client closed the request")
+            raise ApiError(504, f"not answered within {settings.request_timeout_s:g} s (--request-timeout); "
+                                "the service is overloaded, retry later")
+        metrics.latency.observe(asyncio.get_running_loop().time() - started)
+        return answer.result()
+
+    return Guard(app, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone away (the body was read already, so only
+    http.disconnect can arrive)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _max_text_tokens(service: Service) -> int | None:
+    caps = {r.max_text_tokens for r in service.runners.values()}
+    return caps.pop() if len(caps) == 1 else None

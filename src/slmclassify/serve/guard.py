@@ -1,0 +1,127 @@
+"""ASGI middleware in front of every endpoint: API key, request-size limit, access log, metrics.
+
+Order for each HTTP request: the API key is checked first (401, constant-time compare; the
+paths in `open_paths` skip it), then the body is read up to `max_body_bytes` (413 beyond, so a
+huge body is never buffered) and replayed to the app; when the response is done, one JSON
+access-log line is written and the request is counted by path and status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+
+access_log = logging.getLogger("slmclassify.access")
+
+KNOWN_PATHS = ("/v1/classify", "/v1/tasks", "/healthz", "/readyz", "/metrics", "/docs", "/openapi.json")
+
+
+class Guard:
+    """Wraps the FastAPI app (see the module docstring)."""
+
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int, metrics, open_paths=("/healthz",)):
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+        self.open_paths = tuple(open_paths)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        state = scope.setdefault("state", {})
+        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex[:16]
+        status = [None]
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        try:
+            if self.api_key is not None and scope["path"] not in self.open_paths and not self._authorized(scope):
+                await send_error(send_logged, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                 [(b"www-authenticate", b"Bearer")])
+                return
+            body = await self._read_body(scope, receive, send_logged)
+            if body is None:
+                return
+            await self.app(scope, _replay(body, receive), send_logged)
+        finally:
+            code = status[0] if status[0] is not None else 499  # no response: the client went away
+            path = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+            self.metrics.requests.labels(path, str(code)).inc()
+            access_log.info(json.dumps({
+                "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z",
+                "request_id": request_id,
+                "client": (scope.get("client") or ("-",))[0],
+                "method": scope["method"], "path": scope["path"], "status": code,
+                "ms": round(1000 * (time.perf_counter() - started), 2),
+                **{k: state[k] for k in ("task", "texts") if k in state},
+            }))
+
+    def _authorized(self, scope) -> bool:
+        given = _header(scope, b"authorization") or ""
+        scheme, _, token = given.partition(" ")
+        # compare_digest takes time independent of where the strings differ
+        ok = hmac.compare_digest(token.strip().encode(), self.api_key)
+        return ok and scheme.lower() == "bearer"
+
+    async def _read_body(self, scope, receive, send) -> bytes | None:
+        """The whole body, or None after answering 413 (or when the client left)."""
+        declared = _header(scope, b"content-length")
+        too_large = (f"request body over the limit of {self.max_body_bytes} bytes "
+                     "(--max-body-bytes); send fewer or shorter texts per request")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await send_error(send, 413, too_large)
+            return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await send_error(send, 413, too_large)
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A receive callable that returns the buffered body once, then waits on the real one
+    (which reports the client's disconnect)."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def send_error(send, status: int, message: str, headers=()) -> None:
+    """A JSON error response: {"error": message}."""
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,97 @@
+"""Build the service (one model load, one Classifier per task) and run it under uvicorn.
+
+SIGTERM / Ctrl-C: uvicorn stops accepting connections, waits for the requests in flight (their
+texts are already queued and keep running on the worker), then the app's shutdown finishes the
+queue and ends the worker; the process exits 0. No accepted request is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import time
+
+from ..classifier import Classifier, EngineSettings
+from ..errors import TaskError
+from ..loading import LoadedModel, load_model
+from ..task import Task
+from .adapter import TaskRunner
+from .settings import ServeSettings
+
+log = logging.getLogger("slmclassify.serve")
+
+
+def build_service(tasks: dict[str, Task], model: str | LoadedModel | None, engine: EngineSettings,
+                  settings: ServeSettings):
+    """Load the model once and build every task's classifier (prefix cache, calibration)."""
+    from .app import Service
+
+    if not tasks:
+        raise TaskError("give at least one task: --task NAME=FILE.toml")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=engine)) for name, task in tasks.items()}
+    return Service(runners=runners, settings=settings, model_name=loaded.name)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: an ephemeral one); errors name the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise TaskError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --host/--port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app, settings: ServeSettings):
+    """A uvicorn server for `app`; run it with `server.run(sockets=[bound socket])`."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT once it has shut down; after a complete drain we
+        exit 0 instead (the `stopped` log line says so)."""
+
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning",
+                            timeout_graceful_shutdown=int(settings.request_timeout_s) + 5)
+    return DrainingServer(config)
+
+
+def serve(service, host: str, port: int) -> None:
+    """Run until SIGTERM/SIGINT; logs one JSON line per request on stderr."""
+    from .app import create_app
+
+    configure_logging()
+    sock = bind(host, port)
+    server = make_server(create_app(service), service.settings)
+    actual = sock.getsockname()[1]
+    log.info(json.dumps({"ts": _now(), "event": "listening", "url": f"http://{host}:{actual}",
+                         "model": service.model_name, "tasks": sorted(service.runners),
+                         "max_wait_ms": service.settings.max_wait_ms}))
+    server.run(sockets=[sock])
+    log.info(json.dumps({"ts": _now(), "event": "stopped"}))
+
+
+def configure_logging() -> None:
+    """JSON lines on stderr for the access log and the service's own events."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for name in ("slmclassify.access", "slmclassify.serve"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"

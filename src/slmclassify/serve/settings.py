@@ -1,0 +1,38 @@
+"""The service's limits and scheduling knobs, validated once when the server starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TaskError
+
+DEFAULT_MAX_WAIT_MS = 5.0
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the service admits, queues and batches requests (engine batch shape: EngineSettings)."""
+
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS
+    """How long the first waiting request may wait for others to join its batch (0: never wait)."""
+    max_texts: int = 64
+    """Most texts in one request (more: 413)."""
+    max_body_bytes: int = 1 << 20
+    """Largest request body in bytes (more: 413)."""
+    max_queue_items: int = 1024
+    """Most texts waiting for the model across all requests (more: 503 with Retry-After)."""
+    request_timeout_s: float = 30.0
+    """A request not answered within this many seconds gets 504 and its pending texts are dropped."""
+    api_key: str | None = None
+    """When set, every endpoint but /healthz needs `Authorization: Bearer <key>`."""
+
+    def __post_init__(self) -> None:
+        if self.max_wait_ms < 0:
+            raise TaskError(f"--max-wait-ms must be >= 0, got {self.max_wait_ms}")
+        for name in ("max_texts", "max_body_bytes", "max_queue_items"):
+            if getattr(self, name) < 1:
+                raise TaskError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if not self.request_timeout_s > 0:
+            raise TaskError(f"--request-timeout must be positive, got {self.request_timeout_s}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise TaskError("the API key is empty; unset SLMCLASSIFY_API_KEY or pass a non-empty --api-key")
