@@ -44,8 +44,8 @@ def run_main(monkeypatch, capsys):
 
 
 def test_default_item_cap():
-    assert EngineSettings().max_text_tokens == DEFAULT_MAX_TEXT_TOKENS == 256
-    assert engine_settings().max_text_tokens == 256
+    assert EngineSettings().max_text_tokens == DEFAULT_MAX_TEXT_TOKENS == 512
+    assert engine_settings().max_text_tokens == 512
     assert engine_settings(max_text_tokens=1000).max_text_tokens == 1000
     assert engine_settings(max_text_tokens=NO_CAP).max_text_tokens is None
     assert f"default {DEFAULT_MAX_TEXT_TOKENS}" in CliRunner().invoke(cli, ["classify", "--help"]).output
