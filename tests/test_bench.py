@@ -196,7 +196,7 @@ def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, valu
                    f"(e.g. {instead} {value})\n")
 
 
-@pytest.mark.parametrize("args,cap,calibrate", [([], 256, True), (["--max-tokens", "40", "--no-calibrate"], 40, False),
+@pytest.mark.parametrize("args,cap,calibrate", [([], 512, True), (["--max-tokens", "40", "--no-calibrate"], 40, False),
                                                 (["--max-tokens", "none"], None, True)])
 def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loaded, args, cap, calibrate):
     """Regression: sweep silently ignored --max-tokens and --calibrate."""
@@ -217,7 +217,7 @@ def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loa
     code, _, err = run_main("sweep", "--n", "2", *args)
     assert code == 0, err
     assert seen == {"cap": cap, "calibrate": calibrate}
-    assert DEFAULT_MAX_TEXT_TOKENS == 256
+    assert DEFAULT_MAX_TEXT_TOKENS == 512
 
 
 def test_sweep_prints_the_table_before_a_missing_matplotlib(run_main, monkeypatch, llama_dir, tmp_path):

@@ -56,7 +56,7 @@ def task_options(fn):
         click.option("--token-budget", type=int, help="Max rows × padded tokens per batch."),
         click.option("--max-rows", type=int, help="Max rows per batch."),
         click.option("--max-tokens", metavar="N|none",
-                     help="Cut item texts to N tokens (default 256; none: only at the "
+                     help="Cut item texts to N tokens (default 512; none: only at the "
                           "model's context)."),
     ]
     for option in reversed(options):

@@ -61,14 +61,14 @@ class VerifyReport:
 
 def pick_probes(encoded: EncodedItems, n: int, max_tokens: int | None = PROBE_MAX_TOKENS) -> list[int]:
     """Up to n scored items evenly spread over the prompt-length order, among the items of at most
-    `max_tokens` prompt tokens (the n shortest when fewer are that short; None: no limit)."""
+    `max_tokens` prompt tokens (the n shortest when none is that short; None: no limit)."""
     scored = encoded.scored
     if n <= 0 or not len(scored):
         return []
     by_length = scored[np.argsort([len(encoded.ids[i]) for i in scored], kind="stable")]
     if max_tokens is not None:
         short = [i for i in by_length if len(encoded.ids[i]) <= max_tokens]
-        by_length = np.array(short if len(short) >= min(n, len(by_length)) else by_length[:n], dtype=np.int64)
+        by_length = np.array(short, dtype=np.int64) if short else by_length[:n]
     picks = np.unique(np.linspace(0, len(by_length) - 1, num=min(n, len(by_length))).round().astype(int))
     return sorted(int(by_length[p]) for p in picks)
 
