@@ -485,17 +485,17 @@ def test_crash_while_scoring_writes_nothing(run_main, model_arg, tmp_path, monke
 
 
 def test_crash_while_writing_keeps_previous_output(run_main, model_arg, tmp_path, monkeypatch):
-    from slmclassify import tables
+    from slmclassify.io.writers import ChunkWriter
 
     src = write_input(tmp_path / "in.csv")
     target = tmp_path / "out.csv"
     target.write_bytes(b"id,label\nold,result\n")
 
-    def half_written(frame, fh, fmt):
-        fh.write(frame.head(2).to_csv(index=False).encode("utf-8"))
+    def half_written(self, frame):
+        self.fh.write(frame.head(2).to_csv(index=False).encode("utf-8"))
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(tables, "_write", half_written)
+    monkeypatch.setattr(ChunkWriter, "write", half_written)
     with pytest.raises(RuntimeError, match="disk full"):
         run_main("classify", src, "-o", target, "--no-verify", "--labels", LABEL_ARG, *model_arg)
     assert target.read_bytes() == b"id,label\nold,result\n"

@@ -13,11 +13,16 @@ from .task import MODES, Task, parse_labels, task_file_settings
 
 def main() -> None:
     """Console-script entry point."""
+    from .classify_job import Interrupted
+
     try:
         cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("slmclassify: interrupted; no output written", err=True)
         sys.exit(130)
+    except Interrupted as exc:
+        click.echo(f"slmclassify: {exc}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(2)
@@ -103,20 +108,30 @@ def _unescape(template: str | None) -> str | None:
 @click.option("--gold-column", help="Column of true labels: report accuracy.")
 @click.option("--result-prefix", default="", help="Prefix for the added columns (e.g. pred_).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--resume", is_flag=True, help="Continue the unfinished run kept in OUTPUT.partial.")
+@click.option("--restart", is_flag=True, help="Discard an unfinished run (OUTPUT.partial) and start over.")
+@click.option("--window", type=int, help="Rows read, sorted and batched at a time; also the resume step "
+              "(default 1024).")
 @task_options
 def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
-             result_prefix, quiet,
+             result_prefix, quiet, resume, restart, window,
              task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
              token_budget, max_rows, max_tokens):
-    """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT."""
+    """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT, streaming."""
+    import dataclasses
+
     from .run import classify_table
 
+    if resume and restart:
+        raise TaskError("--resume and --restart exclude each other")
     task = build_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
     settings = build_settings(task_file, token_budget, max_rows, max_tokens)
+    if window is not None:
+        settings = dataclasses.replace(settings, window=window)
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
         fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,
-        result_prefix=result_prefix,
+        result_prefix=result_prefix, resume=resume, restart=restart,
     )
 
 
