@@ -13,13 +13,14 @@ from .task import MODES, Task, parse_labels, task_file_settings
 
 def main() -> None:
     """Console-script entry point."""
-    from .classify_job import Interrupted
+    from .interrupts import Interrupted, handle_sigterm, terminate_as_interrupt
 
+    handle_sigterm()
     try:
         cli.main(standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("slmclassify: interrupted; no output written", err=True)
-        sys.exit(130)
+        sys.exit(143 if terminate_as_interrupt.received else 130)
     except Interrupted as exc:
         click.echo(f"slmclassify: {exc}", err=True)
         sys.exit(exc.exit_code)
