@@ -145,3 +145,18 @@ def test_split_is_off_when_it_would_differ(clf, monkeypatch):
 
     split = PromptSplit(Merging(), clf.renderer)
     assert not split.active
+
+
+def test_sweep_shows_the_window_trade_off(llama_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from slmclassify.cli import cli
+
+    result = CliRunner().invoke(cli, ["sweep", "--n", "6", "--budgets", "64", "--row-caps", "4", "--windows", "2,8",
+                                      "--model", str(llama_dir), "--plot", str(tmp_path / "s.png")],
+                                catch_exceptions=False)
+    lines = result.stdout.splitlines()
+    header = lines.index(f"{'window':>8} {'items/s':>8} {'padding%':>9} {'reused':>7} {'peak RSS MB':>12}")
+    rows = [line.split() for line in lines[header + 1 :]]
+    assert [r[0] for r in rows] == ["2", "8"]
+    assert all(float(r[1]) > 0 and 0 <= float(r[2]) <= 100 for r in rows)
