@@ -160,3 +160,21 @@ def test_sweep_shows_the_window_trade_off(llama_dir, tmp_path):
     rows = [line.split() for line in lines[header + 1 :]]
     assert [r[0] for r in rows] == ["2", "8"]
     assert all(float(r[1]) > 0 and 0 <= float(r[2]) <= 100 for r in rows)
+
+
+def test_progress_status_line_for_logs():
+    """Not a terminal: one status line per period, with rows/s, the share done and an ETA."""
+    import io as _io
+
+    from slmclassify.progress import Progress
+
+    stream = _io.StringIO()
+    progress = Progress(total_rows=1000, total_bytes=None, every=0.0, stream=stream)
+    progress.update(250)
+    progress.update(250)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("progress: 500 rows, ") and ", 50.0% done, ETA " in lines[1]
+    quiet = _io.StringIO()
+    Progress(total_rows=10, total_bytes=None, enabled=False, every=0.0, stream=quiet).update(5)
+    assert quiet.getvalue() == ""

@@ -201,6 +201,8 @@ class _Sink:
 
     def interrupted(self, state: _RunState, signum) -> Interrupted:
         code = 128 + int(signum)
+        if self.checkpoint is None and state.rows:
+            return Interrupted(f"interrupted; the output on stdout is incomplete ({state.rows} rows)", code)
         if self.checkpoint is None or not self.record.get("rows_done") or not self.record.get("resumable"):
             self.abandon(state)
             return Interrupted("interrupted; no output written", code)
