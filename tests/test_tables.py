@@ -11,7 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
-from slmclassify import tables
+from slmclassify.io import writers
 from slmclassify.errors import InputError
 from slmclassify.tables import read_table, table_format, texts_of, write_table
 
@@ -260,11 +260,11 @@ def test_write_table_failure_leaves_no_partial_and_old_file_intact(tmp_path, mon
     if existed:
         target.write_bytes(b"previous,complete\n1,2\n")
 
-    def half_write(frame, fh, fmt):
-        fh.write(b"text\nfirst row only\n")
+    def half_write(writer, frame):
+        writer.fh.write(b"text\nfirst row only\n")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(tables, "_write", half_write)
+    monkeypatch.setattr(writers, "_write", half_write)
     with pytest.raises(RuntimeError, match="disk full"):
         write_table(pd.DataFrame({"text": ["a", "b"]}), str(target))
     if existed:

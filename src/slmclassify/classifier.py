@@ -2,12 +2,19 @@
 
 Data flow: load → render prompts → tokenize → schedule batches → forward with the prefix cache
 → score → results. The prefix is computed once per Classifier and reused by every batch.
+
+Streaming: `classify_iter` reads its texts a *window* of rows at a time (`EngineSettings.window`),
+sorts and batches by length within the window, scores identical items of a window once, and
+yields results in input order; it holds one window of items, never the whole input. Window
+boundaries are fixed by row number (rows k·W … (k+1)·W − 1), so every item sees the same batch
+composition in every run over the same input: that is what makes resumed runs byte-identical.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,9 +22,9 @@ import numpy as np
 from .batching import collate, plan_batches
 from .calibration import CONTENT_FREE, adjust, prior_from_scores
 from .config_check import context_limit
-from .encode import EncodedItems, choose_prefix, encode_items
+from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items
 from .engine import Engine
-from .errors import TaskError
+from .errors import InputError, TaskError
 from .labels import build_trie, end_of_turn_id, label_sequences, resolve_mode
 from .loading import LoadedModel, load_model
 from .prompts import PromptRenderer
@@ -30,6 +37,7 @@ DEFAULT_MAX_ROWS = 128
 DEFAULT_MAX_TEXT_TOKENS = 512
 """Default cap on an item's text tokens: one very long text would otherwise dominate a run
 (attention is quadratic in its length) while the label rarely needs more (README, *Long texts*)."""
+DEFAULT_WINDOW = 1024
 
 
 @dataclass(frozen=True)
@@ -46,14 +54,44 @@ class EngineSettings:
     """Sort items by length before batching (off only for ablations)."""
     max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS
     """Cut item texts to this many tokens (status `truncated`); None: only at the model's context."""
+    window: int = DEFAULT_WINDOW
+    """Rows `classify_iter` holds at once: sorted, batched and de-duplicated within this window."""
 
     def __post_init__(self) -> None:
+        if self.window < 1:
+            raise TaskError(f"--window must be positive, got {self.window}")
         if self.token_budget is not None and self.token_budget < 1:
             raise TaskError(f"--token-budget must be positive, got {self.token_budget}")
         if self.max_rows < 1:
             raise TaskError(f"--max-rows must be positive, got {self.max_rows}")
         if self.max_text_tokens is not None and self.max_text_tokens < 1:
             raise TaskError(f"--max-tokens must be positive, got {self.max_text_tokens}")
+
+
+@dataclass(frozen=True)
+class ScoredWindow:
+    """One window of `classify_windows`: its items, raw scores and results, in input order."""
+
+    start: int
+    """Input row index of the window's first item."""
+    encoded: EncodedItems
+    scores: np.ndarray
+    """[n, L] raw label scores (NaN rows for empty items)."""
+    results: list[Result]
+
+
+def _clean(text, index: int) -> str:
+    """An item text as the engine takes it: None → "" (status empty); anything else must be a str."""
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise InputError(f"texts[{index}] is a {type(text).__name__}, not a str (None counts as empty)")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"texts[{index}] is not valid Unicode (it holds a lone surrogate)") from None
+    return text
 
 
 class Classifier:
@@ -81,6 +119,7 @@ class Classifier:
         self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
+        self.split = PromptSplit(tokenizer, self.renderer)
         # The engine is exact up to this length (the model's context, or less: see config_check).
         context = context_limit(self.loaded.model.config)
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
@@ -91,7 +130,7 @@ class Classifier:
         """[L] log prior of each label on content-free inputs (a few passes over the cached prefix)."""
         encoded = encode_items(
             self.loaded.tokenizer, self.renderer, list(CONTENT_FREE), self.prefix_ids,
-            self.max_prompt_tokens, score_empty=True,
+            self.max_prompt_tokens, score_empty=True, split=self.split,
         )
         stats = self.stats
         prior = prior_from_scores(self.score(encoded))
@@ -110,15 +149,66 @@ class Classifier:
         """Render and tokenize texts (no model work)."""
         return encode_items(
             self.loaded.tokenizer, self.renderer, list(texts), self.prefix_ids,
-            self.max_prompt_tokens, self.settings.max_text_tokens,
+            self.max_prompt_tokens, self.settings.max_text_tokens, split=self.split,
         )
 
-    def classify(self, texts: Iterable[str], progress: Callable[[int], None] | None = None) -> list[Result]:
+    def classify(self, texts: Iterable[str | None], progress: Callable[[int], None] | None = None) -> list[Result]:
         """One Result per text, in input order. `progress(n)` is called as n more items finish."""
+        return list(self.classify_iter(texts, progress))
+
+    def classify_iter(self, texts: Iterable[str | None],
+                      progress: Callable[[int], None] | None = None) -> Iterator[Result]:
+        """Yield one Result per text, in input order, holding one window of texts at a time.
+
+        `texts` may be any iterable (a generator over a huge file); None counts as an empty text.
+        `self.stats` covers every window done so far.
+        """
+        for window in self.classify_windows(texts, progress):
+            yield from window.results
+
+    def classify_windows(self, texts: Iterable[str | None],
+                         progress: Callable[[int], None] | None = None) -> Iterator[ScoredWindow]:
+        """The streaming core: one `ScoredWindow` per `settings.window` texts, in input order."""
+        if isinstance(texts, (str, bytes)):
+            raise InputError("classify() takes an iterable of texts, got a single "
+                             f"{type(texts).__name__}; pass a list: classify([text])")
+        total = RunStats(prefix_tokens=len(self.prefix_ids))
+        self.stats = total
+        iterator, start = iter(texts), 0
+        while chunk := list(itertools.islice(iterator, self.settings.window)):
+            window = self.score_window([_clean(t, start + k) for k, t in enumerate(chunk)], start, progress)
+            total.add(self.stats)
+            self.stats = total
+            start += len(chunk)
+            yield window
+
+    def score_window(self, texts: list[str], start: int = 0,
+                     progress: Callable[[int], None] | None = None) -> ScoredWindow:
+        """Encode and score one window; identical items (same token ids) are scored once."""
+        began = time.perf_counter()
         encoded = self.encode(texts)
-        scores = self.score(encoded, progress)
-        return make_results(self.task.labels, scores, self.calibrated(scores), encoded.status,
-                            self.task.min_confidence)
+        scored = encoded.scored
+        first: dict[bytes, int] = {}
+        source = np.empty(len(scored), dtype=np.int64)  # position in `unique` of each scored item
+        unique: list[int] = []
+        for k, i in enumerate(scored):
+            j = first.setdefault(encoded.key(i), len(unique))
+            if j == len(unique):
+                unique.append(int(i))
+            source[k] = j
+        unique_scores = self.score(encoded.subset(unique), progress)  # [u, L]
+        scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
+        scores[scored] = unique_scores[source]
+        reused = len(scored) - len(unique)
+        if progress is not None and reused:
+            progress(reused)
+        stats = self.stats
+        stats.items, stats.scored, stats.reused = len(encoded), len(scored), reused
+        stats.fallbacks = encoded.fallbacks
+        stats.seconds = time.perf_counter() - began
+        results = make_results(self.task.labels, scores, self.calibrated(scores), encoded.status,
+                               self.task.min_confidence)
+        return ScoredWindow(start=start, encoded=encoded, scores=scores, results=results)
 
     def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None) -> np.ndarray:
         """[n, L] label scores (NaN rows for empty items), through the fast path."""
@@ -155,8 +245,9 @@ class Classifier:
 
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""
+        full = encoded.ids
         rows = [
-            reference_scores(self.loaded.model, encoded.ids[i], self.trie).double().numpy()
+            reference_scores(self.loaded.model, full[i], self.trie).double().numpy()
             for i in indices
         ]
         return np.stack(rows) if rows else np.zeros((0, len(self.task.labels)))
@@ -165,4 +256,4 @@ class Classifier:
         return f"Classifier(model={self.loaded.name!r}, labels={list(self.task.labels)}, mode={self.mode!r})"
 
 
-__all__ = ["Classifier", "EngineSettings", "Result"]
+__all__ = ["Classifier", "EngineSettings", "Result", "ScoredWindow"]

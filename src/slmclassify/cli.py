@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -13,11 +14,17 @@ from .task import MODES, Task, build_task, parse_labels
 
 def main() -> None:
     """Console-script entry point."""
+    from .interrupts import Interrupted, handle_sigterm, terminate_as_interrupt
+
+    handle_sigterm()
     try:
         cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("slmclassify: interrupted; no output written", err=True)
-        sys.exit(130)
+        sys.exit(143 if terminate_as_interrupt.received else 130)
+    except Interrupted as exc:
+        click.echo(f"slmclassify: {exc}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(2)
@@ -113,20 +120,28 @@ def _unescape(template: str | None) -> str | None:
 @click.option("--gold-column", help="Column of true labels: report accuracy.")
 @click.option("--result-prefix", default="", help="Prefix for the added columns (e.g. pred_).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--resume", is_flag=True, help="Continue the unfinished run kept in OUTPUT.partial.")
+@click.option("--restart", is_flag=True, help="Discard an unfinished run (OUTPUT.partial) and start over.")
+@click.option("--window", type=int, help="Rows read, sorted and batched at a time; also the resume step "
+              "(default 1024).")
 @task_options
 def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
-             result_prefix, quiet,
+             result_prefix, quiet, resume, restart, window,
              task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
              token_budget, max_rows, max_tokens):
-    """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT."""
+    """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT, streaming."""
     from .run import classify_table
 
+    if resume and restart:
+        raise TaskError("--resume and --restart exclude each other")
     task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
     settings = _settings(task_file, token_budget, max_rows, max_tokens)
+    if window is not None:
+        settings = dataclasses.replace(settings, window=window)
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
         fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,
-        result_prefix=result_prefix,
+        result_prefix=result_prefix, resume=resume, restart=restart,
     )
 
 
@@ -224,9 +239,11 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 @click.option("--plot", "plot_path", default="sweep.png", show_default=True, help="PNG of throughput and padding.")
 @click.option("--save", is_flag=True, help="Save the best setting as your default (user config file).")
 @click.option("--save-to-task", is_flag=True, help="Write the best setting into the --task file instead.")
+@click.option("--windows", default="128,1024", show_default=True,
+              help="classify's --window sizes to compare (rows sorted and batched together); '' to skip.")
 @task_options
-def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, task_file, labels,
-          instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
+def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, windows, task_file,
+          labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
           max_tokens):
     """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets).
 
@@ -249,7 +266,8 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
         raise TaskError("--save-to-task needs --task FILE")
     settings = _settings(task_file, None, None, max_tokens)
     texts = _bench_texts(input_path, text_column, n_items)
-    points = sweeping.run_sweep(load_model(model), task, texts, budget_list, rows_list,
+    loaded = load_model(model)
+    points = sweeping.run_sweep(loaded, task, texts, budget_list, rows_list,
                                 max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True))
     top = sweeping.best(points)
     # The measurements first: a failing plot must not lose them.
@@ -258,6 +276,13 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
         click.echo(f"{p.token_budget:>8} {p.max_rows:>5} {p.items_per_s:>8.2f} {100 * p.padding:>9.1f} "
                    f"{p.peak_rss_mb:>12.0f}")
     click.echo(f"best: --token-budget {top.token_budget} --max-rows {top.max_rows} ({top.items_per_s:.2f} items/s)")
+    if windows.strip():
+        best_settings = dataclasses.replace(settings, token_budget=top.token_budget, max_rows=top.max_rows)
+        window_points = sweeping.run_window_sweep(loaded, task, texts, _int_list(windows, "--windows"),
+                                                  best_settings, log=lambda m: click.echo(m, err=True))
+        click.echo(f"{'window':>8} {'items/s':>8} {'padding%':>9} {'reused':>7} {'peak RSS MB':>12}")
+        for w in window_points:
+            click.echo(f"{w.window:>8} {w.items_per_s:>8.2f} {100 * w.padding:>9.1f} {w.reused:>7} {w.peak_rss_mb:>12.0f}")
     if save:
         click.echo(f"saved as default in {save_settings(token_budget=top.token_budget, max_rows=top.max_rows)}")
     if save_to_task:

@@ -1,12 +1,27 @@
-"""Tokenize items once: full prompt ids, status (ok / empty / truncated) and the prefix check.
+"""Tokenize items once: the ids each item runs, status (ok / empty / truncated) and the prefix check.
 
 The fast path must feed the model exactly the tokens of the per-item path. So every item's
-*full* prompt is tokenized, and the shared prefix is used only when the item's ids really start
+*full* prompt ids are known, and the shared prefix is used only when the item's ids really start
 with the prefix ids; otherwise the item falls back to its full prompt (counted as a fallback).
+
+Memory layout: an item keeps only what is its own — the ids after the shared prefix (or its
+whole prompt for a fallback) — concatenated in one int32 array with offsets:
+
+    tokens:  [ s0 s0 s0 | s1 s1 | f2 f2 f2 f2 f2 f2 | ... ]     s = suffix ids, f = full prompt (fallback)
+    offsets: [ 0,        3,      5,                   11, ... ]  [n + 1]
+
+The full prompt of a cached item is `prefix_ids + suffix`, rebuilt only when asked (`ids[i]`).
+
+Speed: the head of every prompt (system turn, few-shot examples) is long and identical. When the
+head contains a special token (`<|im_start|>`), the tokenizer splits the text there before any
+merge, so `ids(head + item + tail) == ids(head_up_to_that_token) + ids(rest + item + tail)`. The
+split is used only if it reproduces the full tokenisation exactly on probe texts
+(`PromptSplit.probe`); otherwise every prompt is tokenized whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,14 +30,36 @@ from .errors import TaskError
 from .prompts import PromptRenderer
 
 OK, EMPTY, TRUNCATED = "ok", "empty", "truncated"
+_TOKENIZE_BATCH = 2048  # prompts per tokenizer call: bounds the tokenizer's transient Python lists
+_SPLIT_PROBES = ("", "plain text", " leading space", "\n\nnew lines\n", "  two  spaces  ", "Ünïcödé ✓ 123",
+                 "<|im_end|> looks special", "x" * 40)
+
+
+class _FullIds(Sequence):
+    """`encoded.ids[i]`: the full prompt ids of item i as a list, rebuilt from prefix + suffix."""
+
+    def __init__(self, items: EncodedItems):
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i):
+        items = self._items
+        if items.status[i] == EMPTY:
+            return []
+        own = items.suffix(i)
+        return list(items.prefix_ids) + own if items.cached[i] else own
 
 
 @dataclass
 class EncodedItems:
-    """Token ids and status of every input item, in input order."""
+    """Token ids and status of every input item, in input order (compact: see the module docstring)."""
 
-    ids: list[list[int]]
-    """Full prompt ids per item ([] for empty items)."""
+    tokens: np.ndarray
+    """[total] int32: each item's own ids (suffix after the prefix, or the whole prompt), concatenated."""
+    offsets: np.ndarray
+    """[n + 1] int64: item i's ids are tokens[offsets[i]:offsets[i + 1]]."""
     status: list[str]
     """ok, empty or truncated, per item."""
     prefix_ids: list[int]
@@ -31,7 +68,19 @@ class EncodedItems:
     """[n] bool: the item's prompt starts with `prefix_ids`, so only its suffix is run."""
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.status)
+
+    @property
+    def ids(self) -> _FullIds:
+        """Full prompt ids per item ([] for empty items), as the per-item path sees them."""
+        return _FullIds(self)
+
+    def prompt_length(self, i: int) -> int:
+        """Tokens in item i's full prompt (0 for empty items)."""
+        if self.status[i] == EMPTY:
+            return 0
+        own = int(self.offsets[i + 1] - self.offsets[i])
+        return own + len(self.prefix_ids) if self.cached[i] else own
 
     @property
     def scored(self) -> np.ndarray:
@@ -40,19 +89,34 @@ class EncodedItems:
 
     def subset(self, indices: list[int]) -> EncodedItems:
         """The given items, in the given order (no re-tokenisation)."""
+        parts = [self.own(i) for i in indices]
         return EncodedItems(
-            ids=[self.ids[i] for i in indices], status=[self.status[i] for i in indices],
-            prefix_ids=self.prefix_ids, cached=self.cached[list(indices)],
+            tokens=np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32),
+            offsets=np.concatenate([[0], np.cumsum([len(p) for p in parts], dtype=np.int64)]).astype(np.int64),
+            status=[self.status[i] for i in indices], prefix_ids=self.prefix_ids,
+            cached=self.cached[list(indices)] if len(indices) else np.zeros(0, dtype=bool),
         )
+
+    def own(self, i: int) -> np.ndarray:
+        """[k] int32 view of the ids the engine runs for item i."""
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
     def suffix(self, i: int) -> list[int]:
         """The ids the engine runs for item i: after the prefix, or the whole prompt."""
-        return self.ids[i][len(self.prefix_ids) :] if self.cached[i] else self.ids[i]
+        return self.own(i).tolist()
+
+    def key(self, i: int) -> bytes:
+        """Identity of item i's scoring input: equal keys give equal scores (duplicates)."""
+        return (b"c" if self.cached[i] else b"f") + self.own(i).tobytes()
 
     @property
     def fallbacks(self) -> int:
         """Scored items whose prompt does not start with the prefix tokens."""
         return int(sum(1 for i in self.scored if not self.cached[i])) if self.prefix_ids else 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tokens.nbytes + self.offsets.nbytes + self.cached.nbytes + 8 * len(self.status))
 
 
 def choose_prefix(tokenizer, head: str) -> list[int]:
@@ -65,6 +129,51 @@ def choose_prefix(tokenizer, head: str) -> list[int]:
     return ids[:-1]
 
 
+class PromptSplit:
+    """Tokenize `head + item + tail` as `anchor_ids + ids(rest + item + tail)` (see the module docstring)."""
+
+    def __init__(self, tokenizer, renderer: PromptRenderer):
+        self.tokenizer = tokenizer
+        self.renderer = renderer
+        self.cut = 0
+        self.anchor_ids: list[int] = []
+        if not renderer.linear:
+            return
+        cut = _last_special_end(tokenizer, renderer.head)
+        if cut == 0:
+            return
+        self.cut = cut
+        self.anchor_ids = _tokenize(tokenizer, [renderer.head[:cut]])[0]
+        if not all(self.full_ids(p) == _tokenize(tokenizer, [renderer.render(p)])[0] for p in _SPLIT_PROBES):
+            self.cut, self.anchor_ids = 0, []
+
+    @property
+    def active(self) -> bool:
+        return self.cut > 0
+
+    def rest_ids(self, texts: list[str]) -> list[list[int]]:
+        """Ids after the anchor for each text (the whole prompt when the split is off)."""
+        head_rest = self.renderer.head[self.cut :]
+        if self.active:
+            return _tokenize(self.tokenizer, [head_rest + t + self.renderer.tail for t in texts])
+        return _tokenize(self.tokenizer, [self.renderer.render(t) for t in texts])
+
+    def full_ids(self, text: str) -> list[int]:
+        return self.anchor_ids + self.rest_ids([text])[0]
+
+
+def _last_special_end(tokenizer, head: str) -> int:
+    """End offset in `head` of its last special (added) token, 0 if none."""
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    specials += [str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)]
+    ends = [head.rfind(t) + len(t) for t in set(specials) if head.rfind(t) >= 0]
+    return max(ends, default=0)
+
+
+def _tokenize(tokenizer, prompts: list[str]) -> list[list[int]]:
+    return tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
+
+
 def encode_items(
     tokenizer,
     renderer: PromptRenderer,
@@ -73,29 +182,53 @@ def encode_items(
     max_prompt_tokens: int,
     max_text_tokens: int | None = None,
     score_empty: bool = False,
+    split: PromptSplit | None = None,
 ) -> EncodedItems:
     """Render and tokenize every item; truncate over-long texts so the template stays whole.
 
     Empty texts get status `empty` and are not scored, unless `score_empty` (content-free
     calibration inputs include "").
     """
+    split = split or PromptSplit(tokenizer, renderer)
     status = [EMPTY if not text.strip() and not score_empty else OK for text in texts]
     live = [i for i, s in enumerate(status) if s == OK]
-    ids: list[list[int]] = [[] for _ in texts]
-    prompts = [renderer.render(texts[i]) for i in live]
-    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
-    overhead = len(tokenizer(renderer.head + renderer.tail, add_special_tokens=False)["input_ids"])
-    for i, item_ids in zip(live, encoded):
-        too_long = len(item_ids) > max_prompt_tokens
-        # The overhead estimate can be off by a merge or two at the boundaries; checked exactly below.
-        if too_long or (max_text_tokens is not None and len(item_ids) - overhead > max_text_tokens - 2):
-            item_ids, truncated = _truncate(tokenizer, renderer, texts[i], max_prompt_tokens, max_text_tokens)
-            if truncated:
-                status[i] = TRUNCATED
-        ids[i] = item_ids
-    n_prefix = len(prefix_ids)
-    cached = np.array([s != EMPTY and n_prefix > 0 and ids[i][:n_prefix] == prefix_ids for i, s in enumerate(status)])
-    return EncodedItems(ids=ids, status=status, prefix_ids=list(prefix_ids), cached=cached)
+    overhead = len(_tokenize(tokenizer, [renderer.head + renderer.tail])[0])
+    prefix = np.asarray(prefix_ids, dtype=np.int64)
+    anchor = np.asarray(split.anchor_ids, dtype=np.int64)
+    n_prefix, n_anchor = len(prefix), len(anchor)
+    # Items all share the anchor; how much of the prefix it covers is the same for every item.
+    anchor_matches = n_anchor == 0 or bool(np.array_equal(anchor[: min(n_anchor, n_prefix)], prefix[:n_anchor]))
+    own_parts: list[np.ndarray] = [np.zeros(0, np.int32)] * len(texts)
+    cached = np.zeros(len(texts), dtype=bool)
+    for start in range(0, len(live), _TOKENIZE_BATCH):
+        batch = live[start : start + _TOKENIZE_BATCH]
+        for i, rest in zip(batch, split.rest_ids([texts[i] for i in batch])):
+            length = n_anchor + len(rest)
+            if length > max_prompt_tokens or (max_text_tokens is not None and length - overhead > max_text_tokens - 2):
+                # The overhead estimate can be off by a merge or two at the boundaries; checked exactly here.
+                full, truncated = _truncate(tokenizer, renderer, texts[i], max_prompt_tokens, max_text_tokens)
+                if truncated:
+                    status[i] = TRUNCATED
+                full = np.asarray(full, dtype=np.int64)
+                is_cached = n_prefix > 0 and len(full) >= n_prefix and bool(np.array_equal(full[:n_prefix], prefix))
+                own = full[n_prefix:] if is_cached else full
+            else:
+                rest = np.asarray(rest, dtype=np.int64)
+                need = n_prefix - n_anchor  # prefix tokens that lie in the rest (≥ 0 when the anchor is shorter)
+                is_cached = (n_prefix > 0 and anchor_matches and length >= n_prefix
+                             and (need <= 0 or bool(np.array_equal(rest[:need], prefix[n_anchor:]))))
+                if is_cached:
+                    own = rest[need:] if need >= 0 else np.concatenate([anchor[n_prefix:], rest])
+                else:
+                    own = np.concatenate([anchor, rest]) if n_anchor else rest
+            cached[i] = is_cached
+            own_parts[i] = own.astype(np.int32)
+    lengths = np.fromiter((len(p) for p in own_parts), dtype=np.int64, count=len(own_parts))
+    return EncodedItems(
+        tokens=np.concatenate(own_parts) if own_parts else np.zeros(0, np.int32),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        status=status, prefix_ids=list(prefix_ids), cached=cached,
+    )
 
 
 def _truncate(tokenizer, renderer, text, max_prompt_tokens, max_text_tokens):

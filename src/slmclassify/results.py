@@ -78,6 +78,14 @@ class RunStats:
     """Prefix tokens not recomputed: prefix length × items that used the cache."""
     fallbacks: int = 0
     batches: int = 0
+    reused: int = 0
+    """Scored items that took the scores of an identical item of their window (duplicates)."""
+
+    def add(self, other: RunStats) -> None:
+        """Accumulate another part of the same run (prefix_tokens stays the run's)."""
+        for name in ("items", "scored", "seconds", "real_tokens", "processed_tokens", "prefix_reused",
+                     "fallbacks", "batches", "reused"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
     def items_per_s(self) -> float:
@@ -91,3 +99,38 @@ class RunStats:
     @property
     def padding_share(self) -> float:
         return 1 - self.real_tokens / self.processed_tokens if self.processed_tokens else 0.0
+
+
+def result_columns(labels, prefix: str = "") -> list[str]:
+    """The columns a classified table gets, in order."""
+    return [prefix + c for c in ("label", "confidence", "needs_review", *(f"p_{lab}" for lab in labels), "status")]
+
+
+def result_frame(results: list[Result], labels, prefix: str = "", index=None):
+    """The result columns of `results` as a pandas DataFrame (one row per result, in order).
+
+    Types are fixed whatever the rows hold: label and status strings (label None when empty),
+    confidence and p_* float64 (NaN when empty), needs_review bool.
+    """
+    import pandas as pd
+
+    names = result_columns(labels, prefix)
+    data = {
+        names[0]: pd.Series([r.label for r in results], dtype=object, index=index),
+        names[1]: pd.Series([np.nan if r.confidence is None else r.confidence for r in results],
+                            dtype=np.float64, index=index),
+        names[2]: pd.Series([r.needs_review for r in results], dtype=bool, index=index),
+    }
+    for name, label in zip(names[3:-1], labels):
+        data[name] = pd.Series([r.probabilities.get(label, np.nan) for r in results], dtype=np.float64, index=index)
+    data[names[-1]] = pd.Series([r.status for r in results], dtype=object, index=index)
+    return pd.DataFrame(data, index=index)
+
+
+def result_arrow_fields(labels, prefix: str = "") -> list:
+    """The Arrow fields of the result columns (Parquet output), matching `result_frame`."""
+    import pyarrow as pa
+
+    names = result_columns(labels, prefix)
+    types = [pa.string(), pa.float64(), pa.bool_(), *([pa.float64()] * len(labels)), pa.string()]
+    return [pa.field(n, t) for n, t in zip(names, types)]

@@ -1,18 +1,16 @@
-"""Whole-file jobs behind the CLI: read → classify → verify → write, with a progress bar and summary."""
+"""Jobs behind the CLI: classify (streaming, see `classify_job`) and verify, with their summaries."""
 
 from __future__ import annotations
 
-import sys
-import time
 
 import click
-import pandas as pd
 
 from .classifier import Classifier, EngineSettings
-from .errors import InputError, VerificationError
+from .errors import VerificationError
 from .labels import describe_labels
-from .results import make_results
-from .tables import read_table, texts_of, write_table
+from .classify_job import run_classify
+from .results import result_columns as results_columns
+from .tables import read_table, texts_of
 from .task import Task
 from .verify import VerifyReport, compare, pick_probes
 
@@ -23,51 +21,26 @@ def _echo(message: str = "") -> None:
 
 def classify_table(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
                    text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
-                   gold_column=None, progress=True, result_prefix="") -> pd.DataFrame:
-    """Classify every row of a table and write it with the result columns added.
+                   gold_column=None, progress=True, result_prefix="", resume=False, restart=False) -> None:
+    """Classify every row of a table, streaming, into OUTPUT (see `classify_job`); print the summary.
 
     Raises VerificationError after writing when the probe check finds a mismatch.
     """
-    frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors,
-                       id_column=id_column)
-    if gold_column is not None and gold_column not in frame.columns:
-        raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, frame.columns))}")
-    columns = [result_prefix + c for c in result_columns(task.labels)]
-    clash = [c for c in columns if c in frame.columns]
-    if clash:
-        raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
-                         "so the results do not overwrite it")
-    texts = texts_of(frame, text_column)
-    started = time.perf_counter()
-    classifier = Classifier(task, model=model, settings=settings)
-    load_seconds = time.perf_counter() - started
-    encoded = classifier.encode(texts)
-    bar = _progress_bar(len(encoded.scored), enabled=progress)
-    scores = classifier.score(encoded, progress=bar.update)
-    bar.close()
-    results = make_results(task.labels, scores, classifier.calibrated(scores), encoded.status, task.min_confidence)
-    report = compare(classifier, encoded, scores, pick_probes(encoded, probes)) if probes > 0 else None
-
-    values = [[r.label, r.confidence, r.needs_review, *(r.probabilities.get(lab) for lab in task.labels), r.status]
-              for r in results]
-    out = frame.copy()
-    for j, column in enumerate(columns):
-        out[column] = [row[j] for row in values]
-    assert len(out) == len(frame), "every input row must yield one output row"
-    write_table(out, output_path, fmt if output_path == "-" else None)
-
-    _print_summary(classifier, load_seconds, report, output_path)
-    if gold_column is not None:
-        _print_accuracy(frame[gold_column].astype(str).tolist(), results)
+    outcome = run_classify(input_path, output_path, task, settings, model=model, text_column=text_column,
+                           id_column=id_column, fmt=fmt, errors=errors, probes=probes, gold_column=gold_column,
+                           progress=progress, result_prefix=result_prefix, resume=resume, restart=restart)
+    report = outcome.report
+    _print_summary(outcome.classifier, outcome.load_seconds, report, output_path)
+    _echo(f"duplicates: {outcome.duplicates} rows took the scores of an identical row of their window"
+          + (f"; resumed after {outcome.resumed_at} rows done earlier" if outcome.resumed_at else ""))
+    if outcome.gold is not None:
+        outcome.gold.print()
     if report is not None and not report.ok:
         raise VerificationError(f"the output was written, but {report.summary()}; "
                                 f"disagreeing rows {list(report.disagreements)}")
-    return out
 
 
-def result_columns(labels) -> list[str]:
-    """The columns classify adds, in order."""
-    return ["label", "confidence", "needs_review", *(f"p_{label}" for label in labels), "status"]
+result_columns = results_columns  # the columns classify adds, in order (kept here for callers)
 
 
 def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",
@@ -91,12 +64,6 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     return report
 
 
-def _progress_bar(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="item", file=sys.stderr, disable=not (enabled and sys.stderr.isatty()), dynamic_ncols=True, leave=False)
-
-
 def _print_summary(classifier: Classifier, load_seconds: float, report: VerifyReport | None, output: str) -> None:
     s = classifier.stats
     _echo(f"model: {classifier.loaded.name} (loaded in {load_seconds:.1f} s); "
@@ -118,19 +85,3 @@ def _cap_line(cap: int | None) -> str:
     if cap is None:
         return "item texts: no cap (cut only at the model's context)"
     return f"item texts: cut at {cap} tokens (status truncated; --max-tokens N raises the cap, none removes it)"
-
-
-def _print_accuracy(gold: list[str], results) -> None:
-    predicted = [r.label for r in results]
-    scored = [(g, p) for g, p in zip(gold, predicted) if p is not None]
-    if not scored:
-        return
-    correct = sum(g == p for g, p in scored)
-    counts = {str(k): int(v) for k, v in pd.Series([p for _, p in scored]).value_counts().items()}
-    majority = pd.Series([g for g, _ in scored]).value_counts().iloc[0] / len(scored)
-    _echo(f"accuracy vs gold: {correct}/{len(scored)} = {correct / len(scored):.3f} "
-          f"(majority class {majority:.3f}); predicted: {counts}")
-    confident = [(g, p) for (g, p), r in zip(scored, [r for r in results if r.label is not None]) if not r.needs_review]
-    if confident:
-        ok = sum(g == p for g, p in confident)
-        _echo(f"  auto-labelled (not needs_review): {len(confident)}/{len(scored)}, accuracy {ok / len(confident):.3f}")

@@ -1,0 +1,350 @@
+"""The `classify` job: stream a table through the classifier into an output, resumably.
+
+    check output → open input (columns) → [partial run? resume or refuse] → load model
+    → for each chunk of `window` rows: score → append input + result columns to OUTPUT.partial
+      → fsync → progress record → … → rename to OUTPUT → probes → summary
+
+Chunks are the classifier's windows (rows k·W … (k+1)·W − 1), so an interrupted run resumed with
+`--resume` scores every item in the same batches as an uninterrupted one, and its output is
+byte-identical. Memory is bounded by the window, never by the file. Probe items for the check
+against the per-item path are kept as a small pool spread over the prompt lengths seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from collections import Counter
+
+import click
+import numpy as np
+import pandas as pd
+
+from .classifier import Classifier, EngineSettings
+from .encode import EncodedItems
+from .errors import InputError
+from .interrupts import Interrupted, handle_sigterm
+from .io.checkpoint import Checkpoint, changed, digest, input_fingerprint, refuse_resume
+from .io.formats import check_output
+from .io.readers import open_table
+from .io.writers import ChunkWriter, ipc_to_parquet, parquet_schema, write_error
+from .progress import Progress
+from .results import RunStats, result_arrow_fields, result_columns, result_frame
+from .task import Task
+from .verify import VerifyReport, compare, pick_probes
+
+
+def _echo(message: str = "") -> None:
+    click.echo(message, err=True)
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    """What a finished job did, for the summary."""
+
+    classifier: Classifier
+    """Its `stats` cover the whole run (resumed sessions included)."""
+    load_seconds: float
+    report: VerifyReport | None
+    duplicates: int
+    resumed_at: int
+    """Rows already done by earlier sessions (0 for a fresh run)."""
+    gold: _GoldTally | None
+
+
+def run_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
+                 text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
+                 gold_column=None, progress=True, result_prefix="", resume=False, restart=False,
+                 status_every: float = 15.0) -> JobOutcome:
+    """Classify every row of a table and write it with the result columns added.
+
+    Raises `Interrupted` on Ctrl-C/SIGTERM (finished chunks stay in OUTPUT.partial for --resume).
+    """
+    out_fmt = check_output(output_path, fmt if output_path == "-" else None)
+    in_fmt = fmt if input_path == "-" else None
+    resumable = output_path != "-" and input_path != "-"
+    checkpoint = Checkpoint(output_path) if output_path != "-" else None
+    if resume and input_path == "-":
+        raise InputError("--resume needs an input file (stdin cannot be read again)")
+    if resume and output_path == "-":
+        raise InputError("--resume needs an output file (stdout cannot be appended to)")
+
+    reader = open_table(input_path, text_column, fmt=in_fmt, errors=errors, id_column=id_column)
+    if gold_column is not None and gold_column not in reader.columns:
+        raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
+    columns = result_columns(task.labels, result_prefix)
+    clash = [c for c in columns if c in reader.columns]
+    if clash:
+        raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
+                         "so the results do not overwrite it")
+
+    shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows,
+             "max_text_tokens": settings.max_text_tokens, "text_column": text_column, "id_column": id_column,
+             "errors": errors, "result_prefix": result_prefix, "output_format": out_fmt}
+    identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
+    if resumable:
+        identity["input"] = input_fingerprint(input_path)
+    saved = _saved_run(checkpoint, identity, resume, restart)
+
+    started = time.perf_counter()
+    classifier = Classifier(task, model=model, settings=settings)
+    load_seconds = time.perf_counter() - started
+    identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
+    if saved is not None and saved.get("model") != identity["model"]:
+        reader.close()
+        raise refuse_resume(checkpoint, "the model changed")
+
+    state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
+    schema = (parquet_schema(reader, result_arrow_fields(task.labels, result_prefix)) if out_fmt == "parquet"
+              else list(reader.columns) + columns)
+    sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity)
+    bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
+    previous = handle_sigterm()
+    try:
+        for start, frame in reader.chunks(settings.window, skip_rows=state.rows):
+            texts = reader.texts(frame)
+            window = classifier.score_window(texts, start)
+            results_frame = result_frame(window.results, task.labels, result_prefix, index=frame.index)
+            sink.writer.write(pd.concat([frame, results_frame], axis=1))
+            state.add(window, classifier.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
+            sink.chunk_done(state)
+            bar.update(len(frame), reader.bytes_read)
+    except KeyboardInterrupt as exc:
+        bar.close()
+        raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
+    except BaseException:
+        bar.close()
+        sink.abandon(state)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        reader.close()
+    bar.close()
+    sink.finish()
+
+    classifier.stats = state.stats
+    report = state.verify(classifier) if probes > 0 else None
+    return JobOutcome(classifier, load_seconds, report, state.stats.reused, state.resumed_at,
+                      state.gold if gold_column is not None else None)
+
+
+def _saved_run(checkpoint, identity, resume, restart) -> dict | None:
+    """The record of the run to continue (resume), or None to start fresh; refuses what it must."""
+    if checkpoint is None or not checkpoint.exists():
+        return None
+    saved = checkpoint.load()
+    if restart:
+        checkpoint.discard()
+        return None
+    if not resume:
+        done = f" ({saved['rows_done']} rows done)" if saved else ""
+        raise InputError(f"{checkpoint.partial} holds an unfinished run{done}; pass --resume to continue it, "
+                         "or --restart to start over")
+    if saved is None:  # a partial without a record never completed a chunk
+        checkpoint.discard()
+        return None
+    reason = changed(saved, identity)
+    if reason:
+        raise refuse_resume(checkpoint, reason)
+    return saved
+
+
+def _model_fingerprint(classifier: Classifier) -> str:
+    """The model's config, tokenizer size and embedding weights (what makes its scores)."""
+    import hashlib
+
+    model = classifier.loaded.model
+    weights = model.get_input_embeddings().weight.detach().contiguous().numpy()
+    return digest([model.config.to_json_string(), len(classifier.loaded.tokenizer),
+                   hashlib.sha256(weights.tobytes()).hexdigest()])
+
+
+# --------------------------------------------------------------------------- output
+
+
+class _Sink:
+    """Where chunks go: stdout directly, or OUTPUT.partial with a progress record after each chunk."""
+
+    def __init__(self, output, checkpoint, fmt, writer, fh, record):
+        self.output, self.checkpoint, self.fmt, self.writer, self.fh, self.record = (
+            output, checkpoint, fmt, writer, fh, record)
+
+    def chunk_done(self, state: _RunState) -> None:
+        if self.checkpoint is None:
+            self.fh.flush()
+            return
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.record.update(rows_done=state.rows, partial_bytes=self.fh.tell(), state=state.to_json())
+        self.checkpoint.save(self.record)
+
+    def finish(self) -> None:
+        self.writer.close()
+        if self.checkpoint is None:
+            self.fh.flush()
+            return
+        try:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            if self.fmt == "parquet":
+                tmp = f"{self.checkpoint.partial}.parquet"
+                ipc_to_parquet(self.checkpoint.partial, tmp)
+                os.replace(tmp, self.output)
+            else:
+                os.replace(self.checkpoint.partial, self.output)
+        except OSError as exc:
+            raise write_error(self.output, exc) from None
+        self.checkpoint.discard()
+
+    def interrupted(self, state: _RunState, signum) -> Interrupted:
+        code = 128 + int(signum)
+        if self.checkpoint is None and state.rows:
+            return Interrupted(f"interrupted; the output on stdout is incomplete ({state.rows} rows)", code)
+        if self.checkpoint is None or not self.record.get("rows_done") or not self.record.get("resumable"):
+            self.abandon(state)
+            return Interrupted("interrupted; no output written", code)
+        self.fh.close()
+        return Interrupted(f"interrupted; {self.record['rows_done']} rows done are kept in "
+                           f"{self.checkpoint.partial}; run the same command with --resume to continue", code)
+
+    def abandon(self, state: _RunState) -> None:
+        """After a crash: keep a resumable partial that holds finished chunks, else remove it."""
+        if self.checkpoint is None:
+            return
+        if not self.fh.closed:
+            self.fh.close()
+        if not (self.record.get("rows_done") and self.record.get("resumable")):
+            self.checkpoint.discard()
+
+
+def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity: dict) -> _Sink:
+    import sys
+
+    if checkpoint is None:
+        fh = sys.stdout.buffer
+        return _Sink(output, None, fmt, ChunkWriter(fh, fmt, schema, name=output), fh, {})
+    ipc = fmt == "parquet"
+    try:
+        if saved is not None:
+            fh = open(checkpoint.partial, "r+b")  # noqa: SIM115 - closed by the sink
+            fh.truncate(saved["partial_bytes"])  # drop a chunk that was being written
+            fh.seek(saved["partial_bytes"])
+            record = dict(saved)
+        else:
+            fh = open(checkpoint.partial, "wb")  # noqa: SIM115
+            record = dict(identity)
+    except OSError as exc:
+        raise write_error(output, exc) from None
+    record["resumable"] = resumable
+    record.pop("version", None)
+    writer = ChunkWriter(fh, fmt, schema, header=saved is None, ipc=ipc, name=output)
+    return _Sink(output, checkpoint, fmt, writer, fh, record)
+
+
+# --------------------------------------------------------------------------- run state
+
+
+@dataclasses.dataclass
+class _RunState:
+    """What the summary needs from all chunks so far (saved in the progress record)."""
+
+    labels: tuple
+    probes: int
+    prefix_len: int
+    rows: int = 0
+    resumed_at: int = 0
+    stats: RunStats = dataclasses.field(default_factory=RunStats)
+    pool: list = dataclasses.field(default_factory=list)
+    """Probe candidates: [row, prompt length, cached, own ids, status, fast scores]."""
+    gold: _GoldTally = None
+
+    @classmethod
+    def restore(cls, saved, labels, probes, prefix_len) -> _RunState:
+        state = cls(tuple(labels), probes, prefix_len, gold=_GoldTally())
+        state.stats.prefix_tokens = prefix_len
+        if saved:
+            data = saved["state"]
+            state.rows = state.resumed_at = saved["rows_done"]
+            state.stats = RunStats(**data["stats"])
+            state.pool = data["pool"]
+            state.gold = _GoldTally(**data["gold"])
+        return state
+
+    def to_json(self) -> dict:
+        return {"stats": dataclasses.asdict(self.stats), "pool": self.pool, "gold": dataclasses.asdict(self.gold)}
+
+    def add(self, window, stats: RunStats, gold: list[str] | None) -> None:
+        self.rows += len(window.results)
+        self.stats.add(stats)
+        if gold is not None:
+            self.gold.add(gold, window.results)
+        if self.probes > 0:
+            enc = window.encoded
+            for i in pick_probes(enc, self.probes):
+                self.pool.append([window.start + i, enc.prompt_length(i), bool(enc.cached[i]),
+                                  enc.own(i).tolist(), enc.status[i], window.scores[i].tolist()])
+            self.pool = _spread(self.pool, self.probes)
+
+    def verify(self, classifier: Classifier) -> VerifyReport:
+        pool = sorted(self.pool)  # input order
+        parts = [np.asarray(p[3], dtype=np.int32) for p in pool]
+        encoded = EncodedItems(
+            tokens=np.concatenate(parts) if parts else np.zeros(0, np.int32),
+            offsets=np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64),
+            status=[p[4] for p in pool], prefix_ids=list(classifier.prefix_ids),
+            cached=np.array([p[2] for p in pool], dtype=bool),
+        )
+        fast = np.array([p[5] for p in pool], dtype=np.float64).reshape(len(pool), len(self.labels))
+        report = compare(classifier, encoded, fast, list(range(len(pool))))
+        rows = [p[0] for p in pool]
+        return dataclasses.replace(report, indices=tuple(rows),
+                                   disagreements=tuple(rows[k] for k in report.disagreements))
+
+
+def _spread(pool: list, n: int) -> list:
+    """At most n candidates evenly spread over prompt length (shortest and longest kept)."""
+    if len(pool) <= n:
+        return pool
+    by_length = sorted(pool, key=lambda p: (p[1], p[0]))
+    picks = np.unique(np.linspace(0, len(by_length) - 1, num=n).round().astype(int))
+    return [by_length[k] for k in picks]
+
+
+@dataclasses.dataclass
+class _GoldTally:
+    """Accuracy vs a gold column, counted chunk by chunk."""
+
+    scored: int = 0
+    correct: int = 0
+    confident: int = 0
+    confident_correct: int = 0
+    predicted: dict = dataclasses.field(default_factory=dict)
+    gold: dict = dataclasses.field(default_factory=dict)
+
+    def add(self, gold: list[str], results) -> None:
+        predicted, golds = Counter(self.predicted), Counter(self.gold)
+        for g, r in zip(gold, results):
+            if r.label is None:
+                continue
+            self.scored += 1
+            self.correct += g == r.label
+            predicted[r.label] += 1
+            golds[g] += 1
+            if not r.needs_review:
+                self.confident += 1
+                self.confident_correct += g == r.label
+        self.predicted, self.gold = dict(predicted), dict(golds)
+
+    def print(self) -> None:
+        if not self.scored:
+            return
+        counts = dict(sorted(self.predicted.items(), key=lambda kv: -kv[1]))
+        majority = max(self.gold.values()) / self.scored
+        _echo(f"accuracy vs gold: {self.correct}/{self.scored} = {self.correct / self.scored:.3f} "
+              f"(majority class {majority:.3f}); predicted: {counts}")
+        if self.confident:
+            _echo(f"  auto-labelled (not needs_review): {self.confident}/{self.scored}, "
+                  f"accuracy {self.confident_correct / self.confident:.3f}")

@@ -1,0 +1,64 @@
+"""Table formats by extension, and the checks that run before any work (output path, encoding)."""
+
+from __future__ import annotations
+
+import codecs
+import os
+from pathlib import Path
+
+from ..errors import InputError
+
+FORMATS = ("csv", "jsonl", "parquet")
+_EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+# Invalid UTF-8 bytes are decoded to this noncharacter first, so the row that held them can be
+# named after parsing (surrogates would not survive pandas' or pyarrow's string handling).
+BAD_BYTE = "\U0010fffe"
+codecs.register_error("slmclassify-mark", lambda exc: (BAD_BYTE, exc.end))
+
+
+def table_format(path: str, explicit: str | None = None) -> str:
+    """The format of `path` from its extension (or `explicit`, needed for `-`)."""
+    if explicit:
+        return explicit
+    if path == "-":
+        return "csv"
+    suffix = Path(path).suffix.lower()
+    found = _EXTENSIONS.get(suffix)
+    if found is None:
+        raise InputError(f"{path}: unknown format {suffix or '(no extension)'!r}; use .csv, .jsonl or .parquet (or --format)")
+    return found
+
+
+def check_output(path: str, fmt: str | None = None) -> str:
+    """Check that `path` can be written (format, folder, permissions) before any work; returns its format."""
+    if path != "-" and Path(path).is_dir():
+        raise InputError(f"output {path} is a folder; give a file name, e.g. {Path(path) / 'labelled.csv'}")
+    fmt = table_format(path, fmt)
+    if path == "-":
+        return fmt
+    target = Path(path)
+    parent = target.parent
+    if not parent.exists():
+        # A file where a folder is expected ("out.csv/x.csv") is named as such.
+        blocker = next((p for p in [parent, *parent.parents] if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise InputError(f"cannot write {path}: {blocker} is a file, not a folder")
+        raise InputError(f"output folder does not exist: {parent}")
+    if not parent.is_dir():
+        raise InputError(f"cannot write {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write {path}: no permission to create files in {parent}")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise InputError(f"cannot write {path}: the existing file is read-only")
+    return fmt
+
+
+def check_text_encoding(head: bytes, name: str) -> None:
+    """Refuse UTF-16/32 text files up front: their columns would come out as garbled names."""
+    boms = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
+            codecs.BOM_UTF16_BE: "UTF-16"}
+    found = next((enc for bom, enc in boms.items() if head.startswith(bom)), None)
+    if found is None and b"\x00" in head[:4096]:
+        found = "UTF-16" if head[:4096].count(b"\x00") * 4 < len(head[:4096]) * 3 else "UTF-32"
+    if found is not None:
+        raise InputError(f"{name}: the file is not UTF-8 (it looks like {found}); save it as UTF-8 and try again")

@@ -1,0 +1,410 @@
+"""Read a table a chunk of rows at a time: CSV through pyarrow's streaming reader, JSONL line by
+line, Parquet by `iter_batches`; `-` reads stdin the same way (Parquet needs the whole stream).
+
+Invariants: chunks hold exactly `chunk_rows` rows (the last one fewer), whatever the file's block
+or row-group layout, so chunk boundaries depend only on row numbers; CSV cells stay strings
+(`007` stays `007`, an empty cell stays ""); invalid UTF-8 is named by row, id and column (or
+replaced with `errors='replace'`); a ragged CSV row is an error naming the row, never a shifted
+table. Memory is bounded by the chunk, not by the file.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputError
+from .formats import BAD_BYTE, check_text_encoding, table_format
+
+_HEAD = 1 << 16  # bytes looked at before reading: encoding check, empty file, CSV header
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _bad_text(value: str, errors: str) -> str:
+    """Lone surrogates (JSON's "\\ud800") are invalid text: marked, or replaced with U+FFFD."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return _SURROGATES.sub("\ufffd" if errors == "replace" else BAD_BYTE, value)
+
+
+class _Utf8Stream(io.RawIOBase):
+    """A binary stream re-encoded as clean UTF-8: BOM dropped, invalid bytes marked or replaced."""
+
+    def __init__(self, raw, errors: str, head: bytes = b""):
+        self.raw, self.pending, self.head = raw, b"", head
+        self.decoder = codecs.getincrementaldecoder("utf-8-sig")("replace" if errors == "replace" else "slmclassify-mark")
+        self.consumed = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.pending:
+            block = self.head or self.raw.read(1 << 18)
+            self.head = b""
+            self.consumed += len(block)
+            self.pending = self.decoder.decode(block, final=not block).encode("utf-8")
+            if not block:
+                break
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+
+@dataclass
+class TableReader:
+    """An open input table: its columns, and its rows chunk by chunk."""
+
+    path: str
+    fmt: str
+    text_column: str
+    id_column: str | None = None
+    errors: str = "strict"
+    columns: list[str] = field(default_factory=list)
+    total_rows: int | None = None
+    """Known up front for Parquet and JSONL files; None for CSV and stdin."""
+    total_bytes: int | None = None
+    _source: object = None
+    _kinds: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return "<stdin>" if self.path == "-" else self.path
+
+    @property
+    def bytes_read(self) -> int:
+        return getattr(self._source, "consumed", 0)
+
+    def json_kinds(self) -> dict[str, set[str]]:
+        """For JSONL: the Python types seen per column (the whole file; the first chunk for stdin)."""
+        return self._kinds
+
+    # ------------------------------------------------------------------ opening
+
+    def open(self) -> TableReader:
+        raw = sys.stdin.buffer if self.path == "-" else None
+        if raw is None:
+            if not os.path.isfile(self.path):
+                raise InputError(f"input file not found: {self.path}")
+            self.total_bytes = os.path.getsize(self.path)
+        if self.fmt == "parquet":
+            self._open_parquet(raw)
+        else:
+            raw = raw or open(self.path, "rb")  # noqa: SIM115 - closed by close()
+            head = raw.read(_HEAD)
+            check_text_encoding(head, self.name)
+            self._source = _Utf8Stream(raw, self.errors, head)
+            self._raw = raw
+            if self.fmt == "csv":
+                self._open_csv(head)
+            else:
+                self._open_jsonl(head)
+        self._check_columns()
+        return self
+
+    def close(self) -> None:
+        raw = getattr(self, "_raw", None)
+        if raw is not None and raw is not sys.stdin.buffer:
+            raw.close()
+
+    def _check_columns(self) -> None:
+        if self.text_column not in self.columns:
+            cols = ", ".join(map(str, self.columns)) or "(none)"
+            raise InputError(f"{self.name}: no column {self.text_column!r} (use --text-column); columns are: {cols}")
+        if self.id_column is not None and self.id_column not in self.columns:
+            raise InputError(f"{self.name}: no id column {self.id_column!r}; columns are: {', '.join(map(str, self.columns))}")
+
+    def _open_parquet(self, raw) -> None:
+        import pyarrow.parquet as pq
+
+        try:
+            source = io.BytesIO(raw.read()) if raw is not None else self.path
+            self._parquet = pq.ParquetFile(source)
+        except Exception as exc:  # pyarrow raises many types for a bad file
+            raise InputError(f"{self.name}: not a readable Parquet file ({str(exc).splitlines()[0]})") from None
+        self.schema = self._parquet.schema_arrow
+        self.columns = list(self.schema.names)
+        self.total_rows = self._parquet.metadata.num_rows
+
+    def _open_csv(self, head: bytes) -> None:
+        text = head.decode("utf-8", "replace").removeprefix("\ufeff")
+        if not text.strip() and len(head) < _HEAD:
+            raise InputError(f"{self.name}: the file is empty (expected a CSV header row)")
+        first = next(csv.reader(io.StringIO(text.lstrip("\r\n"))), [])
+        self.columns = first
+        if self.path != "-":  # a quick first pass (pyarrow only): the row count, ragged rows, invalid UTF-8
+            import pyarrow.compute as pc
+
+            count = 0
+            for table in self._csv_tables(1 << 16):
+                if self.errors != "replace":
+                    for column in table.column_names:
+                        marked = pc.match_substring(table[column], BAD_BYTE)
+                        if pc.any(marked).as_py():
+                            row = count + pc.index(marked, True).as_py()
+                            ident = f" (id {table[self.id_column][row - count].as_py()})" if self.id_column in table.column_names else ""
+                            raise InputError(f"{self.name}: row {row + 1}{ident}, column {column!r} is not valid "
+                                             "UTF-8; fix the file or pass --errors replace")
+                count += len(table)
+            self.total_rows = count
+            self._raw.close()
+            self._source = _Utf8Stream(open(self.path, "rb"), self.errors)  # noqa: SIM115
+            self._raw = self._source.raw
+
+    def _open_jsonl(self, head: bytes) -> None:
+        if self.path == "-":  # one pass only: columns and types from the first chunk
+            self._pending_records = []
+            for line_no, record in self._records():
+                self._pending_records.append((line_no, record))
+                if len(self._pending_records) >= 1024:
+                    break
+            records = [r for _, r in self._pending_records]
+        else:  # a quick first pass over the file: every column, their types, the row count, bad lines
+            records = (r for _, r in self._records())
+        columns: dict[str, None] = {}
+        kinds: dict[str, set[str]] = {}
+        count = 0
+        for record in records:
+            count += 1
+            for key, value in record.items():
+                columns.setdefault(key, None)
+                kinds.setdefault(key, set()).add(_kind(value))
+        self.columns, self._kinds = list(columns), kinds
+        if self.path != "-":
+            self.total_rows = count
+            self._source = _Utf8Stream(open(self.path, "rb"), self.errors)  # noqa: SIM115
+            self._raw.close()
+            self._raw = self._source.raw
+
+    # ------------------------------------------------------------------ chunks
+
+    def chunks(self, chunk_rows: int, skip_rows: int = 0) -> Iterator[tuple[int, pd.DataFrame]]:
+        """(first row number, frame of up to `chunk_rows` rows), in order, after `skip_rows` rows."""
+        source = {"csv": self._csv_tables, "jsonl": self._jsonl_frames, "parquet": self._parquet_tables}[self.fmt]
+        start = 0
+        for piece in _rechunk(source(chunk_rows), chunk_rows):
+            n = len(piece)
+            if n and start + n > skip_rows:
+                frame = self._to_frame(piece, start)
+                if start < skip_rows:  # only when chunk sizes changed, which resume refuses
+                    frame = frame.iloc[skip_rows - start :]
+                yield max(start, skip_rows), frame
+            start += n
+
+    def _to_frame(self, piece, start: int) -> pd.DataFrame:
+        frame = piece if isinstance(piece, pd.DataFrame) else piece.to_pandas()
+        frame.index = pd.RangeIndex(start, start + len(frame))
+        if self.errors != "replace" and self.fmt != "parquet":
+            _check_utf8(frame, self.name, self.id_column)
+        return frame
+
+    def _csv_tables(self, chunk_rows: int):
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        bad: list = []
+
+        def invalid(row):
+            bad.append(row)
+            return "error"
+
+        try:
+            reader = pcsv.open_csv(
+                self._source,
+                read_options=pcsv.ReadOptions(use_threads=False, block_size=1 << 18),
+                parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid),
+                convert_options=pcsv.ConvertOptions(
+                    column_types={c: pa.string() for c in self.columns}, strings_can_be_null=False,
+                    quoted_strings_can_be_null=False, null_values=[]),
+            )
+            for batch in reader:
+                yield pa.Table.from_batches([batch])
+        except pa.ArrowInvalid as exc:
+            if bad:
+                row = bad[0]
+                detail = (f"row {row.number - 1} has {row.actual_columns} fields, the header has "
+                          f"{row.expected_columns}: {row.text[:60]!r}; quote fields that contain commas")
+            else:
+                detail = str(exc).splitlines()[0]
+            raise InputError(f"{self.name}: not a readable CSV file ({detail})") from None
+
+    def _records(self) -> Iterator[tuple[int, dict]]:
+        for line_no, raw in enumerate(self._source_lines(), start=1):
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{self.name}: line {line_no} is not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise InputError(f"{self.name}: line {line_no} is not a JSON object")
+            yield line_no, {k: _bad_text(v, self.errors) if isinstance(v, str) else v for k, v in record.items()}
+
+    def _source_lines(self):
+        # One buffered reader per source: a second one would lose what the first had buffered.
+        if getattr(self, "_lines_of", None) is not self._source:
+            self._lines, self._lines_of = io.BufferedReader(self._source, buffer_size=1 << 20), self._source
+        for line in self._lines:  # not `yield from`: closing this generator must not close the reader
+            yield line
+
+    def _jsonl_frames(self, chunk_rows: int):
+        pending = getattr(self, "_pending_records", [])
+        self._pending_records = []
+
+        def all_records():
+            yield from pending
+            if pending:  # stdin: the first records were read while opening
+                yield from ((n + pending[-1][0], r) for n, r in self._records())
+            else:
+                yield from self._records()
+
+        rows: list[dict] = []
+        for line_no, record in all_records():
+            extra = [k for k in record if k not in self._kinds]
+            if extra:
+                raise InputError(f"{self.name}: line {line_no} has column {extra[0]!r}, not in the first lines "
+                                 "read from stdin; pass the file itself instead of stdin")
+            rows.append(record)
+            if len(rows) == chunk_rows:
+                yield self._records_frame(rows)
+                rows = []
+        yield self._records_frame(rows)
+
+    def _records_frame(self, rows: list[dict]) -> pd.DataFrame:
+        # object columns keep each JSON value as it was (7 stays 7, null stays None)
+        return pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object) for c in self.columns})
+
+    def _parquet_tables(self, chunk_rows: int):
+        import pyarrow as pa
+
+        for batch in self._parquet.iter_batches(batch_size=chunk_rows):
+            yield pa.Table.from_batches([batch])
+
+    # ------------------------------------------------------------------ texts
+
+    def texts(self, frame: pd.DataFrame) -> list[str]:
+        """The text column of a chunk as strings (see `texts_of`); bytes are decoded as UTF-8."""
+        return texts_of(frame, self.text_column, name=self.name, errors=self.errors, id_column=self.id_column)
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return "json"
+
+
+def _rechunk(pieces, chunk_rows: int):
+    """Re-cut a stream of tables/frames into pieces of exactly `chunk_rows` rows (the last fewer)."""
+    import pyarrow as pa
+
+    buffer, buffered = [], 0
+    for piece in pieces:
+        if isinstance(piece, pd.DataFrame):  # JSONL frames already have the right size
+            if len(piece) or buffered == 0:
+                yield piece
+            continue
+        buffer.append(piece)
+        buffered += len(piece)
+        while buffered >= chunk_rows:
+            table = pa.concat_tables(buffer)
+            yield table.slice(0, chunk_rows)
+            rest = table.slice(chunk_rows)
+            buffer, buffered = ([rest] if len(rest) else []), len(rest)
+    if buffer:
+        yield pa.concat_tables(buffer)
+
+
+def _check_utf8(frame: pd.DataFrame, name: str, id_column: str | None) -> None:
+    for column in frame.columns:
+        values = frame[column]
+        if values.dtype != object and not pd.api.types.is_string_dtype(values):
+            continue
+        if values.dtype == object:
+            marked = np.fromiter((isinstance(v, str) and BAD_BYTE in v for v in values), dtype=bool, count=len(values))
+        else:
+            marked = values.str.contains(BAD_BYTE, regex=False, na=False).to_numpy(dtype=bool)
+        if marked.any():
+            row = frame.index[marked][0]
+            ident = f" (id {frame.at[row, id_column]})" if id_column else ""
+            raise InputError(f"{name}: row {row + 1}{ident}, column {column!r} is not valid UTF-8; "
+                             "fix the file or pass --errors replace")
+
+
+def _as_text(value, errors: str) -> str | None:
+    """One cell as item text; None for a value that is not UTF-8 text (bytes under strict)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value).decode("utf-8", "replace") if errors == "replace" else None
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple, dict)):  # a list as the text: scored as its JSON text
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
+
+
+def texts_of(frame: pd.DataFrame, text_column: str, *, name: str = "input", errors: str = "strict",
+             id_column: str | None = None) -> list[str]:
+    """The text column as strings: missing values become empty texts, numbers their digits,
+    lists and objects their JSON text, binary cells are decoded as UTF-8."""
+    texts = []
+    for row, value in zip(frame.index, frame[text_column]):
+        text = _as_text(value, errors)
+        if text is None or (BAD_BYTE in text and errors != "replace"):
+            ident = f" (id {frame.at[row, id_column]})" if id_column else ""
+            raise InputError(f"{name}: row {row + 1}{ident}, column {text_column!r} is not valid UTF-8; "
+                             "fix the file or pass --errors replace")
+        texts.append(text)
+    return texts
+
+
+def open_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",
+               id_column: str | None = None) -> TableReader:
+    """Open `path` for chunked reading; checks the file, its encoding and its columns."""
+    return TableReader(path, table_format(path, fmt), text_column, id_column, errors).open()
+
+
+def read_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",
+               id_column: str | None = None) -> pd.DataFrame:
+    """The whole table at once (for small files: evaluate, verify, bench); same rules as the chunks."""
+    reader = open_table(path, text_column, fmt, errors, id_column)
+    try:
+        frames = [frame for _, frame in reader.chunks(1 << 16)]
+    finally:
+        reader.close()
+    if not frames:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in reader.columns})
+    frame = pd.concat(frames) if len(frames) > 1 else frames[0]
+    if errors != "replace":
+        texts_of(frame, text_column, name=reader.name, id_column=id_column)
+    return frame.reset_index(drop=True)
