@@ -107,6 +107,36 @@ def _unescape(template: str | None) -> str | None:
     return None if template is None else template.replace("\\n", "\n").replace("\\t", "\t")
 
 
+def ray_options(fn):
+    """`classify --ray`: the run on a Ray cluster (the `slmclassify[ray]` extra)."""
+    options = [
+        click.option("--ray", "use_ray", is_flag=True, help="Run on Ray actors (a local Ray without --ray-address); "
+                     "INPUT may be a folder, OUTPUT a folder of Parquet parts."),
+        click.option("--ray-address", help="Ray cluster to join: auto, ray://HOST:10001 (implies --ray)."),
+        click.option("--actors", type=int, help="Classifier actors under --ray (default 2)."),
+        click.option("--cpus-per-actor", type=float, default=1, show_default=True, help="CPUs (torch threads) per actor."),
+        click.option("--block-rows", type=int, help="Rows per Ray block, sorted and batched together (default 256)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix, errors, quiet,
+                     unsupported, ray_address, actors, cpus_per_actor, block_rows):
+    try:
+        from .ray import DEFAULT_BLOCK_ROWS, RaySettings
+        from .ray.job import run_ray_classify
+    except ImportError as exc:
+        raise TaskError(f"--ray needs Ray: pip install 'slmclassify[ray]' ({exc})") from None
+    if unsupported:
+        raise TaskError("--ray does not support --resume, --restart or --gold-column")
+    rs = RaySettings(actors=2 if actors is None else actors, cpus_per_actor=cpus_per_actor,
+                     block_rows=DEFAULT_BLOCK_ROWS if block_rows is None else block_rows)
+    run_ray_classify(input_path, output_path, task, settings, rs, model=model, address=ray_address,
+                     text_column=text_column, result_prefix=result_prefix, errors=errors, progress=not quiet)
+
+
 @cli.command()
 @click.argument("input_path", metavar="INPUT")
 @click.option("-o", "--output", "output_path", required=True, help="Output file (.csv/.jsonl/.parquet, or - for stdout).")
@@ -124,9 +154,10 @@ def _unescape(template: str | None) -> str | None:
 @click.option("--restart", is_flag=True, help="Discard an unfinished run (OUTPUT.partial) and start over.")
 @click.option("--window", type=int, help="Rows read, sorted and batched at a time; also the resume step "
               "(default 1024).")
+@ray_options
 @task_options
 def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
-             result_prefix, quiet, resume, restart, window,
+             result_prefix, quiet, resume, restart, window, use_ray, ray_address, actors, cpus_per_actor, block_rows,
              task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
              token_budget, max_rows, max_tokens):
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT, streaming."""
@@ -138,6 +169,10 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
     settings = _settings(task_file, token_budget, max_rows, max_tokens)
     if window is not None:
         settings = dataclasses.replace(settings, window=window)
+    if use_ray or ray_address or actors is not None:
+        return _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix,
+                                errors, quiet, resume or restart or gold_column, ray_address, actors,
+                                cpus_per_actor, block_rows)
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
         fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,

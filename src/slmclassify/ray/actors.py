@@ -1,0 +1,95 @@
+"""The Ray actors: one `ClassifierActor` per worker slot, and a `StatsBoard` that collects figures.
+
+A `ClassifierActor` is the callable class given to `Dataset.map_batches`: Ray builds it once per
+actor process, so the model is loaded, the prefix cache computed and the calibration prior
+measured once, then every batch (a block of rows) goes through `Classifier.score_window`, which
+sorts and batches by length within it. Torch gets as many threads as the actor has CPUs
+(its share of the machine, not `os.cpu_count()`).
+
+The board is one small actor (no CPU reserved) that each classifier actor tells, after every
+batch, what it did: the driver reads it for the per-actor figures of the summary, and tests read
+it to find a process to kill. A restarted actor registers again, under its new process id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+
+import ray
+
+
+@ray.remote(num_cpus=0)
+class StatsBoard:
+    """Run figures per actor process, keyed `host:pid`."""
+
+    def __init__(self) -> None:
+        self.actors: dict[str, dict] = {}
+        self.info: dict = {}
+
+    def register(self, key: str, info: dict) -> None:
+        self.actors.setdefault(key, {"started": time.time(), "stats": None, "calls": 0})
+        self.info = info
+
+    def report(self, key: str, stats: dict) -> None:
+        entry = self.actors.setdefault(key, {"started": time.time(), "stats": None, "calls": 0})
+        entry["calls"] += 1
+        entry["stats"] = stats
+
+    def snapshot(self) -> dict:
+        """{"info": what the model and task look like, "actors": {key: {"calls", "stats", "started"}}}."""
+        return {"info": self.info, "actors": self.actors}
+
+
+class ClassifierActor:
+    """Adds the result columns to each batch (a pyarrow Table) of a Dataset; see the module docstring."""
+
+    def __init__(self, task, model, settings, text_column: str, result_prefix: str, threads: int,
+                 errors: str = "strict", board=None):
+        import torch
+
+        from ..classifier import Classifier
+        from ..labels import describe_labels
+        from ..loading import load_model
+        from ..results import RunStats, result_arrow_fields
+
+        started = time.perf_counter()
+        loaded = load_model(model)
+        torch.set_num_threads(threads)  # after load_model, which sets one thread per core of the host
+        self.classifier = Classifier(task, model=loaded, settings=settings)
+        self.text_column, self.errors, self.board = text_column, errors, board
+        self.fields = result_arrow_fields(task.labels, result_prefix)
+        self.prefix = result_prefix
+        self.total = RunStats(prefix_tokens=len(self.classifier.prefix_ids))
+        self.key = f"{socket.gethostname()}:{os.getpid()}"
+        if board is not None:
+            c = self.classifier
+            board.register.remote(self.key, {
+                "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
+                "calibrated": c.bias is not None, "threads": threads,
+                "load_seconds": time.perf_counter() - started,
+                "labels": [line.strip() for line in describe_labels(loaded.tokenizer, task.labels, c.label_tokens)],
+            })
+
+    def __call__(self, batch):
+        import pandas as pd
+        import pyarrow as pa
+
+        from ..io.readers import texts_of
+        from ..results import result_frame
+
+        column = batch.column(self.text_column).to_pylist()
+        texts = texts_of(pd.DataFrame({self.text_column: column}, dtype=object), self.text_column,
+                         errors=self.errors)
+        window = self.classifier.score_window(texts)
+        self.total.add(self.classifier.stats)
+        frame = result_frame(window.results, self.classifier.task.labels, self.prefix)
+        results = pa.Table.from_pandas(frame, schema=pa.schema(self.fields), preserve_index=False)
+        for field, values in zip(self.fields, results.columns):
+            batch = batch.append_column(field, values)
+        if self.board is not None:
+            # waited for, so the driver's figures are complete once the last row is out
+            ray.get(self.board.report.remote(self.key, dataclasses.asdict(self.total)))
+        return batch

@@ -1,0 +1,163 @@
+"""`slmclassify classify INPUT -o OUTPUT --ray`: the job behind the CLI flag.
+
+    connect (--ray-address) or start a local Ray → read INPUT with Ray's readers (a file or a folder
+    of CSV/JSONL/Parquet files) → classify_dataset → stream the rows back in order into one file
+    (OUTPUT.partial, renamed when complete), or let Ray write a folder of Parquet parts → summary
+
+CSV columns are read as strings, as in a single-process run (so `007` stays `007`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+import ray
+
+from ..classifier import EngineSettings
+from ..errors import InputError
+from ..io.formats import FORMATS, check_output, table_format
+from ..results import RunStats
+from ..task import Task
+from .dataset import RaySettings, classify_dataset
+
+
+def _echo(message: str = "") -> None:
+    click.echo(message, err=True)
+
+
+def run_ray_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings,
+                     ray_settings: RaySettings, *, model=None, address: str | None = None, text_column="text",
+                     result_prefix="", errors="strict", progress=True) -> dict:
+    """Classify INPUT into OUTPUT on Ray and print the summary; returns the figures it printed."""
+    if input_path == "-" or output_path == "-":
+        raise InputError("--ray reads and writes files or folders, not stdin/stdout")
+    folder_out = Path(output_path).suffix == ""
+    if folder_out:
+        if Path(output_path).is_file() or (Path(output_path).is_dir() and any(Path(output_path).iterdir())):
+            raise InputError(f"output folder {output_path} exists and is not empty; give a new folder or a file name")
+        out_fmt = "parquet"
+    else:
+        out_fmt = check_output(output_path)
+    in_fmt, files = _input_files(input_path)
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = progress
+    dataset = _read(in_fmt, files, errors)
+    run = classify_dataset(dataset, task, model=model, settings=settings, ray_settings=ray_settings,
+                           text_column=text_column, result_prefix=result_prefix, errors=errors)
+    started = time.perf_counter()
+    if folder_out:
+        run.dataset.write_parquet(output_path)
+        rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
+    else:
+        rows = _write_file(run.dataset, output_path, out_fmt)
+    seconds = time.perf_counter() - started
+    figures = run.figures()
+    _print_summary(figures, rows, seconds, ray_settings, address, output_path)
+    return {"rows": rows, "seconds": seconds, **figures}
+
+
+def pq_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _input_files(path: str) -> tuple[str, list[str]]:
+    """(format, files) of a file or a folder of files of one format (sorted by name)."""
+    target = Path(path)
+    if target.is_file():
+        return table_format(path), [path]
+    if not target.is_dir():
+        raise InputError(f"input not found: {path}")
+    found = {}
+    for child in sorted(target.iterdir()):
+        if child.is_file() and not child.name.startswith((".", "_")):
+            try:
+                found.setdefault(table_format(str(child)), []).append(str(child))
+            except InputError:
+                continue
+    if len(found) != 1:
+        kinds = ", ".join(sorted(found)) or "none"
+        raise InputError(f"input folder {path} must hold files of one format ({', '.join(FORMATS)}); found: {kinds}")
+    return next(iter(found.items()))
+
+
+def _read(fmt: str, files: list[str], errors: str):
+    """Ray's reader for the format; read tasks reserve no CPU, so actors holding every CPU of a
+    small cluster cannot starve them."""
+    if fmt == "parquet":
+        return ray.data.read_parquet(files, num_cpus=0)
+    if fmt == "jsonl":
+        return ray.data.read_json(files, lines=True, num_cpus=0)
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    with open(files[0], "rb") as fh:  # every column as a string, like the single-process reader
+        names = pacsv.open_csv(fh).schema.names
+    convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False)
+    return ray.data.read_csv(files, convert_options=convert, num_cpus=0)
+
+
+def _write_file(dataset, output_path: str, fmt: str) -> int:
+    """Stream the rows in order into OUTPUT.partial, then rename it; returns the rows written."""
+    from ..io.writers import ChunkWriter, write_error
+
+    tmp = f"{output_path}.partial"
+    rows = 0
+    try:
+        with open(tmp, "wb") as fh:
+            writer = None
+            for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                if writer is None:
+                    schema = batch.schema if fmt == "parquet" else list(batch.column_names)
+                    writer = ChunkWriter(fh, fmt, schema, name=output_path)
+                writer.write(batch.to_pandas())
+                rows += batch.num_rows
+            if writer is None:
+                raise InputError("the input has no rows")
+            writer.close()
+        os.replace(tmp, output_path)
+    except OSError as exc:
+        raise write_error(output_path, exc) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return rows
+
+
+def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, address, output: str) -> None:
+    info, actors = figures["info"], figures["actors"]
+    total = RunStats()
+    for entry in actors.values():
+        if entry["stats"]:
+            part = RunStats(**entry["stats"])
+            total.add(part)
+            total.prefix_tokens = part.prefix_tokens
+    if info:
+        _echo(f"model: {info['model']} (loaded in {info['load_seconds']:.1f} s per actor); "
+              f"mode: {info['mode']} ({info['mode_reason']}); calibrated: {info['calibrated']}")
+        _echo("labels: " + "; ".join(info["labels"]))
+    where = address or "a local Ray on this machine"
+    _echo(f"ray: {rs.actors} actors × {rs.cpus_per_actor:g} CPU ({rs.threads} torch threads each) on {where}; "
+          f"blocks of {rs.block_rows} rows; actor processes started: {len(actors)}")
+    rate = rows / seconds if seconds else 0.0
+    _echo(f"items: {rows} ({total.scored} scored, {total.items - total.scored} empty) in {seconds:.2f} s: "
+          f"{rate:.1f} items/s, {(total.real_tokens + total.prefix_reused) / seconds if seconds else 0:.0f} tokens/s")
+    _echo(f"batches: {total.batches}; padding: {100 * total.padding_share:.1f}% of processed tokens; "
+          f"prefix: {total.prefix_tokens} tokens run once per actor, {total.prefix_reused} reused; "
+          f"fallbacks: {total.fallbacks}; duplicates: {total.reused} rows took the scores of an identical row "
+          "of their block")
+    for key, entry in sorted(actors.items()):
+        s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
+        _echo(f"  actor {key}: {s.items} rows in {entry['calls']} blocks, busy {s.seconds:.2f} s, "
+              f"{s.items_per_s:.1f} items/s, padding {100 * s.padding_share:.1f}%")
+    _echo("verify: not run under --ray (each actor runs the same fast path; check a sample with "
+          "`slmclassify verify`)")
+    _echo(f"wrote {output}")

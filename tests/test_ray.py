@@ -1,0 +1,162 @@
+"""Ray Data integration on a local Ray (2 CPUs, one cluster for the module) with the tiny random
+Llama: input order, results equal to a single-process run, a killed actor, the CLI path."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from click.testing import CliRunner  # noqa: E402
+
+from slmclassify import Classifier, Task  # noqa: E402
+from slmclassify.cli import cli  # noqa: E402
+from slmclassify.errors import InputError, TaskError  # noqa: E402
+from slmclassify.ray import RaySettings, classify_dataset  # noqa: E402
+
+LABELS = ("billing", "technical", "account")
+TASK = Task(labels=LABELS, user_template="Ticket: {text}")
+WORDS = ("refund invoice charged twice crash login password parcel delivery slow error app settings "
+         "email profile account billing shipping feedback update waiting days").split()
+
+
+def _texts(n: int, seed: int = 0) -> list[str]:
+    """Texts of 0..40 words, with empty ones and exact duplicates, as real exports have."""
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 40))) for _ in range(n)]
+    for i in rng.choice(n, size=n // 20, replace=False):
+        texts[i] = "" if i % 2 else texts[(i * 7) % n]
+    return texts
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single_process(llama_loaded):
+    """Results of the single-process run on `_texts(n)`, cached per n."""
+    cache = {}
+
+    def results(n):
+        if n not in cache:
+            cache[n] = Classifier(TASK, model=llama_loaded).classify(_texts(n))
+        return cache[n]
+
+    return results
+
+
+def _assert_same(frame: pd.DataFrame, expected, n: int) -> None:
+    """Every row once, in order, with the single-process result (|Δp| ≤ 1e-4, same label/status)."""
+    assert frame["row"].tolist() == list(range(n))
+    labels = [r.label for r in expected]
+    assert [None if pd.isna(v) else v for v in frame["label"]] == labels
+    assert frame["status"].tolist() == [r.status for r in expected]
+    assert frame["needs_review"].tolist() == [r.needs_review for r in expected]
+    for label in LABELS:
+        got = frame[f"p_{label}"].to_numpy()
+        want = np.array([r.probabilities.get(label, np.nan) for r in expected])
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, equal_nan=True)
+
+
+def _dataset(n: int, blocks: int):
+    rows = [{"row": i, "text": t} for i, t in enumerate(_texts(n))]
+    return ray.data.from_items(rows, override_num_blocks=blocks)
+
+
+def test_order_and_results_match_single_process(local_ray, llama_dir, single_process):
+    n = 700
+    run = classify_dataset(_dataset(n, blocks=9), TASK, model=str(llama_dir),
+                           ray_settings=RaySettings(actors=2, block_rows=37))
+    frame = run.dataset.to_pandas()
+    _assert_same(frame, single_process(n), n)
+    assert list(frame.columns) == ["row", "text", "label", "confidence", "needs_review",
+                                   *(f"p_{lab}" for lab in LABELS), "status"]
+    figures = run.figures()
+    assert len(figures["actors"]) == 2  # the work was spread, each actor loaded the model once
+    assert sum(a["stats"]["items"] for a in figures["actors"].values()) == n
+    assert all(a["calls"] >= 2 for a in figures["actors"].values())
+    assert figures["info"]["threads"] == 1  # from its CPU share, not the host's 2 cores
+
+
+def test_killed_actor_is_restarted_and_no_row_is_lost_or_doubled(local_ray, llama_dir, single_process):
+    n = 4000
+    run = classify_dataset(_dataset(n, blocks=20), TASK, model=str(llama_dir),
+                           ray_settings=RaySettings(actors=2, block_rows=40))
+    killed = []
+
+    def kill_first_busy_actor():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            for key, entry in run.figures()["actors"].items():
+                if entry["calls"] >= 1:
+                    os.kill(int(key.rsplit(":", 1)[1]), signal.SIGKILL)
+                    killed.append(key)
+                    return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_first_busy_actor)
+    killer.start()
+    frame = run.dataset.to_pandas()
+    killer.join()
+    assert killed, "no actor reported work in time"
+    processes = run.figures()["actors"]
+    assert killed[0] in processes and len(processes) >= 3  # the killed one, its restart, the other
+    _assert_same(frame, single_process(n), n)
+
+
+def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
+    texts = _texts(300, seed=3)
+    pd.DataFrame({"id": [f"{i:05d}" for i in range(300)], "text": texts}).to_csv(tmp_path / "in.csv", index=False)
+    common = ["--model", str(llama_dir), "--labels", ",".join(LABELS), "--quiet"]
+    runner = CliRunner()
+    single = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "one.csv"),
+                                 "--no-verify", *common], catch_exceptions=False)
+    assert single.exit_code == 0, single.output
+    on_ray = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "ray.csv"), "--ray",
+                                 "--actors", "2", "--block-rows", "64", *common], catch_exceptions=False)
+    assert on_ray.exit_code == 0, on_ray.output
+    assert "items: 300 (" in on_ray.output and "padding:" in on_ray.output
+    assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
+    one = pd.read_csv(tmp_path / "one.csv", dtype={"id": str})
+    got = pd.read_csv(tmp_path / "ray.csv", dtype={"id": str})
+    assert list(got.columns) == list(one.columns)
+    assert got["id"].tolist() == [f"{i:05d}" for i in range(300)]  # CSV cells stay strings, rows in order
+    for column in ("id", "text", "label", "needs_review", "status"):
+        assert got[column].fillna("").tolist() == one[column].fillna("").tolist(), column
+    for label in LABELS:
+        np.testing.assert_allclose(got[f"p_{label}"], one[f"p_{label}"], atol=1e-4, rtol=0)
+
+    # a folder of JSONL parts in, a folder of Parquet parts out: the same rows in the same order
+    (tmp_path / "parts").mkdir()
+    for k in range(3):
+        pd.DataFrame({"id": range(100 * k, 100 * k + 100), "text": texts[100 * k:100 * k + 100]}).to_json(
+            tmp_path / "parts" / f"part-{k}.jsonl", orient="records", lines=True)
+    folder = runner.invoke(cli, ["classify", str(tmp_path / "parts"), "-o", str(tmp_path / "out"), "--ray",
+                                 "--block-rows", "50", *common], catch_exceptions=False)
+    assert folder.exit_code == 0, folder.output
+    back = pd.read_parquet(tmp_path / "out")
+    assert back["id"].tolist() == list(range(300))
+    assert back["label"].fillna("").tolist() == one["label"].fillna("").tolist()
+
+
+def test_bad_input_is_refused_before_any_actor_starts(local_ray):
+    no_text = ray.data.from_items([{"body": "x"}])
+    with pytest.raises(InputError, match="no text column 'text'; columns are: body"):
+        classify_dataset(no_text, TASK)
+    clash = ray.data.from_items([{"text": "x", "label": "billing"}])
+    with pytest.raises(InputError, match="already has column 'label'"):
+        classify_dataset(clash, TASK)
+    with pytest.raises(TaskError, match="--actors must be positive"):
+        RaySettings(actors=0)
