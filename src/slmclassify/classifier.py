@@ -42,6 +42,11 @@ class EngineSettings:
     """Sort items by length before batching (off only for ablations)."""
     max_text_tokens: int | None = None
     """Truncate item texts to this many tokens (status `truncated`)."""
+    device: str | None = None
+    """auto (None), cpu or cuda: where a model loaded by the Classifier runs (auto: CUDA when available)."""
+    precision: str | None = None
+    """None: fp32 on CPU, bf16 on CUDA; fp32, bf16, fp16, int8; auto: a low precision only if it is
+    faster here and agrees with fp32 (see `precision.py`)."""
 
     def __post_init__(self) -> None:
         if self.token_budget is not None and self.token_budget < 1:
@@ -50,6 +55,12 @@ class EngineSettings:
             raise TaskError(f"--max-rows must be positive, got {self.max_rows}")
         if self.max_text_tokens is not None and self.max_text_tokens < 1:
             raise TaskError(f"--max-tokens must be positive, got {self.max_text_tokens}")
+        from .backends.device import DEVICES, check_precision
+
+        if self.device is not None and self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise TaskError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.precision is not None:
+            check_precision(self.precision)
 
 
 class Classifier:
@@ -63,7 +74,8 @@ class Classifier:
     ):
         self.task = task
         self.settings = settings or EngineSettings()
-        self.loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        self.loaded = (model if isinstance(model, LoadedModel)
+                       else load_model(model, self.settings.device, self.settings.precision))
         tokenizer = self.loaded.tokenizer
         self.renderer = PromptRenderer(tokenizer, task)
         self.label_tokens = label_sequences(tokenizer, self.renderer.tail, task.labels)
@@ -73,10 +85,14 @@ class Classifier:
         )
         self.trie = build_trie(task.labels, sequences, mode)
         if self.loaded.engine is None:  # re-arranging the weights once per model, not per classifier
-            self.loaded.engine = Engine(self.loaded.model)
+            self.loaded.engine = Engine(self.loaded.model, self.loaded.backend)
         self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
+        if self.loaded.auto_precision:  # --precision auto on a CPU: measured once per model
+            from .precision import settle_auto
+
+            settle_auto(self)
         context = getattr(self.loaded.model.config, "max_position_embeddings", 2048)
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
         self.stats = RunStats()
@@ -151,7 +167,7 @@ class Classifier:
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""
         rows = [
-            reference_scores(self.loaded.model, encoded.ids[i], self.trie).double().numpy()
+            reference_scores(self.loaded.model, encoded.ids[i], self.trie).double().cpu().numpy()
             for i in indices
         ]
         return np.stack(rows) if rows else np.zeros((0, len(self.task.labels)))
