@@ -89,13 +89,13 @@ class Classifier:
         self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
-        if self.loaded.auto_precision:  # --precision auto on a CPU: measured once per model
-            from .precision import settle_auto
-
-            settle_auto(self)
         context = getattr(self.loaded.model.config, "max_position_embeddings", 2048)
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
         self.stats = RunStats()
+        if self.loaded.auto_precision:  # --precision auto on a CPU: decided once per model
+            from .precision import settle_auto
+
+            settle_auto(self)
         self.bias = self.content_free_prior() if task.calibrate else None
 
     def content_free_prior(self) -> np.ndarray:
