@@ -182,3 +182,28 @@ def test_cuda_attention_matches_math():
         ref_out, ref_lse = attention.attend_math(q, k, v, m, causal)
         torch.testing.assert_close(out, ref_out, atol=2e-4, rtol=2e-4)
         torch.testing.assert_close(lse, ref_lse, atol=2e-4, rtol=2e-4)
+
+
+def test_verify_int8_reports_agreement_with_fp32(llama_dir, tmp_path):
+    from test_cli import LABEL_ARG, invoke, write_input
+
+    src = write_input(tmp_path / "in.csv")
+    result = invoke("verify", src, "--labels", LABEL_ARG, "--model", llama_dir, "--device", "cpu",
+                    "--precision", "int8", "--n", 3)
+    assert "engine: cpu int8 (int8-" in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "agree with the float32 per-item path, max |Δ probability| " in line
+    assert "(int8: ≥ 99% agree)" in line or "(int8: AGREEMENT TOO LOW)" in line
+
+
+def test_task_file_precision_and_flag_precedence(llama_dir, tmp_path):
+    from test_cli import LABEL_ARG, invoke, write_input
+
+    src = write_input(tmp_path / "in.csv")
+    task = tmp_path / "task.toml"
+    task.write_text(f'labels = {list(LABEL_ARG.split(","))!r}\nprecision = "int8"\ndevice = "cpu"\n'.replace("'", '"'))
+    result = invoke("verify", src, "--task", task, "--model", llama_dir, "--n", 2)
+    assert "engine: cpu int8 (" in result.stderr
+    result = invoke("verify", src, "--task", task, "--model", llama_dir, "--n", 2, "--precision", "fp32")
+    assert "engine: cpu fp32 (" in result.stderr
+    assert "(identical predictions)" in result.stderr

@@ -38,7 +38,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         if name not in index:
             raise InputError(f"{path}: row {row} has gold label {name!r}, which is not in the label set {list(task.labels)}")
     gold = np.array([index[name] for name in gold_names])
-    loaded = load_model(model)
+    loaded = load_model(model, settings.device, settings.precision)
 
     def run(config_task: Task) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings)

@@ -46,6 +46,8 @@ class LoadedModel:
     """The measured GEMM rates behind the backend choice (`backends.choice.measure`)."""
     auto_precision: bool = False
     """`--precision auto` on a CPU: the first Classifier checks the low precisions (`precision.py`)."""
+    auto_decision: dict | None = None
+    """What `--precision auto` decided: {"precision": ..., "tried": {precision: agreement}}."""
 
 
 def embedded_gguf_path() -> Path:
