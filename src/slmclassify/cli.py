@@ -216,7 +216,9 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
     report = run_bench(loaded, texts, task, settings, gguf_path=gguf, log=lambda m: click.echo(m, err=True))
     click.echo(f"model: {loaded.name}; {report.machine['cpu']}, {report.machine['threads']} threads, "
                f"torch {report.machine['torch']}, transformers {report.machine['transformers']}")
-    click.echo(f"float32 matmul rate on the model's shapes: {report.matmul_gflops:.1f} GFLOP/s")
+    click.echo(f"engine: {report.engine}")
+    click.echo(f"{'float32' if loaded.backend.device.type == 'cpu' else 'bf16'} matmul rate on the model's shapes "
+               f"(roofline basis): {report.matmul_gflops:.1f} GFLOP/s")
     click.echo(report.table())
     line = dump_json(report)
     if json_path:
