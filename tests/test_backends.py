@@ -207,3 +207,19 @@ def test_task_file_precision_and_flag_precedence(llama_dir, tmp_path):
     result = invoke("verify", src, "--task", task, "--model", llama_dir, "--n", 2, "--precision", "fp32")
     assert "engine: cpu fp32 (" in result.stderr
     assert "(identical predictions)" in result.stderr
+
+
+def test_plain_transformers_token_budget_rows_match_the_loop(llama_loaded):
+    """bench's (h) rows (run on CUDA) are device-agnostic: on CPU in float32 they equal the loop."""
+    from slmclassify.backends.hf_plain import token_budget_scores
+    from slmclassify.bench import article_loop
+    from slmclassify.workload import ARTICLE_TASK
+
+    clf = Classifier(ARTICLE_TASK, model=llama_loaded)
+    texts = random_texts(9, seed=4, max_words=30)
+    prompts = [clf.renderer.render(t) for t in texts]
+    loop = article_loop(llama_loaded, prompts, ARTICLE_TASK.labels)
+    for prefix in ([], clf.prefix_ids):
+        scores, padding = token_budget_scores(llama_loaded, prompts, ARTICLE_TASK.labels, prefix, budget=200, max_rows=4)
+        assert np.abs(scores - loop).max() <= 1e-4
+        assert 0 <= padding < 1

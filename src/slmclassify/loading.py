@@ -106,6 +106,19 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
     return loaded
 
 
+def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None = None,
+               precision: str | None = None) -> LoadedModel:
+    """A LoadedModel around a model built in memory (e.g. random weights with a real model's
+    shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`."""
+    from .backends.device import check_precision, resolve_device
+
+    _check_architecture(model.config.model_type, name)
+    device = resolve_device(device)
+    loaded = _finish(model.float().to(device), tokenizer, name=name)
+    _attach_backend(loaded, device, check_precision(precision))
+    return loaded
+
+
 def _attach_backend(loaded: LoadedModel, device: torch.device, precision: str) -> None:
     from .backends.choice import make_backend
 
