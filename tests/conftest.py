@@ -104,3 +104,37 @@ def llama_loaded(llama_dir):
     from slmclassify import load_model
 
     return load_model(str(llama_dir))
+
+
+TINY_COMMON = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, pad_token_id=0, eos_token_id=2,
+)
+
+
+def tiny_model(kind: str, vocab: int, seed: int = 0, **overrides):
+    """A tiny random Llama or Qwen2 with `overrides` on top of TINY_COMMON; every bias random
+    (HF initialises them to zero, which would hide a dropped bias)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if kind == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**TINY_COMMON, "vocab_size": vocab, **overrides}))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.2)
+    return model
+
+
+@pytest.fixture(scope="session")
+def model_dir_factory(tmp_path_factory, tiny_tokenizer):
+    """`make(kind, **config)` → a local model folder of a tiny random model with that config."""
+
+    def make(kind: str, seed: int = 0, **overrides):
+        folder = tmp_path_factory.mktemp(f"tiny-{kind}")
+        tiny_model(kind, len(tiny_tokenizer), seed, **overrides).save_pretrained(folder)
+        tiny_tokenizer.save_pretrained(folder)
+        return folder
+
+    return make

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slmclassify.bench import non_embedding_params, run_bench
+from slmclassify.bench import article_batched, non_embedding_params, roofline, run_bench
 from slmclassify.cli import cli
 from slmclassify.workload import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
 
@@ -47,7 +47,9 @@ def short_tickets(n: int) -> list[str]:
 def test_bench_report_schema(llama_loaded):
     from slmclassify.backends import cpu_native
 
+    side = llama_loaded.tokenizer.padding_side
     report = run_bench(llama_loaded, short_tickets(12), ARTICLE_TASK, log=lambda m: None)
+    assert llama_loaded.tokenizer.padding_side == side  # the shared tokenizer is left as it was
     data = report.to_json()
     low = [p for p in ("int8", "bf16") if cpu_native(p)]
     assert data["schema"] == 1
@@ -66,13 +68,50 @@ def test_bench_report_schema(llama_loaded):
             assert row["agree"] == 12  # every float32 path predicts what the loop predicts
             assert row["max_abs_diff"] < 1e-3
     ours = data["rows"][3]
-    assert 0 < ours["roofline"] and ours["peak_rss_mb"] > 0
+    assert ours["peak_rss_mb"] > 0
+    # The roofline's inputs, recomputed: useful tokens are every item's prompt after the shared prefix.
+    from slmclassify import Classifier
+
+    clf = Classifier(ARTICLE_TASK.with_overrides(mode="first"), model=llama_loaded)
+    ids = clf.encode(short_tickets(12)).ids
+    assert data["work_tokens"] == sum(len(i) for i in ids) - 12 * len(clf.prefix_ids)
+    assert data["flops_per_token"] == 2 * LLAMA_NON_EMBEDDING
+    for row in report.rows:
+        expected = (roofline(report.work_tokens, report.flops_per_token, row.seconds, report.matmul_gflops)
+                    if row.name[0] in "de" else None)
+        assert row.roofline == expected
 
 
-def test_non_embedding_params(llama_loaded):
+def test_roofline_formula():
+    # 10^6 useful tokens x 148096 FLOP each in 2 s = 74.048 GFLOP/s, against a 100 GFLOP/s matmul rate
+    assert roofline(1_000_000, 148_096, 2.0, 100.0) == pytest.approx(0.74048, rel=1e-12)
+
+
+# Tiny models of conftest: hidden 64, MLP 128, 4 heads of 16, 2 kv heads, 2 layers. Per layer:
+# q 64*64 + k 64*32 + v 64*32 + o 64*64 + MLP 3*64*128 + 2 norms of 64 = 36992; + the final norm (64).
+LLAMA_NON_EMBEDDING = 2 * 36992 + 64
+QWEN2_NON_EMBEDDING = LLAMA_NON_EMBEDDING + 2 * (64 + 32 + 32)  # q/k/v biases
+
+
+def test_non_embedding_params_tied(llama_loaded):
     model = llama_loaded.model
-    total = sum(p.numel() for p in model.parameters())
-    assert non_embedding_params(model) == total - model.get_input_embeddings().weight.numel()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert non_embedding_params(model) == LLAMA_NON_EMBEDDING
+
+
+def test_non_embedding_params_untied(tiny_tokenizer):
+    from conftest import _model
+
+    model = _model("qwen2", len(tiny_tokenizer))
+    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
+    assert non_embedding_params(model) == QWEN2_NON_EMBEDDING
+
+
+def test_article_batches_restore_the_padding_side(llama_loaded):
+    tok = llama_loaded.tokenizer
+    before = tok.padding_side
+    article_batched(llama_loaded, ["a b c", "a"], ("billing", "technical"), np.arange(2))
+    assert tok.padding_side == before == "right"
 
 
 def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
@@ -93,12 +132,13 @@ def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
     from slmclassify.tuning import saved_settings
 
     task = tmp_path / "task.toml"
-    task.write_text('labels = ["billing", "technical"]\n[[examples]]\ntext = "x"\nlabel = "billing"\n')
+    task.write_text('# my task\nlabels = ["billing", "technical"]  # two\n[[examples]]\ntext = "x"\nlabel = "billing"\n')
     png = tmp_path / "sweep.png"
     result = CliRunner().invoke(cli, ["sweep", "--n", "6", "--budgets", "64,256", "--row-caps", "2,8",
                                       "--model", str(llama_dir), "--plot", str(png), "--save",
                                       "--task", str(task), "--save-to-task"], catch_exceptions=False)
     assert png.stat().st_size > 1000
+    assert task.read_text().startswith('# my task\nlabels = ["billing", "technical"]  # two\n')
     best = [line for line in result.stdout.splitlines() if line.startswith("best:")]
     assert len(best) == 1
     saved = saved_settings()
@@ -134,3 +174,71 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
 
     without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])
     assert len(without_f["rows"]) == len(names) - 1 and len(calls) == 1
+
+
+@pytest.fixture
+def run_main(monkeypatch, capsys):
+    """The console entry point with argv: (exit code, stdout, stderr)."""
+    from slmclassify.cli import main
+
+    def run(*args):
+        monkeypatch.setattr("sys.argv", ["slmclassify", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.mark.parametrize("option,value,instead", [("--token-budget", "512", "--budgets"), ("--max-rows", "8", "--row-caps")])
+def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, value, instead):
+    """Regression: sweep silently ignored --token-budget and --max-rows."""
+    import slmclassify.loading
+
+    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, *a: pytest.fail("must refuse before loading"))
+    code, out, err = run_main("sweep", option, value)
+    assert (code, out) == (2, "")
+    assert err == (f"slmclassify: error: sweep varies {option} itself: list the values to try with {instead} "
+                   f"(e.g. {instead} {value})\n")
+
+
+@pytest.mark.parametrize("args,cap,calibrate", [([], 256, True), (["--max-tokens", "40", "--no-calibrate"], 40, False),
+                                                (["--max-tokens", "none"], None, True)])
+def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loaded, args, cap, calibrate):
+    """Regression: sweep silently ignored --max-tokens and --calibrate."""
+    import slmclassify.loading
+    import slmclassify.sweep
+    from slmclassify.classifier import DEFAULT_MAX_TEXT_TOKENS
+    from slmclassify.sweep import SweepPoint
+
+    seen = {}
+
+    def fake_sweep(loaded, task, texts, budgets, rows, max_text_tokens, log):
+        seen.update(cap=max_text_tokens, calibrate=task.calibrate)
+        return [SweepPoint(64, 2, 1.0, 0.0, 1, 1.0)]
+
+    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, *a: llama_loaded)
+    monkeypatch.setattr(slmclassify.sweep, "run_sweep", fake_sweep)
+    monkeypatch.setattr(slmclassify.sweep, "plot", lambda points, path: None)
+    code, _, err = run_main("sweep", "--n", "2", *args)
+    assert code == 0, err
+    assert seen == {"cap": cap, "calibrate": calibrate}
+    assert DEFAULT_MAX_TEXT_TOKENS == 256
+
+
+def test_sweep_prints_the_table_before_a_missing_matplotlib(run_main, monkeypatch, llama_dir, tmp_path):
+    """Regression: sweep plotted before printing, so a missing matplotlib lost the measurements."""
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib -> ImportError
+    code, out, err = run_main("sweep", "--n", "3", "--budgets", "64", "--row-caps", "2", "--model", llama_dir,
+                              "--plot", tmp_path / "s.png")
+    lines = out.splitlines()
+    assert code == 2
+    assert lines[0].split() == ["budget", "rows", "items/s", "padding%", "peak", "RSS", "MB"]
+    assert lines[1].split()[:2] == ["64", "2"] and lines[2].startswith("best: --token-budget 64 --max-rows 2 (")
+    assert err.splitlines()[-1] == ("slmclassify: error: plot not written: matplotlib is not installed "
+                                    "(pip install 'slmclassify[plots]'); the measurements are above")
+    assert not (tmp_path / "s.png").exists()

@@ -709,15 +709,14 @@ def test_gold_column_accuracy(model_arg, tmp_path):
     assert "accuracy" not in result.stdout
 
 
-def test_input_column_named_like_a_result_column_is_not_lost(run_main, model_arg, tmp_path):
+def test_input_column_named_like_a_result_column_is_refused(run_main, model_arg, tmp_path):
+    """An input column named like a result column ('label') is never overwritten: classify refuses
+    and names the option that avoids the clash; nothing is written."""
     rows = [("1", "My card was charged twice.", "technical"), ("2", "The app crashes.", "account")]
     src = write_csv(tmp_path / "in.csv", rows, header=("id", "text", "label"))
     target = tmp_path / "out.csv"
-    code, _, err = run_main("classify", src, "-o", target, "--gold-column", "label", "--no-verify",
-                            "--labels", LABEL_ARG, *model_arg)
-    if code == 2:  # refusing with a clear message is acceptable
-        assert_error(code, err, "'label'")
-        return
-    out = read_output(target)
-    kept = [col for col in out.columns if out[col].tolist() == ["technical", "account"]]
-    assert kept, "the input's 'label' values are gone from the output"
+    code, out, err = run_main("classify", src, "-o", target, "--gold-column", "label", "--no-verify",
+                              "--labels", LABEL_ARG, *model_arg)
+    assert_error(code, err, "the input already has column 'label'", "--result-prefix")
+    assert out == ""
+    assert not target.exists()

@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from slmclassify import Classifier, Task
 from slmclassify.calibration import adjust, fit_temperature, prior_from_scores
 from slmclassify.cli import cli
-from slmclassify.evaluate import Evaluation, read_labelled, write_plots
+from slmclassify.evaluate import Evaluation, Labelled, read_labelled, write_plots
+from slmclassify.evaluation_run import evaluate_file, task_for_file
+from slmclassify.errors import TaskError
 from slmclassify.labels import describe_labels
 
 LABELS = ("a", "b", "c")
@@ -114,11 +116,15 @@ def bigbench(tmp_path):
 
 
 def test_read_bigbench(bigbench):
-    texts, gold = read_labelled(str(bigbench), "text", "label")
-    assert texts[1] == "Utterance: the app crashes" and gold == ["billing", "technical", "billing", "technical"]
+    data = read_labelled(str(bigbench), "text", "label")
+    assert data == Labelled(
+        texts=["Utterance: my card was charged twice", "Utterance: the app crashes", "Utterance: refund please",
+               "Utterance: login error"],
+        gold=[("billing",), ("technical",), ("billing",), ("technical",)],
+        labels=("billing", "technical"), instruction=None)
 
 
-def test_evaluate_cli(bigbench, llama_dir, tmp_path):
+def test_evaluate_cli(bigbench, llama_dir, llama_loaded, tmp_path):
     task = tmp_path / "task.toml"
     task.write_text('labels = ["billing", "technical"]\n')
     out = tmp_path / "eval.json"
@@ -128,8 +134,20 @@ def test_evaluate_cli(bigbench, llama_dir, tmp_path):
         "--fit-temperature", "--target-accuracy", "0.5", "--write-task", "--plots", str(plots),
         "--json", str(out), "--fewshot-cost", "1"], catch_exceptions=False)
     summary = json.loads(out.read_text())
-    assert summary["items"] == 4 and 0 <= summary["accuracy"] <= 1
-    assert summary["confusion"] and sum(map(sum, summary["confusion"])) == 4
+    # The expected figures, from the library on the same items (temperature does not move the argmax).
+    texts = read_labelled(str(bigbench), "text", "label").texts
+    gold = ["billing", "technical", "billing", "technical"]
+    clf = Classifier(Task(labels=("billing", "technical")), model=llama_loaded)
+    predicted = [r.label for r in clf.classify(texts)]
+    index = {"billing": 0, "technical": 1}
+    confusion = np.zeros((2, 2), dtype=int)
+    for g, p in zip(gold, predicted):
+        confusion[index[g], index[p]] += 1
+    assert summary["items"] == 4
+    assert summary["accuracy"] == sum(g == p for g, p in zip(gold, predicted)) / 4
+    assert summary["confusion"] == confusion.tolist()
+    raw = clf.score(clf.encode(texts))
+    assert summary["temperature"] == pytest.approx(fit_temperature(adjust(raw, clf.bias, 1.0), np.array([0, 1, 0, 1])))
     assert {(r["mode"], r["calibrated"]) for r in summary["modes"]} == {
         (m, c) for m in ("first", "full", "full-mean") for c in (False, True)}
     assert summary["fewshot_cost"]["1_per_label"]["prefix_tokens"] > summary["fewshot_cost"]["zero_shot"]["prefix_tokens"]
@@ -138,6 +156,74 @@ def test_evaluate_cli(bigbench, llama_dir, tmp_path):
     assert written.temperature == pytest.approx(round(summary["temperature"], 4))
     assert written.min_confidence == pytest.approx(round(summary["threshold"], 4))
     assert "label tokens" in result.stdout and "accuracy" in result.stdout
+
+
+def _bigbench_file(path, examples, **extra):
+    path.write_text(json.dumps({"name": "x", **extra, "examples": examples}))
+    return str(path)
+
+
+def test_evaluate_keeps_labels_with_commas(tmp_path, llama_loaded):
+    """Regression: the labels of a BIG-bench file were joined with commas and split again, so
+    'yes, definitely' became two labels and every gold row failed."""
+    path = _bigbench_file(tmp_path / "t.json", [
+        {"input": "card charged twice", "target_scores": {"yes, definitely": 1, "no": 0}},
+        {"input": "app crashes", "target_scores": {"yes, definitely": 0, "no": 1}}])
+    task = task_for_file(path)
+    assert task.labels == ("yes, definitely", "no")
+    summary = evaluate_file(path, task, model=llama_loaded)
+    assert summary["labels"] == ["yes, definitely", "no"] and summary["items"] == 2
+
+
+def test_evaluate_label_with_outer_spaces_is_named(tmp_path):
+    path = _bigbench_file(tmp_path / "t.json", [{"input": "x", "target_scores": {" yes": 1, "no": 0}}])
+    with pytest.raises(TaskError, match=r"^label ' yes' has leading or trailing whitespace$"):
+        task_for_file(path)
+
+
+def test_evaluate_uses_the_task_prefix_as_instruction(tmp_path, llama_dir):
+    """Regression: a BIG-bench task's own question (task_prefix) was dropped for the default instruction."""
+    path = _bigbench_file(tmp_path / "t.json", [
+        {"input": "you are an idiot", "target_scores": {"yes": 1, "no": 0}},
+        {"input": "have a nice day", "target_scores": {"yes": 0, "no": 1}}],
+        task_prefix="Is the sentence toxic?\n\n")
+    task = task_for_file(path)
+    assert task.instruction == "Is the sentence toxic?"
+    assert task.system_turn() == "Is the sentence toxic?\nAnswer with exactly one of: yes, no."
+    assert task_for_file(path, instruction="Mine.").instruction == "Mine."
+    task_file = tmp_path / "task.toml"
+    task_file.write_text('instruction = "From the file."\nlabels = ["yes", "no"]\n')
+    assert task_for_file(path, task_file=task_file).instruction == "From the file."
+    task_file.write_text('labels = ["yes", "no"]\n')
+    assert task_for_file(path, task_file=task_file).instruction == "Is the sentence toxic?"
+    result = CliRunner().invoke(cli, ["evaluate", path, "--model", str(llama_dir)], catch_exceptions=False)
+    assert "instruction: 'Is the sentence toxic?'\n" in result.stdout
+
+
+def test_tied_gold_labels_all_count_as_correct():
+    # item 0: gold a or b, predicted b -> right; item 1: gold c, predicted a -> wrong;
+    # item 2: gold a or c, predicted b -> wrong (its gold stays the first tied label, a)
+    accepted = np.array([[True, True, False], [False, False, True], [True, False, True]])
+    ev = Evaluation(LABELS, gold=np.array([0, 2, 0]), predicted=np.array([1, 0, 1]),
+                    confidence=np.array([0.9, 0.6, 0.5]), accepted=accepted, target_accuracy=1.0)
+    assert ev.accuracy == pytest.approx(1 / 3)
+    assert ev.confusion.tolist() == [[0, 1, 0], [0, 1, 0], [1, 0, 0]]
+    assert ev.per_label()["b"] == pytest.approx({"precision": 0.5, "recall": 1.0, "f1": 2 / 3, "support": 1})
+    assert ev.coverage_curve() == [(0.9, 1 / 3, 1.0), (0.6, 2 / 3, 0.5), (0.5, 1.0, pytest.approx(1 / 3))]
+    assert ev.threshold_for(1.0) == (0.9, 1 / 3)
+
+
+def test_evaluate_counts_any_tied_label(tmp_path, llama_loaded):
+    """Regression: an item whose gold scores tie counted only the first tied label as correct.
+    The same text twice, its tie listed in both orders: exactly one of the two rows was right before."""
+    ties = [{"billing": 1, "technical": 1, "account": 0}, {"technical": 1, "billing": 1, "account": 0}]
+    path = _bigbench_file(tmp_path / "t.json", [
+        {"input": "my card was charged twice and the app crashes", "target_scores": scores} for scores in ties])
+    task = Task(labels=("billing", "technical", "account"), calibrate=False)
+    predicted = Classifier(task, model=llama_loaded).classify(["my card was charged twice and the app crashes"])[0]
+    summary = evaluate_file(path, task, model=llama_loaded)
+    expected = 1.0 if predicted.label in ("billing", "technical") else 0.0
+    assert summary["accuracy"] == expected
 
 
 def test_evaluate_rejects_unknown_gold_label(tmp_path, llama_dir):

@@ -36,3 +36,219 @@ def test_unsupported_architecture(tmp_path, llama_dir):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="not supported"):
         load_model(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- issue 8 loader defects
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from slmclassify import loading
+
+
+def _copy_folder(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.mark.parametrize("source", ["tinyy", "models/tiny/extra", "tiny model", "C:\\models\\tiny"])
+def test_mistyped_path_is_not_tried_as_hub_id(source, no_network):
+    """Regression: `--model tinyy` went to the hub (11 retry lines over 34 s)."""
+    with pytest.raises(ModelLoadError, match="model path not found") as info:
+        load_model(source)
+    assert "org/name" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unreachable_hub_fails_fast_with_one_line(tmp_path, monkeypatch):
+    """A hub id that is not in the local cache and whose hub cannot be reached: one line, at once."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match="not in the local Hugging Face cache and http://127.0.0.1:9 cannot be reached") as info:
+        load_model("someorg/no-such-model")
+    assert "\n" not in str(info.value)
+    assert time.perf_counter() - start < loading._HUB_TIMEOUT_S  # no retries (refused at once)
+
+
+def test_hub_id_in_local_cache_loads_without_network(tmp_path, monkeypatch, llama_dir, no_network):
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"
+    repo = hub / "models--someorg--tiny"
+    _copy_folder(llama_dir, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    import transformers.utils.hub
+
+    monkeypatch.setattr(transformers.utils.hub, "HF_HUB_CACHE", str(hub), raising=False)
+    monkeypatch.setattr(transformers.utils.hub, "TRANSFORMERS_CACHE", str(hub), raising=False)
+    loaded = load_model("someorg/tiny")
+    assert loaded.model.config.model_type == "llama"
+
+
+def test_corrupt_user_safetensors_is_one_line_error(tmp_path, llama_dir):
+    folder = _copy_folder(llama_dir, tmp_path / "model")
+    (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ModelLoadError, match="damaged or incomplete") as info:
+        load_model(str(folder))
+    assert "\n" not in str(info.value)
+
+
+def test_load_model_changes_no_process_wide_setting(llama_dir):
+    from transformers.utils import logging as hf_logging
+
+    threads, verbosity = torch.get_num_threads(), hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    torch.set_num_threads(1)
+    hf_logging.set_verbosity_info()
+    try:
+        load_model(str(llama_dir))
+        assert torch.get_num_threads() == 1
+        assert hf_logging.get_verbosity() == hf_logging.INFO
+        assert hf_logging.is_progress_bar_enabled() == bars
+    finally:
+        torch.set_num_threads(threads)
+        hf_logging.set_verbosity(verbosity)
+
+
+def test_set_threads_uses_cpu_affinity(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    try:
+        assert loading.set_threads() == 1
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_gguf_progress_bar_is_off(capsys):
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    with loading._no_gguf_progress_bar():
+        for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+    assert "de-quantizing" not in capsys.readouterr().err
+    assert not isinstance(gguf_utils.tqdm, __import__("functools").partial)  # restored
+
+
+def _write_gguf(path: Path, architecture: str) -> Path:
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), architecture)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_architecture_checked_before_dequantising(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "_dequantise", lambda path: pytest.fail("de-quantised an unsupported GGUF"))
+    gguf = _write_gguf(tmp_path / "model.gguf", "gpt2")
+    with pytest.raises(ModelLoadError, match="architecture 'gpt2' is not supported"):
+        load_model(str(gguf))
+
+
+@pytest.fixture
+def fake_gguf(tmp_path, monkeypatch, llama_dir):
+    """A GGUF file whose de-quantising is the tiny Llama (counted), in a private cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = []
+
+    def dequantise(path):
+        calls.append(path)
+        return AutoModelForCausalLM.from_pretrained(llama_dir), AutoTokenizer.from_pretrained(llama_dir)
+
+    monkeypatch.setattr(loading, "_dequantise", dequantise)
+    return _write_gguf(tmp_path / "tiny.gguf", "llama"), calls
+
+
+def _cache_entry() -> Path:
+    (entry,) = [p for p in loading.cache_root().iterdir() if p.is_dir()]
+    return entry
+
+
+@pytest.mark.parametrize("damage", ["corrupt weights", "truncated tokenizer", "missing manifest"])
+def test_damaged_conversion_cache_is_rebuilt(fake_gguf, damage):
+    gguf, calls = fake_gguf
+    first = load_model(str(gguf))
+    assert len(calls) == 1
+    load_model(str(gguf))
+    assert len(calls) == 1  # cached
+    entry = _cache_entry()
+    if damage == "corrupt weights":  # same size, so only loading can tell
+        weights = entry / "model.safetensors"
+        weights.write_bytes(b"\xff" * 16 + weights.read_bytes()[16:])
+    elif damage == "truncated tokenizer":
+        tok = entry / "tokenizer.json"
+        tok.write_bytes(tok.read_bytes()[:100])
+    else:
+        (entry / loading._MANIFEST).unlink()
+    again = load_model(str(gguf))
+    assert len(calls) == 2
+    for a, b in zip(first.model.parameters(), again.model.parameters()):
+        assert torch.equal(a, b)
+
+
+CONCURRENT = """
+import sys, time
+from pathlib import Path
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from slmclassify import loading
+
+src, gguf, barrier, me = sys.argv[1:5]
+def dequantise(path):
+    print("converted", flush=True)
+    time.sleep(2.0)  # a slow conversion: the other process must wait, not convert too or load a half folder
+    return AutoModelForCausalLM.from_pretrained(src), AutoTokenizer.from_pretrained(src)
+loading._dequantise = dequantise
+Path(barrier, me).touch()
+while len(list(Path(barrier).iterdir())) < 2:
+    time.sleep(0.01)
+loaded = loading.load_model(gguf)
+print("loaded", loaded.model.config.model_type, flush=True)
+"""
+
+
+def test_two_processes_share_the_conversion_cache(tmp_path, llama_dir):
+    """Regression: two processes starting at once both converted, and one could remove the
+    folder the other was loading. With the lock one converts and the other waits and loads."""
+    gguf = _write_gguf(tmp_path / "tiny.gguf", "llama")
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, str(llama_dir), str(gguf), str(barrier), str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    stdout = "".join(out for out, _ in outputs)
+    assert stdout.count("converted") == 1, outputs
+    assert stdout.count("loaded llama") == 2

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
+from pathlib import Path
+
 import pytest
 
+import slmclassify
 from slmclassify import Classifier, Task, TaskError
 from slmclassify.labels import resolve_mode
 from slmclassify.prompts import PromptRenderer
-from slmclassify.task import Example
+from slmclassify.task import DEFAULT_INSTRUCTION, Example, build_task, parse_labels
+from slmclassify.tuning import write_task_settings
 
 
 @pytest.mark.parametrize(
@@ -93,3 +99,131 @@ def test_identical_label_tokens_rejected(tiny_loaded, monkeypatch):
     monkeypatch.setattr(classifier_module, "label_sequences", lambda tok, tail, labels: [(5,), (5,)])
     with pytest.raises(TaskError, match="tokenise identically"):
         Classifier(Task(labels=("x", "y")), model=tiny_loaded)
+
+
+@pytest.mark.parametrize("name,value", [("labels", "abc"), ("labels", b"ab"), ("labels", {"a", "b"}),
+                                        ("descriptions", "ab")])
+def test_task_rejects_a_string_for_a_list(name, value):
+    """Regression: Task(labels="abc") silently made the labels a, b, c."""
+    kwargs = {"labels": ("a", "b"), name: value}
+    with pytest.raises(TaskError, match=rf"^{name} must be a list or tuple of "):
+        Task(**kwargs)
+
+
+@pytest.mark.parametrize("spec,labels", [
+    ("a,b,c", ("a", "b", "c")),
+    ("a, b,", ("a", "b")),
+    ('"x,y",z', ("x,y", "z")),
+    ('a, "x,y"', ("a", "x,y")),
+    ('"say ""hi""",b', ('say "hi"', "b")),
+])
+def test_parse_labels_reads_one_csv_line(spec, labels):
+    assert parse_labels(spec) == labels
+
+
+def test_parse_labels_refuses_broken_quoting():
+    with pytest.raises(TaskError, match=r"--labels '\"x,y' is not valid CSV .*quote a name that contains a comma"):
+        parse_labels('"x,y')
+
+
+def test_build_task_takes_tuples_and_lets_values_win(tmp_path):
+    assert build_task(None, ("yes, definitely", "no")).labels == ("yes, definitely", "no")
+    with pytest.raises(TaskError, match="give the labels with --labels a,b,c or a --task file"):
+        build_task(None, None)
+    path = tmp_path / "task.toml"
+    path.write_text('instruction = "Route."\nmode = "full"\n[[labels]]\nname = "a"\ndescription = "d"\n'
+                    '[[labels]]\nname = "b"\n')
+    task = build_task(path, None, min_confidence=0.7, calibrate=False, default_instruction="unused")
+    assert (task.labels, task.descriptions, task.instruction, task.mode, task.min_confidence, task.calibrate) == (
+        ("a", "b"), ("d", ""), "Route.", "full", 0.7, False)
+    task = build_task(path, ("x", "y"), instruction="Mine.")
+    assert (task.labels, task.descriptions, task.instruction) == (("x", "y"), (), "Mine.")
+    assert build_task(None, ("a", "b"), default_instruction="Is it?").instruction == "Is it?"
+    assert build_task(None, ("a", "b")).instruction == DEFAULT_INSTRUCTION
+
+
+def test_library_never_imports_the_cli():
+    """Regression: evaluation_run imported cli.build_task (an import cycle library <-> CLI)."""
+    package = Path(slmclassify.__file__).parent
+    offenders = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py")) if p.name != "cli.py"
+                 and re.search(r"^\s*(from \.+cli import|from slmclassify\.cli|import slmclassify\.cli|from \. import cli)",
+                               p.read_text(encoding="utf-8"), re.MULTILINE)]
+    assert offenders == []
+
+
+def test_write_task_settings_keeps_comments_and_layout(tmp_path):
+    path = tmp_path / "task.toml"
+    path.write_text(
+        '# the demo task\n'
+        'instruction = "min_confidence = 0.1 is not a key here"\n'
+        'min_confidence = 0.5  # written by evaluate\n'
+        '\n'
+        '[[labels]]\n'
+        'name = "a"\n'
+        '[[labels]]\n'
+        'name = "b"\n')
+    write_task_settings(str(path), min_confidence=0.7, temperature=1.25)
+    assert path.read_text() == (
+        '# the demo task\n'
+        'instruction = "min_confidence = 0.1 is not a key here"\n'
+        'min_confidence = 0.7  # written by evaluate\n'
+        'temperature = 1.25\n'
+        '\n'
+        '[[labels]]\n'
+        'name = "a"\n'
+        '[[labels]]\n'
+        'name = "b"\n')
+    task = Task.from_toml(path)
+    assert (task.min_confidence, task.temperature, task.labels) == (0.7, 1.25, ("a", "b"))
+
+
+def test_user_folders_come_from_platformdirs(tmp_path, monkeypatch):
+    import platformdirs
+
+    from slmclassify.loading import cache_root
+    from slmclassify.tuning import settings_path
+
+    monkeypatch.setattr(platformdirs, "user_config_path", lambda app, appauthor=None: tmp_path / "cfg" / app)
+    monkeypatch.setattr(platformdirs, "user_cache_path", lambda app, appauthor=None: tmp_path / "cache" / app)
+    assert settings_path() == tmp_path / "cfg" / "slmclassify" / "settings.toml"
+    assert cache_root() == tmp_path / "cache" / "slmclassify"
+
+
+def test_user_folders_follow_xdg_on_linux(tmp_path, monkeypatch):
+    from slmclassify.loading import cache_root
+    from slmclassify.tuning import settings_path
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "c"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "k"))
+    assert settings_path() == tmp_path / "c" / "slmclassify" / "settings.toml"
+    assert cache_root() == tmp_path / "k" / "slmclassify"
+
+
+def test_python_version_declared_is_the_one_the_code_needs():
+    """The code imports tomllib (Python 3.11+): pyproject and README must say 3.11."""
+    root = Path(__file__).parents[1]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"] == ">=3.11"
+    assert "Python ≥ 3.11" in (root / "README.md").read_text()
+
+
+@pytest.mark.parametrize("template,word", [
+    ("{% for m in messages %}{% if m['role'] != 'user' %}{{ m['content'] }}{% endif %}{% endfor %}", "drops"),
+    ("{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}", "repeats (2 times)"),
+])
+def test_chat_template_that_drops_or_repeats_the_item_is_a_task_error(tiny_tokenizer, template, word):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = template
+    with pytest.raises(TaskError, match=re.escape(f"the model's chat template {word} the item text")):
+        PromptRenderer(tok, Task(labels=("a", "b")))
+
+
+def test_prompt_longer_than_the_context_is_a_task_error(tiny_loaded):
+    """Regression: a ValueError escaped when the template alone exceeded the model's context (256 here)."""
+    task = Task(labels=("billing", "technical"), instruction="refund " * 300, calibrate=False)
+    clf = Classifier(task, model=tiny_loaded)
+    with pytest.raises(TaskError, match=r"^the prompt without the item text is \d+ tokens, over the \d+ the "
+                                        r"model's context leaves for it: shorten the instruction"):
+        clf.classify(["hello"])

@@ -72,6 +72,10 @@ class BenchReport:
     machine: dict = field(default_factory=dict)
     matmul_gflops: float = 0.0
     prompt_lengths: dict = field(default_factory=dict)
+    work_tokens: int = 0
+    """The roofline's useful tokens: every scored item's prompt tokens after the shared prefix."""
+    flops_per_token: int = 0
+    """2 × the model's non-embedding parameters."""
     engine: str = ""
     """Device, precision and GEMM kernel of (d), with the measured kernel rates (`run.engine_line`)."""
 
@@ -80,6 +84,8 @@ class BenchReport:
             "schema": SCHEMA_VERSION,
             "machine": self.machine,
             "matmul_gflops": round(self.matmul_gflops, 2),
+            "work_tokens": self.work_tokens,
+            "flops_per_token": self.flops_per_token,
             "prompt_lengths": self.prompt_lengths,
             "engine": self.engine,
             "rows": [
@@ -138,7 +144,13 @@ def matmul_rate(model: torch.nn.Module, rows: int = 2048, repeats: int = 5) -> f
     return flops / best / 1e9
 
 
+def roofline(work_tokens: int, flops_per_token: int, seconds: float, matmul_gflops: float) -> float:
+    """Achieved share of the measured matmul rate: useful GFLOP/s over the measured GFLOP/s."""
+    return (work_tokens * flops_per_token / seconds / 1e9) / matmul_gflops
+
+
 def non_embedding_params(model: torch.nn.Module) -> int:
+    """Parameters outside the input embedding and the output head (counted once when tied)."""
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     total = sum(p.numel() for p in model.parameters())  # tied weights are counted once
@@ -168,13 +180,17 @@ def article_loop(loaded: LoadedModel, prompts: list[str], labels) -> np.ndarray:
 def article_batched(loaded: LoadedModel, prompts: list[str], labels, order, batch_size=32):
     """(b)/(c): fixed batches in the given order; returns (scores, processed, real tokens)."""
     tok, model = loaded.tokenizer, loaded.model
-    tok.padding_side = "left"
     first = _article_first_ids(tok, labels)
     out = np.zeros((len(prompts), len(labels)))
     processed = real = 0
     for i in range(0, len(order), batch_size):
         idx = order[i : i + batch_size]
-        batch = tok([prompts[j] for j in idx], add_special_tokens=False, padding=True, return_tensors="pt")
+        side = tok.padding_side  # the tokenizer is shared with every classifier of this model: restore it
+        tok.padding_side = "left"
+        try:
+            batch = tok([prompts[j] for j in idx], add_special_tokens=False, padding=True, return_tensors="pt")
+        finally:
+            tok.padding_side = side
         processed += batch["input_ids"].numel()
         real += int(batch["attention_mask"].sum())
         logits = model(**batch.to(model.device), logits_to_keep=1).logits[:, -1, :].float()
@@ -235,7 +251,8 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     """Run every configuration on `texts` and return the report (rows in table order)."""
     from .run import engine_line
 
-    settings = settings or EngineSettings()
+    # No item-token cap: the article's loop (a) runs every item whole, and every row must see the same tokens.
+    settings = replace(settings or EngineSettings(), max_text_tokens=None)
     report = BenchReport(machine=machine_info())
     device = loaded.backend.device
     hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
@@ -249,11 +266,11 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     # The roofline's useful work: every scored item's tokens after the shared prefix, the same
     # for every configuration (recomputing the prefix, as the ablation without the cache does,
     # is not useful work).
-    work_tokens = int(lengths[encoded.scored].sum()) - len(encoded.scored) * len(probe.prefix_ids)
+    report.work_tokens = int(lengths[encoded.scored].sum()) - len(encoded.scored) * len(probe.prefix_ids)
     report.prompt_lengths = {"min": int(lengths.min()), "median": int(np.median(lengths)), "max": int(lengths.max())}
     log(f"{len(texts)} items; prompt tokens min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}")
     report.matmul_gflops = matmul_rate(loaded.model) if device.type == "cpu" else loaded.gemm_rates["rates"]["bf16"]
-    flops_per_token = 2 * non_embedding_params(loaded.model)
+    report.flops_per_token = 2 * non_embedding_params(loaded.model)
     log(f"float32 matmul rate on the model's shapes: {report.matmul_gflops:.1f} GFLOP/s")
 
     def add(name, description, seconds, scores, padding=None, roofline=None, rss=None):
@@ -298,11 +315,11 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         scores, processed, real = article_batched(hf, prompts, task.labels, order)
         add(name, "HF forward, fixed batches of 32", time.perf_counter() - start, scores, padding=1 - real / processed)
 
-    def roofline(seconds: float) -> float:
-        return (work_tokens * flops_per_token / seconds / 1e9) / report.matmul_gflops
+    def share(seconds: float) -> float:
+        return roofline(report.work_tokens, report.flops_per_token, seconds, report.matmul_gflops)
 
     add("d ours (default)", f"prefix cache, sorted, token budget {settings.token_budget}; timed interleaved with a",
-        ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=roofline(ours_seconds),
+        ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=share(ours_seconds),
         rss=ours_rss)
 
     def ours(name, description, engine_settings, model=loaded):
@@ -312,14 +329,13 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         scores = clf.score(clf.encode(texts))
         _sync(device)
         seconds = time.perf_counter() - start
-        add(name, description, seconds, scores, padding=clf.stats.padding_share, roofline=roofline(seconds))
+        add(name, description, seconds, scores, padding=clf.stats.padding_share, roofline=share(seconds))
 
     ours("e ours - no prefix cache", "sorted token-budget batches only",
-         EngineSettings(token_budget=settings.token_budget, max_rows=settings.max_rows, prefix_cache=False))
+         replace(settings, prefix_cache=False))
     ours("e ours - fixed 32 rows", "prefix cache, sorted, 32 rows per batch",
-         EngineSettings(token_budget=None, max_rows=32))
-    ours("e ours - unsorted", "prefix cache, token budget, input order",
-         EngineSettings(token_budget=settings.token_budget, max_rows=settings.max_rows, sort=False))
+         replace(settings, token_budget=None, max_rows=32))
+    ours("e ours - unsorted", "prefix cache, token budget, input order", replace(settings, sort=False))
 
     for precision in _other_precisions(loaded):
         other = _with_precision(loaded, precision)

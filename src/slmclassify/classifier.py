@@ -14,6 +14,7 @@ import numpy as np
 
 from .batching import collate, plan_batches
 from .calibration import CONTENT_FREE, adjust, prior_from_scores
+from .config_check import context_limit
 from .encode import EncodedItems, choose_prefix, encode_items
 from .engine import Engine
 from .errors import TaskError
@@ -26,6 +27,9 @@ from .task import Task
 
 DEFAULT_TOKEN_BUDGET = 2048
 DEFAULT_MAX_ROWS = 128
+DEFAULT_MAX_TEXT_TOKENS = 256
+"""Default cap on an item's text tokens: one very long text would otherwise dominate a run
+(attention is quadratic in its length) while the label rarely needs more (README, *Long texts*)."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,8 @@ class EngineSettings:
     """Run the shared prefix once and reuse its keys/values (off only for ablations)."""
     sort: bool = True
     """Sort items by length before batching (off only for ablations)."""
-    max_text_tokens: int | None = None
-    """Truncate item texts to this many tokens (status `truncated`)."""
+    max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS
+    """Cut item texts to this many tokens (status `truncated`); None: only at the model's context."""
     device: str | None = None
     """auto (None), cpu or cuda: where a model loaded by the Classifier runs (auto: CUDA when available)."""
     precision: str | None = None
@@ -89,7 +93,8 @@ class Classifier:
         self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
-        context = getattr(self.loaded.model.config, "max_position_embeddings", 2048)
+        # The engine is exact up to this length (the model's context, or less: see config_check).
+        context = context_limit(self.loaded.model.config)
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
         self.stats = RunStats()
         if self.loaded.auto_precision:  # --precision auto on a CPU: decided once per model

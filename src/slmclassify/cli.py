@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .errors import SlmClassifyError, TaskError, VerificationError
-from .task import MODES, Task, parse_labels, task_file_settings
+from .task import MODES, Task, build_task, parse_labels
 
 
 def main() -> None:
@@ -34,13 +34,17 @@ def main() -> None:
 def cli() -> None:
     """Label texts with a small local language model: constrained scoring, a prefix KV cache
     and length-bucketed batching, checked against the per-item path."""
+    from . import loading
+
+    loading.set_threads()  # once per process, from its CPU affinity; the library never does
 
 
 def task_options(fn):
     """Options that define the task, shared by every command that scores."""
     options = [
         click.option("--task", "task_file", type=click.Path(dir_okay=False), help="TOML task file."),
-        click.option("--labels", help="Comma-separated labels, e.g. billing,technical,account."),
+        click.option("--labels", help="Comma-separated labels, e.g. billing,technical,account; CSV quoting "
+                                      "for a comma inside a name: '\"x,y\",z'."),
         click.option("--instruction", help="First line of the system turn."),
         click.option("--system", help="Replace the whole system turn with TEXT."),
         click.option("--user-template", help="Wrap each item, e.g. 'Ticket: {text}\\nCategory:'."),
@@ -51,7 +55,9 @@ def task_options(fn):
         click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M)."),
         click.option("--token-budget", type=int, help="Max rows × padded tokens per batch."),
         click.option("--max-rows", type=int, help="Max rows per batch."),
-        click.option("--max-tokens", type=int, help="Truncate item texts to this many tokens."),
+        click.option("--max-tokens", metavar="N|none",
+                     help="Cut item texts to N tokens (default 256; none: only at the "
+                          "model's context)."),
         *device_options(),
     ]
     for option in reversed(options):
@@ -71,33 +77,36 @@ def device_options() -> list:
     ]
 
 
-def build_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate=None) -> Task:
-    """The task from a task file and/or flags; flags win."""
-    overrides = dict(instruction=instruction, system=system, mode=mode, min_confidence=min_confidence,
-                     user_template=_unescape(user_template), calibrate=calibrate)
-    if task_file:
-        task = Task.from_toml(task_file)
-        if labels:
-            overrides.update(labels=parse_labels(labels), descriptions=())
-        return task.with_overrides(**overrides)
-    if not labels:
-        raise TaskError("give the labels with --labels a,b,c or a --task file")
-    return Task(labels=parse_labels(labels)).with_overrides(**overrides)
+def _task(task_file, labels, instruction=None, system=None, user_template=None, mode=None, min_confidence=None,
+          calibrate=None) -> Task:
+    """The task from the command's flags (strings as typed) and/or its task file; flags win."""
+    return build_task(task_file, parse_labels(labels) if labels else None, instruction=instruction, system=system,
+                      user_template=_unescape(user_template), mode=mode, min_confidence=min_confidence,
+                      calibrate=calibrate)
 
 
-def build_settings(task_file, token_budget, max_rows, max_tokens, device=None, precision=None):
-    from .classifier import EngineSettings
-    from .tuning import saved_settings
+def _settings(task_file, token_budget, max_rows, max_tokens, device=None, precision=None):
+    from .tuning import engine_settings
 
-    stored = {**saved_settings(), **(task_file_settings(task_file) if task_file else {})}
-    values = {
-        "token_budget": token_budget if token_budget is not None else stored.get("token_budget"),
-        "max_rows": max_rows if max_rows is not None else stored.get("max_rows"),
-        "max_text_tokens": max_tokens,
-        "device": device if device is not None else stored.get("device"),
-        "precision": precision if precision is not None else stored.get("precision"),
-    }
-    return EngineSettings(**{k: v for k, v in values.items() if v is not None})
+    return engine_settings(task_file, token_budget, max_rows, _max_tokens(max_tokens), device=device,
+                           precision=precision)
+
+
+def _max_tokens(value: str | None) -> int | None:
+    """`--max-tokens N` (a positive number) or `none` (no cap); None when not given."""
+    from .tuning import NO_CAP
+
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        return NO_CAP
+    try:
+        tokens = int(value)
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise TaskError(f"--max-tokens must be a positive number of tokens or 'none' (no cap), got {value!r}")
+    return tokens
 
 
 def _unescape(template: str | None) -> str | None:
@@ -126,8 +135,8 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT."""
     from .run import classify_table
 
-    task = build_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
-    settings = build_settings(task_file, token_budget, max_rows, max_tokens, device, precision)
+    task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
+    settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
         fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,
@@ -150,8 +159,8 @@ def verify(input_path, text_column, fmt, errors, probes, tolerance, task_file, l
     """Run probe items of INPUT through the fast and the per-item path and compare them."""
     from .run import verify_table
 
-    task = build_task(task_file, labels, instruction, system, user_template, mode, min_confidence)
-    settings = build_settings(task_file, token_budget, max_rows, max_tokens, device, precision)
+    task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
+    settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
     report = verify_table(input_path, task, settings, model=model, text_column=text_column, fmt=fmt,
                           errors=errors, probes=probes, tolerance=tolerance)
     if not report.ok:
@@ -176,7 +185,7 @@ def _bench_task(task_file, labels, instruction, system, user_template):
 
     if not (task_file or labels):
         return ARTICLE_TASK
-    return build_task(task_file, labels, instruction, system, user_template, None, None)
+    return _task(task_file, labels, instruction, system, user_template)
 
 
 @cli.command()
@@ -208,7 +217,7 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
     if n_items < 1:
         raise TaskError(f"--n must be positive, got {n_items}")
     task = _bench_task(task_file, labels, instruction, system, user_template).with_overrides(mode="first")
-    settings = build_settings(task_file, token_budget, max_rows, None, device, precision)
+    settings = _settings(task_file, token_budget, max_rows, None, device, precision)
     texts = _bench_texts(input_path, text_column, n_items)
     loaded = load_model(model, settings.device, settings.precision)
     gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
@@ -239,34 +248,43 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, task_file, labels,
           instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
           max_tokens, device, precision):
-    """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets)."""
+    """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets).
+
+    --max-tokens and --calibrate apply to every setting; the budget and row cap are what it varies
+    (--budgets, --row-caps), so --token-budget and --max-rows are refused.
+    """
     from . import sweep as sweeping
     from .loading import load_model
     from .tuning import save_settings, write_task_settings
 
+    for option, value, instead in (("--token-budget", token_budget, "--budgets"), ("--max-rows", max_rows, "--row-caps")):
+        if value is not None:
+            raise TaskError(f"sweep varies {option} itself: list the values to try with {instead} "
+                            f"(e.g. {instead} {value})")
     budget_list = _int_list(budgets, "--budgets")
     rows_list = _int_list(row_caps, "--row-caps")
-    task = (build_task(task_file, labels, instruction, system, user_template, mode, min_confidence)
-            if (task_file or labels) else _bench_task(None, None, None, None, None))
+    task = (_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
+            if (task_file or labels) else _bench_task(None, None, None, None, None).with_overrides(calibrate=calibrate))
     if save_to_task and not task_file:
         raise TaskError("--save-to-task needs --task FILE")
+    settings = _settings(task_file, None, None, max_tokens, device, precision)
     texts = _bench_texts(input_path, text_column, n_items)
-    stored = build_settings(task_file, None, None, None, device, precision)
-    points = sweeping.run_sweep(load_model(model, stored.device, stored.precision), task, texts, budget_list, rows_list,
-                                log=lambda m: click.echo(m, err=True))
+    points = sweeping.run_sweep(load_model(model, settings.device, settings.precision), task, texts, budget_list, rows_list,
+                                max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True))
     top = sweeping.best(points)
-    sweeping.plot(points, plot_path)
+    # The measurements first: a failing plot must not lose them.
     click.echo(f"{'budget':>8} {'rows':>5} {'items/s':>8} {'padding%':>9} {'peak RSS MB':>12}")
     for p in points:
         click.echo(f"{p.token_budget:>8} {p.max_rows:>5} {p.items_per_s:>8.2f} {100 * p.padding:>9.1f} "
                    f"{p.peak_rss_mb:>12.0f}")
-    click.echo(f"best: --token-budget {top.token_budget} --max-rows {top.max_rows} ({top.items_per_s:.2f} items/s); "
-               f"plot: {plot_path}")
+    click.echo(f"best: --token-budget {top.token_budget} --max-rows {top.max_rows} ({top.items_per_s:.2f} items/s)")
     if save:
         click.echo(f"saved as default in {save_settings(token_budget=top.token_budget, max_rows=top.max_rows)}")
     if save_to_task:
         write_task_settings(task_file, token_budget=top.token_budget, max_rows=top.max_rows)
         click.echo(f"saved into {task_file}")
+    sweeping.plot(points, plot_path)
+    click.echo(f"plot: {plot_path}")
 
 
 def _int_list(spec: str, option: str) -> list[int]:
@@ -297,17 +315,19 @@ def evaluate(input_path, text_column, label_column, compare_modes, fit_temperatu
              min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device, precision):
     """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
     macro-F1, calibration and the review threshold."""
-    from .evaluation_run import evaluate_file
+    from .evaluation_run import evaluate_file, task_for_file
 
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
     if write_task and not task_file:
         raise TaskError("--write-task needs --task FILE")
+    task = task_for_file(input_path, text_column, label_column, task_file=task_file,
+                         labels=parse_labels(labels) if labels else None, instruction=instruction, system=system,
+                         user_template=_unescape(user_template), mode=mode, min_confidence=min_confidence,
+                         calibrate=calibrate, limit=limit)
     evaluate_file(
-        input_path, text_column=text_column, label_column=label_column, task_args=dict(
-            task_file=task_file, labels=labels, instruction=instruction, system=system,
-            user_template=user_template, mode=mode, min_confidence=min_confidence, calibrate=calibrate),
-        settings=build_settings(task_file, token_budget, max_rows, max_tokens, device, precision), model=model,
-        compare_modes=compare_modes, fit_temperature=fit_temperature, target_accuracy=target_accuracy,
-        write_task=write_task, fewshot_cost=fewshot_cost, plots_dir=plots_dir, json_path=json_path, limit=limit,
+        input_path, task, _settings(task_file, token_budget, max_rows, max_tokens, device, precision), text_column=text_column,
+        label_column=label_column, model=model, compare_modes=compare_modes, fit_temperature=fit_temperature,
+        target_accuracy=target_accuracy, task_file=task_file if write_task else None, fewshot_cost=fewshot_cost,
+        plots_dir=plots_dir, json_path=json_path, limit=limit,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import TaskError
 from .prompts import PromptRenderer
 
 OK, EMPTY, TRUNCATED = "ok", "empty", "truncated"
@@ -106,6 +107,9 @@ def _truncate(tokenizer, renderer, text, max_prompt_tokens, max_text_tokens):
         ids = tokenizer(renderer.render(cut), add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_tokens or keep == 0:
             if len(ids) > max_prompt_tokens:
-                raise ValueError("the prompt template alone exceeds the model's context")
+                raise TaskError(
+                    f"the prompt without the item text is {len(ids)} tokens, over the {max_prompt_tokens} the "
+                    "model's context leaves for it: shorten the instruction, label descriptions or examples, "
+                    "or use a model with a longer context")
             return ids, keep < len(text_ids)
         keep = max(0, keep - max(1, len(ids) - max_prompt_tokens))

@@ -18,9 +18,12 @@ Part 1 is one dense product (no copies of the prefix per row, no mask). Without 
 whose kernel skips the blocks above the diagonal; with nodes it takes a mask.
 
 Only the item's last token and the trie nodes reach the output layer. The weights are the
-Hugging Face model's own (Llama and Qwen2 share this layout), re-arranged once: q/k/v and
-gate/up projections concatenated, RMSNorm weights folded into the projection that follows, and
-each q/k head's rows interleaved so that the rotary embedding is one complex multiplication.
+Hugging Face model's own (Llama and Qwen2 share this layout), held ONCE: each linear weight is
+stored here in [in, out] layout (q/k/v and gate/up concatenated) and the Hugging Face module's
+`weight` becomes a transposed view of it, so the reference path computes with the very same
+tensors. The only copies are the q/k rows, which are interleaved per head so that the rotary
+embedding is one complex multiplication (the module keeps its original q/k weights): ~13% of a
+layer's weights. `config_check.py` decides which configurations this code computes exactly.
 `reference.py` runs the unmodified Hugging Face forward and is the oracle for this code.
 
 Devices and precisions come from a `backends.Backend`: it makes the linear ops (MKL, oneDNN,
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 from .backends import Backend
 from .backends.gemm import LinearOp
 from .batching import Batch
+from .config_check import check_config, head_dim
 from .labels import LabelTrie
 
 # Cap on the [rows, positions, vocab] logits tensor per output-layer call (floats).
@@ -60,16 +64,19 @@ class PrefixCache:
 
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer's weights, re-arranged for the packed forward.
+    """One decoder layer's weights, arranged for the packed forward.
 
     Stored as [in, out] (transposed, contiguous): `x @ w` runs ~5% faster than `F.linear`'s
-    `x @ w.T` with MKL on these shapes.
+    `x @ w.T` with MKL on these shapes. Biases are None where the model has none.
     """
 
-    qkv: LinearOp  # [hidden, (H + 2 H_kv) D], input RMSNorm weight folded in, bias (Qwen2) included
-    o: LinearOp  # [H D, hidden]
-    gate_up: LinearOp  # [hidden, 2 I], post-attention RMSNorm weight folded in
-    down: LinearOp  # [I, hidden]
+    qkv: LinearOp  # [hidden, (H + 2 H_kv) D]; q/k columns interleaved (a copy), v shared with v_proj;
+    #                bias (Qwen2, Llama attention_bias) included
+    o: LinearOp  # [H D, hidden], shared with o_proj; bias (Llama attention_bias) included
+    gate_up: LinearOp  # [hidden, 2 I], shared with gate_proj and up_proj; bias (Llama mlp_bias) included
+    down: LinearOp  # [I, hidden], shared with down_proj; bias (Llama mlp_bias) included
+    norm_in: torch.Tensor  # [hidden] input RMSNorm weight
+    norm_post: torch.Tensor  # [hidden] post-attention RMSNorm weight
     eps: float
 
 
@@ -91,12 +98,32 @@ class _Layout:
     read_mask: torch.Tensor  # [B, 1, 1+T, W] the mask's rows at the read positions
 
 
-def _fold(norm: torch.nn.Module, *linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate linears that read the same normed input, scaling their columns by the norm weight."""
-    weight = torch.cat([lin.weight for lin in linears]) * norm.weight[None, :]
+def _share(linears: tuple[torch.nn.Linear, ...], weight: torch.Tensor) -> None:
+    """Make the linears' weights transposed views of column blocks of `weight` [in, sum(out)].
+
+    `F.linear` reads a transposed view without copying, so the Hugging Face forward (the
+    reference path) computes with the engine's tensors and the weights are held once.
+    """
+    start = 0
+    for lin in linears:
+        out = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[:, start : start + out].t(), requires_grad=False)
+        start += out
+
+
+def _shared_in_out(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate linears that read the same input as one [in, sum(out)] weight, shared with them."""
+    weight = torch.cat([lin.weight.t() for lin in linears], dim=1)  # [in, sum(out)], contiguous
     biases = [lin.bias for lin in linears]
     bias = torch.cat(biases) if all(b is not None for b in biases) else None
-    return weight.contiguous(), bias
+    _share(linears, weight)
+    if bias is not None:
+        start = 0
+        for lin in linears:
+            out = lin.weight.shape[0]
+            lin.bias = torch.nn.Parameter(bias[start : start + out], requires_grad=False)
+            start += out
+    return weight, bias
 
 
 class Engine:
@@ -107,41 +134,55 @@ class Engine:
         self.device, self.dtype = self.backend.device, self.backend.dtype
         base = model.model
         cfg = model.config
+        check_config(cfg)
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
         self.final_norm = base.norm
         self.lm_head = model.lm_head
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = head_dim(cfg)
         self.n_heads = cfg.num_attention_heads
-        self.n_kv = cfg.num_key_value_heads
+        self.n_kv = cfg.num_key_value_heads or cfg.num_attention_heads
+        # The model's own activation module (transformers' ACT2FN), so any hidden_act is exact;
+        # SiLU, the common one, runs in place.
+        self.act = base.layers[0].mlp.act_fn if len(base.layers) else None
+        self.silu = getattr(cfg, "hidden_act", "silu") in ("silu", "swish")
         with torch.no_grad():
-            self.layers = []
-            for layer in base.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                qkv, qkv_bias = _fold(layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
-                qkv, qkv_bias = self._interleave_rotary_rows(qkv, qkv_bias)
-                gate_up, _ = _fold(layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj)
-                linear = self.backend.linear
-                self.layers.append(_Layer(
-                    qkv=linear(_in_out(qkv), qkv_bias), o=linear(_in_out(attn.o_proj.weight)),
-                    gate_up=linear(_in_out(gate_up)), down=linear(_in_out(mlp.down_proj.weight)),
-                    eps=layer.input_layernorm.variance_epsilon,
-                ))
+            self.layers = [self._arrange(layer) for layer in base.layers]
 
-    def _interleave_rotary_rows(self, qkv: torch.Tensor, bias: torch.Tensor | None):
-        """Reorder each q/k head's rows from halves (i, i + D/2) to adjacent pairs (2i, 2i + 1).
+    def _arrange(self, layer: torch.nn.Module) -> _Layer:
+        """Arrange one layer's weights [in, out], sharing them with the module (see `_share`)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        rotated = (self.n_heads + self.n_kv) * self.head_dim
+        order = self._rotary_order().to(attn.q_proj.weight.device)
+        q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+        qkv = torch.empty(q.weight.shape[1], rotated + v.weight.shape[0], device=q.weight.device)  # [hidden, (H + 2 H_kv) D]
+        qkv[:, :rotated] = torch.cat([q.weight, k.weight])[order].t()
+        qkv[:, rotated:] = v.weight.t()
+        _share((v,), qkv[:, rotated:])
+        qkv_bias = None
+        if q.bias is not None:
+            qkv_bias = torch.cat([torch.cat([q.bias, k.bias])[order], v.bias])
+            v.bias = torch.nn.Parameter(qkv_bias[rotated:], requires_grad=False)
+        o, o_bias = _shared_in_out(attn.o_proj)
+        gate_up, gate_up_bias = _shared_in_out(mlp.gate_proj, mlp.up_proj)
+        down, down_bias = _shared_in_out(mlp.down_proj)
+        linear = self.backend.linear  # the backend's kernel (mm uses these very tensors, others copy)
+        return _Layer(
+            qkv=linear(qkv, qkv_bias), o=linear(o, o_bias), gate_up=linear(gate_up, gate_up_bias),
+            down=linear(down, down_bias), norm_in=layer.input_layernorm.weight,
+            norm_post=layer.post_attention_layernorm.weight, eps=layer.input_layernorm.variance_epsilon,
+        )
+
+    def _rotary_order(self) -> torch.Tensor:
+        """Row order of the concatenated q/k weights: each head's rows from halves (i, i + D/2)
+        to adjacent pairs (2i, 2i + 1).
 
         Rotary embedding then is one complex multiplication per pair. Scores q·k are sums over
         the head dimension, so permuting it the same way in q and k changes nothing (V is untouched).
         """
         D, half = self.head_dim, self.head_dim // 2
         pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)  # [D]
-        rotated = (self.n_heads + self.n_kv) * D
-        order = torch.cat([
-            (torch.arange(rotated // D)[:, None] * D + pairs[None]).reshape(-1),
-            torch.arange(rotated, qkv.shape[0]),
-        ]).to(qkv.device)
-        return qkv[order].contiguous(), None if bias is None else bias[order].contiguous()
+        return (torch.arange(self.n_heads + self.n_kv)[:, None] * D + pairs[None]).reshape(-1)
 
     @torch.inference_mode()
     def prefill(self, prefix_ids: list[int]) -> PrefixCache:
@@ -248,7 +289,7 @@ class Engine:
         N = h.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         attend = self.backend.attend
-        x = _rms(h, layer.eps)
+        x = _rms(h, layer.norm_in, layer.eps)
         qkv = layer.qkv(x).float().view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]; rotary in float32
         qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
         qk.mul_(cis)  # rotary embedding, in place (rows interleaved at load time)
@@ -275,12 +316,12 @@ class Engine:
         layer.o.add_(h, out)
         return k, v
 
-    @staticmethod
-    def _mlp_block(h, layer: _Layer) -> None:
-        """h += down(silu(gate(norm(h))) * up(norm(h)))."""
-        gate_up = layer.gate_up(_rms(h, layer.eps))  # [N, 2I]
-        gate, up = gate_up.chunk(2, dim=-1)
-        layer.down.add_(h, F.silu(gate, inplace=True).mul_(up))
+    def _mlp_block(self, h, layer: _Layer) -> None:
+        """h += down(act(gate(norm(h))) * up(norm(h)))."""
+        gate_up = layer.gate_up(_rms(h, layer.norm_post, layer.eps))  # [N, 2I]
+        gate, up = gate_up.chunk(2, dim=-1)  # [N, I] each
+        act = F.silu(gate, inplace=True) if self.silu else self.act(gate)
+        layer.down.add_(h, act.mul_(up))
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
         """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
@@ -307,14 +348,9 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without its weight (folded into the next projection).
-
-    One fused reduction (the vector norm) and one multiply: ~1.5x faster than F.rms_norm on CPU.
-    """
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm: one fused reduction (the vector norm) and two multiplies, ~1.5x faster than
+    F.rms_norm on CPU. The weight is applied here, not folded into the next projection, because
+    that projection's weight is shared with the Hugging Face module."""
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [N, 1]
-    return x * norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-
-
-def _in_out(weight: torch.Tensor) -> torch.Tensor:
-    return weight.t().contiguous()
+    return (x * norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()).mul_(weight)

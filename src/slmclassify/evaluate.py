@@ -30,6 +30,15 @@ class Evaluation:
     name: str = ""
     target_accuracy: float | None = None
     extra: dict = field(default_factory=dict)
+    accepted: np.ndarray | None = None
+    """[n, L] bool: every label that counts as correct (BIG-bench items whose gold scores tie).
+    When given, an item predicted as any accepted label has that label as its gold, so every
+    metric below counts it as right; otherwise its gold stays `gold`."""
+
+    def __post_init__(self) -> None:
+        if self.accepted is not None:
+            hit = self.accepted[np.arange(len(self.predicted)), self.predicted]
+            self.gold = np.where(hit, self.predicted, self.gold)
 
     @property
     def accuracy(self) -> float:
@@ -107,8 +116,27 @@ class Evaluation:
         return data
 
 
-def read_labelled(path: str, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
-    """(texts, gold labels) from a BIG-bench task JSON, or a CSV/JSONL/Parquet table."""
+@dataclass(frozen=True)
+class Labelled:
+    """Labelled items read for `evaluate`."""
+
+    texts: list[str]
+    gold: list[tuple[str, ...]]
+    """The correct label(s) of each item: several when a BIG-bench item's top scores tie."""
+    labels: tuple[str, ...] | None = None
+    """The label set the file declares (BIG-bench `target_scores` keys, in file order), if any."""
+    instruction: str | None = None
+    """The file's own question (BIG-bench `task_prefix`), if any."""
+
+    def head(self, limit: int | None) -> Labelled:
+        """The first `limit` items (all when None)."""
+        if limit is None:
+            return self
+        return Labelled(self.texts[:limit], self.gold[:limit], self.labels, self.instruction)
+
+
+def read_labelled(path: str, text_column: str, label_column: str) -> Labelled:
+    """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table."""
     from .tables import read_table, texts_of
 
     if path.endswith(".json"):
@@ -124,25 +152,20 @@ def read_labelled(path: str, text_column: str, label_column: str) -> tuple[list[
         texts, gold = [], []
         for i, ex in enumerate(examples, start=1):
             scores = ex.get("target_scores") if isinstance(ex, dict) else None
-            if not isinstance(scores, dict) or "input" not in ex:
+            if not isinstance(scores, dict) or not scores or "input" not in ex:
                 raise InputError(f"{path}: example {i} needs 'input' and 'target_scores'")
-            best = [k for k, v in scores.items() if v == max(scores.values())]
+            top = max(scores.values())
             texts.append(str(ex["input"]))
-            gold.append(best[0])
-        return texts, gold
+            gold.append(tuple(str(k) for k, v in scores.items() if v == top))
+        prefix = data.get("task_prefix")
+        instruction = prefix.strip() if isinstance(prefix, str) and prefix.strip() else None
+        labels = tuple(str(k) for k in examples[0]["target_scores"]) if examples else None
+        return Labelled(texts, gold, labels, instruction)
     frame = read_table(path, text_column)
     if label_column not in frame.columns:
         raise InputError(f"{path}: no label column {label_column!r} (use --label-column); "
                          f"columns are: {', '.join(map(str, frame.columns))}")
-    return texts_of(frame, text_column), [str(v) for v in frame[label_column]]
-
-
-def labels_in_file(path: str) -> tuple[str, ...] | None:
-    """The label set a BIG-bench file declares (its target_scores keys), in file order."""
-    if not path.endswith(".json"):
-        return None
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return tuple(data["examples"][0]["target_scores"]) if data.get("examples") else None
+    return Labelled(texts_of(frame, text_column), [(str(v),) for v in frame[label_column]])
 
 
 def format_report(ev: Evaluation) -> str:

@@ -10,35 +10,58 @@ import click
 import numpy as np
 
 from .calibration import adjust, fit_temperature
-from .classifier import Classifier
+from .classifier import Classifier, EngineSettings
 from .errors import InputError, TaskError
-from .evaluate import Evaluation, format_report, labels_in_file, read_labelled, write_plots
+from .evaluate import Evaluation, format_report, read_labelled, write_plots
 from .labels import build_trie, describe_labels
-from .loading import load_model
+from .loading import LoadedModel, load_model
 from .results import softmax
-from .task import Example, Task
+from .task import Example, Task, build_task
 from .tuning import write_task_settings
+
 
 def _echo(message: str = "") -> None:
     click.echo(message)
 
-def evaluate_file(path, *, text_column, label_column, task_args, settings, model, compare_modes, fit_temperature,
-                  target_accuracy, write_task, fewshot_cost, plots_dir, json_path, limit) -> dict:
-    from .cli import build_task
 
-    texts, gold_names = read_labelled(path, text_column, label_column)
-    if limit is not None:
-        texts, gold_names = texts[:limit], gold_names[:limit]
-    if not task_args["labels"] and not task_args["task_file"]:
-        found = labels_in_file(path) or tuple(sorted(set(gold_names)))
-        task_args = {**task_args, "labels": ",".join(found)}
-    task = build_task(**task_args)
+def task_for_file(path: str, text_column: str = "text", label_column: str = "label", *, task_file=None,
+                  labels: tuple[str, ...] | None = None, limit: int | None = None, **overrides) -> Task:
+    """The task for evaluating `path`: the task file and/or explicit values (as `build_task`).
+
+    Without labels or a task file, the labels are the file's own (a BIG-bench task's
+    target_scores keys) or the sorted gold labels; a BIG-bench `task_prefix` is the instruction
+    unless one is given (in `overrides` or the task file).
+    """
+    data = read_labelled(path, text_column, label_column).head(limit)
+    if labels is None and not task_file:
+        labels = data.labels or tuple(sorted({name for names in data.gold for name in names}))
+    return build_task(task_file, labels, default_instruction=data.instruction, **overrides)
+
+
+def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
+                  label_column="label", model=None, compare_modes=False, fit_temperature=False,
+                  target_accuracy=None, task_file=None, fewshot_cost=0, plots_dir=None, json_path=None,
+                  limit=None) -> dict:
+    """Score the labelled items of `path` with `task` and print the report; returns the summary.
+
+    `task_file`: write the threshold (and fitted temperature) into this task file.
+    """
+    settings = settings or EngineSettings()
+    data = read_labelled(path, text_column, label_column).head(limit)
+    texts = data.texts
     index = {label: i for i, label in enumerate(task.labels)}
-    for row, name in enumerate(gold_names, start=1):
-        if name not in index:
-            raise InputError(f"{path}: row {row} has gold label {name!r}, which is not in the label set {list(task.labels)}")
-    gold = np.array([index[name] for name in gold_names])
-    loaded = load_model(model, settings.device, settings.precision)
+    for row, names in enumerate(data.gold, start=1):
+        missing = [name for name in names if name not in index]
+        if missing:
+            raise InputError(f"{path}: row {row} has gold label {missing[0]!r}, which is not in the label set "
+                             f"{list(task.labels)}")
+    gold = np.array([index[names[0]] for names in data.gold])
+    accepted = np.zeros((len(texts), len(task.labels)), dtype=bool)  # [n, L]
+    for row, names in enumerate(data.gold):
+        accepted[row, [index[name] for name in names]] = True
+    if plots_dir:
+        _check_matplotlib("--plots")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
 
     def run(config_task: Task) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings)
@@ -52,10 +75,11 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         if seconds is not None:
             extra["items_per_s"] = len(texts) / seconds
         return Evaluation(task.labels, gold, probs.argmax(1), probs.max(1), name=name,
-                          target_accuracy=target_accuracy, extra=extra)
+                          target_accuracy=target_accuracy, extra=extra, accepted=accepted)
 
     clf, scores, seconds = run(task)
     _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
+    _echo(f"system turn: {task.system!r}" if task.system is not None else f"instruction: {task.instruction!r}")
     _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
     _echo("label tokens (after the chat template):")
     for line in describe_labels(loaded.tokenizer, task.labels, clf.label_tokens):
@@ -93,12 +117,13 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         summary["modes"] = rows
 
     if fewshot_cost > 0:
-        summary["fewshot_cost"] = _fewshot_cost(loaded, task, settings, texts, gold_names, fewshot_cost)
+        first_gold = [names[0] for names in data.gold]
+        summary["fewshot_cost"] = _fewshot_cost(loaded, task, settings, texts, first_gold, fewshot_cost)
 
     if plots_dir:
         for p in write_plots(main, plots_dir):
             _echo(f"wrote {p}")
-    if write_task:
+    if task_file:
         threshold = summary.get("threshold")
         values = {}
         if threshold is not None:
@@ -106,12 +131,20 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         if fit_temperature:
             values["temperature"] = round(float(temperature), 4)
         if values:
-            write_task_settings(task_args["task_file"], **values)
-            _echo(f"wrote {', '.join(f'{k} = {v}' for k, v in values.items())} into {task_args['task_file']}")
+            write_task_settings(task_file, **values)
+            _echo(f"wrote {', '.join(f'{k} = {v}' for k, v in values.items())} into {task_file}")
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2))
         _echo(f"wrote {json_path}")
     return summary
+
+def _check_matplotlib(option: str) -> None:
+    """Refuse before the work when plots are asked for and matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise TaskError(f"{option} needs matplotlib: pip install 'slmclassify[plots]'") from None
+
 
 def fit_temperature_on(scores, bias, gold) -> float:
     return fit_temperature(adjust(scores, bias, 1.0), gold)

