@@ -45,20 +45,28 @@ def short_tickets(n: int) -> list[str]:
 
 
 def test_bench_report_schema(llama_loaded):
+    from slmclassify.backends import cpu_native
+
     side = llama_loaded.tokenizer.padding_side
     report = run_bench(llama_loaded, short_tickets(12), ARTICLE_TASK, log=lambda m: None)
     assert llama_loaded.tokenizer.padding_side == side  # the shared tokenizer is left as it was
     data = report.to_json()
+    low = [p for p in ("int8", "bf16") if cpu_native(p)]
     assert data["schema"] == 1
     assert set(data["machine"]) >= {"cpu", "threads", "torch", "transformers", "date"}
     assert data["matmul_gflops"] > 0
     names = [r["name"] for r in data["rows"]]
-    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 7
+    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 7 + len(low)
+    # (g): ours in the other precisions this CPU runs natively, after the float32 rows
+    assert names[7:] == [f"g ours {p}" for p in low]
+    assert data["engine"].startswith("cpu fp32 (")
     for row in data["rows"]:
         assert set(row) >= {"name", "seconds", "items_per_s", "tokens_per_s", "padding", "speedup",
                             "agree", "items", "max_abs_diff", "roofline"}
-        assert row["items"] == 12 and row["agree"] == 12  # every path predicts what the loop predicts
-        assert row["max_abs_diff"] < 1e-3
+        assert row["items"] == 12
+        if not row["name"].startswith("g "):
+            assert row["agree"] == 12  # every float32 path predicts what the loop predicts
+            assert row["max_abs_diff"] < 1e-3
     ours = data["rows"][3]
     assert ours["peak_rss_mb"] > 0
     # The roofline's inputs, recomputed: useful tokens are every item's prompt after the shared prefix.
@@ -116,7 +124,8 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
     assert "speedup" in result.stdout and "a article per-item loop" in result.stdout
     last = json.loads(lines[-1])
     assert last == json.loads(out.read_text())
-    assert [r["agree"] for r in last["rows"]] == [6] * 7
+    assert [r["agree"] for r in last["rows"] if not r["name"].startswith("g ")] == [6] * 7
+    assert "engine: cpu fp32 (" in result.stdout
 
 
 def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
@@ -152,18 +161,19 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
         calls.append(gguf_path)
         return np.zeros((len(prompts), len(labels)))
 
-    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model: llama_loaded)
+    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, device=None, precision=None: llama_loaded)
     monkeypatch.setattr(slmclassify.bench, "llama_cpp_scores", fake_llama_cpp)
     data = tmp_path / "tickets.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in short_tickets(4)))
     args = ["bench", "--n", "4", "--input", str(data), "--model", str(tmp_path / "model.gguf")]
 
     with_f = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).stdout.splitlines()[-1])
-    assert [r["name"][0] for r in with_f["rows"]] == list("abcdeee") + ["f"]
+    names = [r["name"][0] for r in with_f["rows"]]
+    assert names == list("abcdeee") + ["g"] * (len(names) - 8) + ["f"]
     assert calls == [str(tmp_path / "model.gguf")]
 
     without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])
-    assert len(without_f["rows"]) == 7 and len(calls) == 1
+    assert len(without_f["rows"]) == len(names) - 1 and len(calls) == 1
 
 
 @pytest.fixture
@@ -189,7 +199,7 @@ def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, valu
     """Regression: sweep silently ignored --token-budget and --max-rows."""
     import slmclassify.loading
 
-    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model: pytest.fail("must refuse before loading"))
+    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, *a: pytest.fail("must refuse before loading"))
     code, out, err = run_main("sweep", option, value)
     assert (code, out) == (2, "")
     assert err == (f"slmclassify: error: sweep varies {option} itself: list the values to try with {instead} "
@@ -211,7 +221,7 @@ def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loa
         seen.update(cap=max_text_tokens, calibrate=task.calibrate)
         return [SweepPoint(64, 2, 1.0, 0.0, 1, 1.0)]
 
-    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model: llama_loaded)
+    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, *a: llama_loaded)
     monkeypatch.setattr(slmclassify.sweep, "run_sweep", fake_sweep)
     monkeypatch.setattr(slmclassify.sweep, "plot", lambda points, path: None)
     code, _, err = run_main("sweep", "--n", "2", *args)

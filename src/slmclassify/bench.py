@@ -9,6 +9,11 @@ Configurations (same model, same threads, same items):
   e  ablations of ours, one change each: no prefix cache; fixed batches of 32; unsorted
   f  llama.cpp on the same GGUF, item by item with its prompt prefix reused (if llama-cpp-python
      is importable and the model is a GGUF)
+  g  ours in the other precisions this machine runs natively (CPU: int8, bf16 where native;
+     agreement is with (a), float32)
+  h  on CUDA: the best plain-transformers configurations (sorted token-budget batches, with and
+     without a prefix cache; `backends.hf_plain`)
+On CUDA the Hugging Face rows (a, b, c, h) run in bfloat16, as a user would run them there.
 Every row reports agreement with (a) and the largest |Δ label log-probability|.
 """
 
@@ -71,6 +76,8 @@ class BenchReport:
     """The roofline's useful tokens: every scored item's prompt tokens after the shared prefix."""
     flops_per_token: int = 0
     """2 × the model's non-embedding parameters."""
+    engine: str = ""
+    """Device, precision and GEMM kernel of (d), with the measured kernel rates (`run.engine_line`)."""
 
     def to_json(self) -> dict:
         return {
@@ -80,6 +87,7 @@ class BenchReport:
             "work_tokens": self.work_tokens,
             "flops_per_token": self.flops_per_token,
             "prompt_lengths": self.prompt_lengths,
+            "engine": self.engine,
             "rows": [
                 {**asdict(r), "items_per_s": round(r.items_per_s, 3), "tokens_per_s": round(r.tokens_per_s, 1)}
                 for r in self.rows
@@ -115,6 +123,7 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
 
@@ -161,9 +170,9 @@ def article_loop(loaded: LoadedModel, prompts: list[str], labels) -> np.ndarray:
     first = _article_first_ids(tok, labels)
     out = np.zeros((len(prompts), len(labels)))
     for i, prompt in enumerate(prompts):
-        inputs = tok(prompt, add_special_tokens=False, return_tensors="pt")
-        logits = model(**inputs, logits_to_keep=1).logits[0, -1, :]
-        out[i] = torch.log_softmax(logits, dim=-1)[first].numpy()
+        inputs = tok(prompt, add_special_tokens=False, return_tensors="pt").to(model.device)
+        logits = model(**inputs, logits_to_keep=1).logits[0, -1, :].float()
+        out[i] = torch.log_softmax(logits, dim=-1)[first.to(model.device)].cpu().numpy()
     return out
 
 
@@ -184,8 +193,8 @@ def article_batched(loaded: LoadedModel, prompts: list[str], labels, order, batc
             tok.padding_side = side
         processed += batch["input_ids"].numel()
         real += int(batch["attention_mask"].sum())
-        logits = model(**batch, logits_to_keep=1).logits[:, -1, :]
-        out[idx] = torch.log_softmax(logits, dim=-1)[:, first].numpy()
+        logits = model(**batch.to(model.device), logits_to_keep=1).logits[:, -1, :].float()
+        out[idx] = torch.log_softmax(logits, dim=-1)[:, first.to(model.device)].cpu().numpy()
     return out, processed, real
 
 
@@ -240,10 +249,16 @@ def peak_rss_mb() -> float:
 def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: EngineSettings | None = None,
               gguf_path: str | None = None, log=print) -> BenchReport:
     """Run every configuration on `texts` and return the report (rows in table order)."""
+    from .run import engine_line
+
     # No item-token cap: the article's loop (a) runs every item whole, and every row must see the same tokens.
     settings = replace(settings or EngineSettings(), max_text_tokens=None)
     report = BenchReport(machine=machine_info())
+    device = loaded.backend.device
+    hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
     probe = Classifier(task, model=loaded, settings=settings)
+    report.engine = engine_line(loaded)
+    log(f"engine: {report.engine}")
     prompts = [probe.renderer.render(t) for t in texts]
     encoded = probe.encode(texts)
     lengths = np.array([len(ids) for ids in encoded.ids])
@@ -254,7 +269,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     report.work_tokens = int(lengths[encoded.scored].sum()) - len(encoded.scored) * len(probe.prefix_ids)
     report.prompt_lengths = {"min": int(lengths.min()), "median": int(np.median(lengths)), "max": int(lengths.max())}
     log(f"{len(texts)} items; prompt tokens min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}")
-    report.matmul_gflops = matmul_rate(loaded.model)
+    report.matmul_gflops = matmul_rate(loaded.model) if device.type == "cpu" else loaded.gemm_rates["rates"]["bf16"]
     report.flops_per_token = 2 * non_embedding_params(loaded.model)
     log(f"float32 matmul rate on the model's shapes: {report.matmul_gflops:.1f} GFLOP/s")
 
@@ -274,14 +289,14 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
 
     # (a) and (d) run interleaved: after each of our batches, the article's loop takes as many
     # items, so that drift in the machine's speed (shared hosts) hits both alike.
-    article_loop(loaded, prompts[:4], task.labels)  # warm-up of both paths
+    article_loop(hf, prompts[:4], task.labels)  # warm-up of both paths
     probe.score(probe.encode(texts[:4]))
     loop_scores = np.zeros((len(texts), len(task.labels)))
     loop = {"seconds": 0.0, "done": 0}
 
     def run_loop_chunk(n: int) -> None:
         start, done = time.perf_counter(), loop["done"]
-        loop_scores[done : done + n] = article_loop(loaded, prompts[done : done + n], task.labels)
+        loop_scores[done : done + n] = article_loop(hf, prompts[done : done + n], task.labels)
         loop["seconds"] += time.perf_counter() - start
         loop["done"] += n
 
@@ -297,7 +312,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     for name, order in (("b article batch 32 unsorted", np.arange(len(texts))),  # input order
                         ("c article batch 32 sorted", np.argsort(lengths, kind="stable"))):
         start = time.perf_counter()
-        scores, processed, real = article_batched(loaded, prompts, task.labels, order)
+        scores, processed, real = article_batched(hf, prompts, task.labels, order)
         add(name, "HF forward, fixed batches of 32", time.perf_counter() - start, scores, padding=1 - real / processed)
 
     def share(seconds: float) -> float:
@@ -307,10 +322,12 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=share(ours_seconds),
         rss=ours_rss)
 
-    def ours(name, description, engine_settings):
+    def ours(name, description, engine_settings, model=loaded):
+        _sync(device)
         start = time.perf_counter()
-        clf = Classifier(task, model=loaded, settings=engine_settings)
+        clf = Classifier(task, model=model, settings=engine_settings)
         scores = clf.score(clf.encode(texts))
+        _sync(device)
         seconds = time.perf_counter() - start
         add(name, description, seconds, scores, padding=clf.stats.padding_share, roofline=share(seconds))
 
@@ -320,6 +337,23 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
          replace(settings, token_budget=None, max_rows=32))
     ours("e ours - unsorted", "prefix cache, token budget, input order", replace(settings, sort=False))
 
+    for precision in _other_precisions(loaded):
+        other = _with_precision(loaded, precision)
+        ours(f"g ours {precision}", f"as d, {other.backend.describe()}", settings, model=other)
+
+    if device.type == "cuda":
+        from .backends.hf_plain import token_budget_scores
+
+        for use_prefix in (False, True):
+            _sync(device)
+            start = time.perf_counter()
+            scores, padding = token_budget_scores(hf, prompts, task.labels, probe.prefix_ids if use_prefix else [],
+                                                  budget=32768, max_rows=512)
+            _sync(device)
+            add(f"h transformers budget{' +prefix' if use_prefix else ''}",
+                "HF bf16, sorted token-budget batches (32k)" + (", prefix KV cache copied per batch" if use_prefix else ""),
+                time.perf_counter() - start, scores, padding=padding)
+
     if gguf_path is not None:
         start = time.perf_counter()
         scores = llama_cpp_scores(gguf_path, prompts, task.labels, loaded.tokenizer)
@@ -328,6 +362,37 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         else:
             log("  f llama.cpp: skipped (llama-cpp-python is not installed)")
     return report
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _bf16_copy(loaded: LoadedModel) -> LoadedModel:
+    import copy
+
+    model = copy.deepcopy(loaded.model).to(torch.bfloat16)
+    return replace(loaded, model=model, engine=None)
+
+
+def _other_precisions(loaded: LoadedModel) -> list[str]:
+    """The precisions besides (d)'s that this machine runs natively (bf16 and fp16 on CUDA)."""
+    from .backends import cpu_native
+
+    mine = loaded.backend.precision
+    if loaded.backend.device.type == "cuda":
+        return [p for p in ("fp32", "bf16") if p != mine]
+    return [p for p in ("fp32", "int8", "bf16") if p != mine and cpu_native(p)]
+
+
+def _with_precision(loaded: LoadedModel, precision: str) -> LoadedModel:
+    """The same model and weights with another backend (its own engine)."""
+    from .backends.choice import make_backend
+    from .loading import cache_root
+
+    backend, rates = make_backend(loaded.model.config, loaded.backend.device, precision, cache_root())
+    return replace(loaded, backend=backend, gemm_rates=rates, engine=None, auto_precision=False, auto_decision=None)
 
 
 def dump_json(report: BenchReport) -> str:

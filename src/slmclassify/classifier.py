@@ -56,6 +56,11 @@ class EngineSettings:
     """Cut item texts to this many tokens (status `truncated`); None: only at the model's context."""
     window: int = DEFAULT_WINDOW
     """Rows `classify_iter` holds at once: sorted, batched and de-duplicated within this window."""
+    device: str | None = None
+    """auto (None), cpu or cuda: where a model loaded by the Classifier runs (auto: CUDA when available)."""
+    precision: str | None = None
+    """None: fp32 on CPU, bf16 on CUDA; fp32, bf16, fp16, int8; auto: a low precision only if it is
+    faster here and agrees with fp32 (see `precision.py`)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -66,6 +71,12 @@ class EngineSettings:
             raise TaskError(f"--max-rows must be positive, got {self.max_rows}")
         if self.max_text_tokens is not None and self.max_text_tokens < 1:
             raise TaskError(f"--max-tokens must be positive, got {self.max_text_tokens}")
+        from .backends.device import DEVICES, check_precision
+
+        if self.device is not None and self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise TaskError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.precision is not None:
+            check_precision(self.precision)
 
 
 @dataclass(frozen=True)
@@ -105,7 +116,8 @@ class Classifier:
     ):
         self.task = task
         self.settings = settings or EngineSettings()
-        self.loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        self.loaded = (model if isinstance(model, LoadedModel)
+                       else load_model(model, self.settings.device, self.settings.precision))
         tokenizer = self.loaded.tokenizer
         self.renderer = PromptRenderer(tokenizer, task)
         self.label_tokens = label_sequences(tokenizer, self.renderer.tail, task.labels)
@@ -115,7 +127,7 @@ class Classifier:
         )
         self.trie = build_trie(task.labels, sequences, mode)
         if self.loaded.engine is None:  # re-arranging the weights once per model, not per classifier
-            self.loaded.engine = Engine(self.loaded.model)
+            self.loaded.engine = Engine(self.loaded.model, self.loaded.backend)
         self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
@@ -124,6 +136,10 @@ class Classifier:
         context = context_limit(self.loaded.model.config)
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
         self.stats = RunStats()
+        if self.loaded.auto_precision:  # --precision auto on a CPU: decided once per model
+            from .precision import settle_auto
+
+            settle_auto(self)
         self.bias = self.content_free_prior() if task.calibrate else None
 
     def content_free_prior(self) -> np.ndarray:
@@ -247,7 +263,7 @@ class Classifier:
         """[k, L] label scores of the given items through the per-item reference path."""
         full = encoded.ids
         rows = [
-            reference_scores(self.loaded.model, full[i], self.trie).double().numpy()
+            reference_scores(self.loaded.model, full[i], self.trie).double().cpu().numpy()
             for i in indices
         ]
         return np.stack(rows) if rows else np.zeros((0, len(self.task.labels)))

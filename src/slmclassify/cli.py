@@ -65,10 +65,23 @@ def task_options(fn):
         click.option("--max-tokens", metavar="N|none",
                      help="Cut item texts to N tokens (default 512; none: only at the "
                           "model's context)."),
+        *device_options(),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def device_options() -> list:
+    """--device and --precision, for every command that runs the model."""
+    from .backends.device import DEVICES, PRECISIONS
+
+    return [
+        click.option("--device", type=click.Choice(DEVICES), help="Where the model runs (default auto: CUDA if available)."),
+        click.option("--precision", type=click.Choice(PRECISIONS),
+                     help="fp32 (CPU default), bf16 (CUDA default), fp16, int8 (CPU), or auto: a low precision "
+                          "only if it is faster here and agrees with fp32 on >= 99% of a sample."),
+    ]
 
 
 def _task(task_file, labels, instruction=None, system=None, user_template=None, mode=None, min_confidence=None,
@@ -79,10 +92,11 @@ def _task(task_file, labels, instruction=None, system=None, user_template=None, 
                       calibrate=calibrate)
 
 
-def _settings(task_file, token_budget, max_rows, max_tokens):
+def _settings(task_file, token_budget, max_rows, max_tokens, device=None, precision=None):
     from .tuning import engine_settings
 
-    return engine_settings(task_file, token_budget, max_rows, _max_tokens(max_tokens))
+    return engine_settings(task_file, token_budget, max_rows, _max_tokens(max_tokens), device=device,
+                           precision=precision)
 
 
 def _max_tokens(value: str | None) -> int | None:
@@ -159,14 +173,14 @@ def _classify_on_ray(input_path, output_path, task, settings, model, text_column
 def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
              result_prefix, quiet, resume, restart, window, use_ray, ray_address, actors, cpus_per_actor, block_rows,
              task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
-             token_budget, max_rows, max_tokens):
+             token_budget, max_rows, max_tokens, device, precision):
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT, streaming."""
     from .run import classify_table
 
     if resume and restart:
         raise TaskError("--resume and --restart exclude each other")
     task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
-    settings = _settings(task_file, token_budget, max_rows, max_tokens)
+    settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
     if window is not None:
         settings = dataclasses.replace(settings, window=window)
     if use_ray or ray_address or actors is not None:
@@ -185,16 +199,18 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), help="Format for - (stdin).")
 @click.option("--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True)
-@click.option("--probes", type=int, default=16, show_default=True, help="Probe items, spread over the length range.")
+@click.option("--probes", "--n", "probes", type=int, default=16, show_default=True,
+              help="Probe items, spread over the length range (e.g. --precision int8 --n 200).")
 @click.option("--tolerance", type=float, default=1e-3, show_default=True, help="Max allowed |Δ log-prob|.")
 @task_options
 def verify(input_path, text_column, fmt, errors, probes, tolerance, task_file, labels, instruction, system,
-           user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens):
+           user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device,
+           precision):
     """Run probe items of INPUT through the fast and the per-item path and compare them."""
     from .run import verify_table
 
     task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
-    settings = _settings(task_file, token_budget, max_rows, max_tokens)
+    settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
     report = verify_table(input_path, task, settings, model=model, text_column=text_column, fmt=fmt,
                           errors=errors, probes=probes, tolerance=tolerance)
     if not report.ok:
@@ -237,8 +253,10 @@ def _bench_task(task_file, labels, instruction, system, user_template):
 @click.option("--max-rows", type=int)
 @click.option("--llama-cpp/--no-llama-cpp", "with_llama_cpp", default=True, show_default=True,
               help="Run (f), llama.cpp on the GGUF, when llama-cpp-python is installed.")
+@device_options()[1]
+@device_options()[0]
 def bench(n_items, input_path, text_column, json_path, task_file, labels, instruction, system, user_template,
-          model, token_budget, max_rows, with_llama_cpp):
+          model, token_budget, max_rows, with_llama_cpp, device, precision):
     """Reproduce the article's experiment next to ours, in one process: speed, padding, agreement.
 
     Every configuration scores first tokens (the article's method), so predictions are comparable.
@@ -249,15 +267,17 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
     if n_items < 1:
         raise TaskError(f"--n must be positive, got {n_items}")
     task = _bench_task(task_file, labels, instruction, system, user_template).with_overrides(mode="first")
-    settings = _settings(task_file, token_budget, max_rows, None)
+    settings = _settings(task_file, token_budget, max_rows, None, device, precision)
     texts = _bench_texts(input_path, text_column, n_items)
-    loaded = load_model(model)
+    loaded = load_model(model, settings.device, settings.precision)
     gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
     gguf = gguf if with_llama_cpp else None
     report = run_bench(loaded, texts, task, settings, gguf_path=gguf, log=lambda m: click.echo(m, err=True))
     click.echo(f"model: {loaded.name}; {report.machine['cpu']}, {report.machine['threads']} threads, "
                f"torch {report.machine['torch']}, transformers {report.machine['transformers']}")
-    click.echo(f"float32 matmul rate on the model's shapes: {report.matmul_gflops:.1f} GFLOP/s")
+    click.echo(f"engine: {report.engine}")
+    click.echo(f"{'float32' if loaded.backend.device.type == 'cpu' else 'bf16'} matmul rate on the model's shapes "
+               f"(roofline basis): {report.matmul_gflops:.1f} GFLOP/s")
     click.echo(report.table())
     line = dump_json(report)
     if json_path:
@@ -279,7 +299,7 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 @task_options
 def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, windows, task_file,
           labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
-          max_tokens):
+          max_tokens, device, precision):
     """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets).
 
     --max-tokens and --calibrate apply to every setting; the budget and row cap are what it varies
@@ -299,9 +319,9 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
             if (task_file or labels) else _bench_task(None, None, None, None, None).with_overrides(calibrate=calibrate))
     if save_to_task and not task_file:
         raise TaskError("--save-to-task needs --task FILE")
-    settings = _settings(task_file, None, None, max_tokens)
+    settings = _settings(task_file, None, None, max_tokens, device, precision)
     texts = _bench_texts(input_path, text_column, n_items)
-    loaded = load_model(model)
+    loaded = load_model(model, settings.device, settings.precision)
     points = sweeping.run_sweep(loaded, task, texts, budget_list, rows_list,
                                 max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True))
     top = sweeping.best(points)
@@ -352,7 +372,7 @@ def _int_list(spec: str, option: str) -> list[int]:
 @task_options
 def evaluate(input_path, text_column, label_column, compare_modes, fit_temperature, target_accuracy, write_task,
              fewshot_cost, plots_dir, json_path, limit, task_file, labels, instruction, system, user_template, mode,
-             min_confidence, calibrate, model, token_budget, max_rows, max_tokens):
+             min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device, precision):
     """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
     macro-F1, calibration and the review threshold."""
     from .evaluation_run import evaluate_file, task_for_file
@@ -366,7 +386,7 @@ def evaluate(input_path, text_column, label_column, compare_modes, fit_temperatu
                          user_template=_unescape(user_template), mode=mode, min_confidence=min_confidence,
                          calibrate=calibrate, limit=limit)
     evaluate_file(
-        input_path, task, _settings(task_file, token_budget, max_rows, max_tokens), text_column=text_column,
+        input_path, task, _settings(task_file, token_budget, max_rows, max_tokens, device, precision), text_column=text_column,
         label_column=label_column, model=model, compare_modes=compare_modes, fit_temperature=fit_temperature,
         target_accuracy=target_accuracy, task_file=task_file if write_task else None, fewshot_cost=fewshot_cost,
         plots_dir=plots_dir, json_path=json_path, limit=limit,

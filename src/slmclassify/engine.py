@@ -27,6 +27,10 @@ and the engine saves a multiply per norm. The only copies are the q/k rows, whic
 interleaved per head so that the rotary embedding is one complex multiplication (the module keeps
 q/k in its own order): ~13% of a layer's weights. `config_check.py` decides which configurations this code computes exactly.
 `reference.py` runs the unmodified Hugging Face forward and is the oracle for this code.
+
+Devices and precisions come from a `backends.Backend`: it makes the linear ops (MKL, oneDNN,
+int8, bf16...) and runs the attention kernel; every index, mask and position tensor is created
+on its device, and the residual stream, the norms and the output layer stay in float32.
 """
 
 from __future__ import annotations
@@ -36,15 +40,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .backends import Backend
+from .backends.gemm import LinearOp
 from .batching import Batch
 from .config_check import check_config, head_dim
 from .labels import LabelTrie
 
 # Cap on the [rows, positions, vocab] logits tensor per output-layer call (floats).
 _LOGITS_CHUNK = 1 << 24
-# The CPU flash-attention kernel behind F.scaled_dot_product_attention, called directly because
-# it also returns the log-sum-exp (needed to merge prefix and row attention); torch is pinned.
-_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,12 @@ class _Layer:
     `x @ w.T` with MKL on these shapes. Biases are None where the model has none.
     """
 
-    qkv: torch.Tensor  # [hidden, (H + 2 H_kv) D], input norm folded in; q/k columns interleaved (a copy), v shared
-    qkv_bias: torch.Tensor | None  # [(H + 2 H_kv) D] (Qwen2, Llama attention_bias)
-    o: torch.Tensor  # [H D, hidden], shared with o_proj
-    o_bias: torch.Tensor | None  # [hidden] (Llama attention_bias)
-    gate_up: torch.Tensor  # [hidden, 2 I], post-attention norm folded in, shared with gate_proj and up_proj
-    gate_up_bias: torch.Tensor | None  # [2 I] (Llama mlp_bias)
-    down: torch.Tensor  # [I, hidden], shared with down_proj
-    down_bias: torch.Tensor | None  # [hidden] (Llama mlp_bias)
+    qkv: LinearOp  # [hidden, (H + 2 H_kv) D], input norm folded in; q/k columns interleaved (a copy), v shared
+    #                with v_proj; bias (Qwen2, Llama attention_bias) included
+    o: LinearOp  # [H D, hidden], shared with o_proj; bias (Llama attention_bias) included
+    gate_up: LinearOp  # [hidden, 2 I], post-attention norm folded in, shared with gate_proj and up_proj;
+    #                    bias (Llama mlp_bias) included
+    down: LinearOp  # [I, hidden], shared with down_proj; bias (Llama mlp_bias) included
     eps: float
 
 
@@ -140,7 +141,9 @@ def _shared_in_out(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tenso
 class Engine:
     """Scores label tries for batches of items, reusing one prefix cache."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, backend: Backend | None = None):
+        self.backend = backend or Backend(device=model.device, precision="fp32", gemm="mm")
+        self.device, self.dtype = self.backend.device, self.backend.dtype
         base = model.model
         cfg = model.config
         check_config(cfg)
@@ -170,11 +173,11 @@ class Engine:
         """Arrange one layer's weights [in, out], sharing them with the module (see `_share`)."""
         attn, mlp = layer.self_attn, layer.mlp
         rotated = (self.n_heads + self.n_kv) * self.head_dim
-        order = self._rotary_order()
+        order = self._rotary_order().to(attn.q_proj.weight.device)
         q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
         _fold_norm(layer.input_layernorm, q, k, v)
         _fold_norm(layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj)
-        qkv = torch.empty(q.weight.shape[1], rotated + v.weight.shape[0])  # [hidden, (H + 2 H_kv) D]
+        qkv = torch.empty(q.weight.shape[1], rotated + v.weight.shape[0], device=q.weight.device)  # [hidden, (H + 2 H_kv) D]
         qkv[:, :rotated] = torch.cat([q.weight, k.weight])[order].t()
         qkv[:, rotated:] = v.weight.t()
         _share((v,), qkv[:, rotated:])
@@ -185,9 +188,10 @@ class Engine:
         o, o_bias = _shared_in_out(attn.o_proj)
         gate_up, gate_up_bias = _shared_in_out(mlp.gate_proj, mlp.up_proj)
         down, down_bias = _shared_in_out(mlp.down_proj)
+        linear = self.backend.linear  # the backend's kernel (mm uses these very tensors, others copy)
         return _Layer(
-            qkv=qkv, qkv_bias=qkv_bias, o=o, o_bias=o_bias, gate_up=gate_up, gate_up_bias=gate_up_bias,
-            down=down, down_bias=down_bias, eps=layer.input_layernorm.variance_epsilon,
+            qkv=linear(qkv, qkv_bias), o=linear(o, o_bias), gate_up=linear(gate_up, gate_up_bias),
+            down=linear(down, down_bias), eps=layer.input_layernorm.variance_epsilon,
         )
 
     def _rotary_order(self) -> torch.Tensor:
@@ -204,12 +208,13 @@ class Engine:
     @torch.inference_mode()
     def prefill(self, prefix_ids: list[int]) -> PrefixCache:
         """Run the prefix once and keep every layer's keys and values."""
-        P = len(prefix_ids)
-        everything = torch.arange(P)
-        layout = _Layout(B=1, W=P, source=everything, index=everything, read=torch.tensor([[P - 1]]),
-                         positions=everything, mask=None, read_mask=torch.zeros(1, 1, 1, P))
+        P, dev = len(prefix_ids), self.device
+        everything = torch.arange(P, device=dev)
+        layout = _Layout(B=1, W=P, source=everything, index=everything, read=torch.tensor([[P - 1]], device=dev),
+                         positions=everything, mask=None,
+                         read_mask=torch.zeros(1, 1, 1, P, dtype=self.dtype, device=dev))
         keys, values = [], []
-        self._layers(torch.tensor(prefix_ids), layout, None, keys, values)
+        self._layers(torch.tensor(prefix_ids, device=dev), layout, None, keys, values)
         return PrefixCache(keys=tuple(keys), values=tuple(values))
 
     @torch.inference_mode()
@@ -218,29 +223,32 @@ class Engine:
         prefix = prefix if (batch.cached and prefix is not None and prefix.length) else None
         layout = self._layout(batch, trie, prefix.length if prefix else 0)
         B = batch.input_ids.shape[0]
-        ids = torch.cat([batch.input_ids, trie.node_tokens.expand(B, -1)], dim=1)  # [B, S+T], left-padded
+        ids = torch.cat([batch.input_ids.to(self.device, non_blocking=True),
+                         trie.node_tokens.to(self.device).expand(B, -1)], dim=1)  # [B, S+T], left-padded
         read = self.final_norm(self._layers(ids.reshape(-1)[layout.source], layout, prefix))  # [B, 1+T, hidden]
-        return trie.score(self._step_logprobs(read, trie))
+        return trie.score(self._step_logprobs(read, trie).float().cpu())
 
     def _layout(self, batch: Batch, trie: LabelTrie, n_prefix: int) -> _Layout:
-        lengths = batch.lengths[:, None]  # [B, 1]
+        dev = self.device
+        lengths = batch.lengths.to(dev)[:, None]  # [B, 1]
         B, S = batch.input_ids.shape
         T = trie.n_nodes
         W = S + T
-        col = torch.arange(W)[None]  # [1, W]
+        col = torch.arange(W, device=dev)[None]  # [1, W]
         # The real tokens in row-major order are each row's item tokens, then its trie nodes;
         # `source` finds them in the left-padded ids, `index` in the right-padded layout.
         source = ((col >= S - lengths) | (col >= S)).reshape(-1).nonzero().squeeze(1)  # [N]
         index = (col < lengths + T).reshape(-1).nonzero().squeeze(1)  # [N]
         node = col - lengths  # [B, W] node number at and after the row's item tokens
         is_node = (node >= 0) & (node < T)
-        depth = trie.node_depth[node.clamp(0, max(T - 1, 0))] if T else torch.zeros_like(col)
+        depth = trie.node_depth.to(dev)[node.clamp(0, max(T - 1, 0))] if T else torch.zeros_like(col)
         positions = n_prefix + torch.where(is_node, lengths + depth - 1, col)  # [B, W]
 
         # Packed index of each row's first real token; its last item token and nodes follow.
-        per_row = batch.lengths + T
-        read = (torch.cumsum(per_row, 0) - per_row + batch.lengths - 1)[:, None] + torch.arange(1 + T)[None]
-        read_cols = lengths - 1 + torch.arange(1 + T)[None]  # [B, 1+T]
+        per_row = lengths[:, 0] + T
+        steps = torch.arange(1 + T, device=dev)[None]  # [1, 1+T]
+        read = (torch.cumsum(per_row, 0) - per_row + lengths[:, 0] - 1)[:, None] + steps
+        read_cols = lengths - 1 + steps  # [B, 1+T]
 
         # Item (and pad) queries see the keys up to themselves; node queries see every item
         # token of their row and their trie ancestors.
@@ -249,15 +257,15 @@ class Engine:
         if T:
             node_q, node_k = node[:, :, None], node[:, None, :]  # [B, W, 1], [B, 1, W]
             k_is_node = is_node[:, None, :]
-            sees_ancestor = trie.ancestors[node_q.clamp(0, T - 1), node_k.clamp(0, T - 1)] & k_is_node
+            sees_ancestor = trie.ancestors.to(dev)[node_q.clamp(0, T - 1), node_k.clamp(0, T - 1)] & k_is_node
             sees_node_row = (node_k < 0) | sees_ancestor
             allowed = torch.where(is_node[:, :, None], sees_node_row, allowed)  # [B, W, W]
         allowed = allowed.expand(B, W, W)
         read_allowed = allowed.gather(1, read_cols[:, :, None].expand(B, 1 + T, W))  # [B, 1+T, W]
         return _Layout(B=B, W=W, source=source, index=index, read=read,
                        positions=positions.reshape(-1)[index],
-                       mask=_additive(allowed[:, None]) if T else None,
-                       read_mask=_additive(read_allowed[:, None]))
+                       mask=_additive(allowed[:, None], self.dtype) if T else None,
+                       read_mask=_additive(read_allowed[:, None], self.dtype))
 
     def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
                 keys: list | None = None, values: list | None = None) -> torch.Tensor:
@@ -275,7 +283,7 @@ class Engine:
         # q/k/v in the padded layout, shared by all layers: only real rows are ever written, so
         # the pad rows stay zero (a pad key is masked or after every real query, a pad query is
         # never read, and zeros keep their products finite).
-        padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim)
+        padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim, dtype=self.dtype)
         last = len(self.layers) - 1 if keys is None else None
         for i, layer in enumerate(self.layers):
             past = None if prefix is None else (prefix.keys[i], prefix.values[i])
@@ -301,65 +309,52 @@ class Engine:
         """
         N = h.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        attend = self.backend.attend
         x = _rms(h, layer.eps)
-        qkv = (torch.mm(x, layer.qkv) if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, x, layer.qkv))
-        qkv = qkv.view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]
+        qkv = layer.qkv(x).float().view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]; rotary in float32
         qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
         qk.mul_(cis)  # rotary embedding, in place (rows interleaved at load time)
+        qkv = qkv.to(self.dtype)  # attention's precision (a no-op in float32)
         padded.index_copy_(0, layout.index, qkv)
         heads = padded.view(layout.B, layout.W, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, W, D]
         k, v = heads[:, H : H + Hkv], heads[:, H + Hkv :]
         q = qkv[:, :H]  # [N, H, D] packed
         if read_only:
             q = q.index_select(0, layout.read.reshape(-1))  # [R, H, D]
-            out, lse = _flash(q.view(layout.B, -1, H, D).transpose(1, 2), k, v, mask=layout.read_mask)
+            out, lse = attend(q.view(layout.B, -1, H, D).transpose(1, 2), k, v, mask=layout.read_mask)
             out, lse = out.reshape(-1, H, D), lse.reshape(-1, H)  # [R, H, D], [R, H]
         else:
-            out, lse = _flash(heads[:, :H], k, v, mask=layout.mask)
+            out, lse = attend(heads[:, :H], k, v, mask=layout.mask)
             out = out.reshape(-1, H, D).index_select(0, layout.index)  # [N, H, D]
             lse = lse.reshape(-1, H).index_select(0, layout.index)  # [N, H]
+        out = out.float()  # merged and projected from float32 (a no-op in float32)
         if past is not None:
-            out_p, lse_p = _flash(q[None].transpose(1, 2), *past, mask=None, causal=False)  # all rows at once
-            out = _merge(out, lse, out_p.reshape(-1, H, D), lse_p.reshape(-1, H))
+            out_p, lse_p = attend(q[None].transpose(1, 2), *past, mask=None, causal=False)  # all rows at once
+            out = _merge(out, lse, out_p.float().reshape(-1, H, D), lse_p.reshape(-1, H))
         out = out.reshape(-1, H * D)
         if read_only:
-            h = torch.addmm(h.index_select(0, layout.read.reshape(-1)), out, layer.o)
-            return h if layer.o_bias is None else h.add_(layer.o_bias)
-        h.addmm_(out, layer.o)
-        if layer.o_bias is not None:
-            h.add_(layer.o_bias)
+            return layer.o.add_(h.index_select(0, layout.read.reshape(-1)), out)
+        layer.o.add_(h, out)
         return k, v
 
     def _mlp_block(self, h, layer: _Layer) -> None:
         """h += down(act(gate(norm(h))) * up(norm(h)))."""
-        x = _rms(h, layer.eps)
-        gate_up = torch.mm(x, layer.gate_up) if layer.gate_up_bias is None else torch.addmm(layer.gate_up_bias, x, layer.gate_up)
+        gate_up = layer.gate_up(_rms(h, layer.eps))  # [N, 2I]
         gate, up = gate_up.chunk(2, dim=-1)  # [N, I] each
         act = F.silu(gate, inplace=True) if self.silu else self.act(gate)
-        h.addmm_(act.mul_(up), layer.down)
-        if layer.down_bias is not None:
-            h.add_(layer.down_bias)
+        layer.down.add_(h, act.mul_(up))
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
         """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
         B, n_pos, _ = read.shape
         vocab = self.lm_head.out_features
         per_call = max(1, _LOGITS_CHUNK // (n_pos * vocab))
+        step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
         out = []
         for start in range(0, B, per_call):
             logprobs = torch.log_softmax(self.lm_head(read[start : start + per_call]), dim=-1)  # [b, 1+T, V]
-            out.append(logprobs[:, trie.step_pos, trie.step_token])  # [b, N_steps]
+            out.append(logprobs[:, step_pos, step_token])  # [b, N_steps]
         return torch.cat(out)
-
-
-def _flash(q, k, v, mask: torch.Tensor | None, causal: bool = True):
-    """CPU flash attention → (out [B, Q, H, D], logsumexp [B, Q, H]) for q [B, H, Q, D].
-
-    `mask` None means causal (or, with causal=False, no mask); keys may have fewer heads (GQA);
-    scores are scaled by 1/sqrt(D), as in Llama and Qwen2.
-    """
-    out, lse = _FLASH(q, k, v, 0.0, causal and mask is None, attn_mask=mask)
-    return out.transpose(1, 2), lse.transpose(1, 2)
 
 
 def _merge(out_a, lse_a, out_b, lse_b):
@@ -368,9 +363,10 @@ def _merge(out_a, lse_a, out_b, lse_b):
     return out_a.mul_((lse_a - lse).exp_()[..., None]).addcmul_(out_b, (lse_b - lse).exp_()[..., None])
 
 
-def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    """Bool mask → additive float mask (what the kernel adds to the scores), built once per batch, not per layer."""
-    return torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool mask → additive mask in the attention's dtype (what the kernel adds to the scores),
+    built once per batch, not per layer, on the batch's device."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:

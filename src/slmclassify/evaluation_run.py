@@ -61,7 +61,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         accepted[row, [index[name] for name in names]] = True
     if plots_dir:
         _check_matplotlib("--plots")
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
 
     def run(config_task: Task) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings)

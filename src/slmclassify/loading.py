@@ -51,6 +51,14 @@ class LoadedModel:
     """Where it came from, for summaries."""
     engine: object | None = None
     """The fast-path engine built from this model (re-arranged weights), shared by classifiers."""
+    backend: object | None = None
+    """The `backends.Backend` the engine is built with (device, precision, GEMM kernel)."""
+    gemm_rates: dict | None = None
+    """The measured GEMM rates behind the backend choice (`backends.choice.measure`)."""
+    auto_precision: bool = False
+    """`--precision auto` on a CPU: the first Classifier checks the low precisions (`precision.py`)."""
+    auto_decision: dict | None = None
+    """What `--precision auto` decided: {"precision": ..., "tried": {precision: agreement}}."""
 
 
 def embedded_gguf_path() -> Path:
@@ -92,10 +100,48 @@ def set_threads() -> int:
     return threads
 
 
-def load_model(source: str | os.PathLike | None = None) -> LoadedModel:
-    """Load model and tokenizer from `source` (see the module docstring); `None` is the embedded model."""
+def load_model(source: str | os.PathLike | None = None, device: str | None = None,
+               precision: str | None = None) -> LoadedModel:
+    """Load model and tokenizer from `source` (see the module docstring); `None` is the embedded model.
+
+    `device` auto|cpu|cuda (auto: CUDA when available); `precision` auto|fp32|bf16|fp16|int8
+    (auto: bf16 on CUDA; on a CPU fp32 until a Classifier has checked that a low precision is
+    faster here and agrees with fp32, see `precision.py`). The Hugging Face model itself stays
+    float32 on the device: it is the reference path.
+    """
+    from .backends.device import check_precision, resolve_device
+
+    device = resolve_device(device)
+    precision = check_precision(precision)
     with _quiet_transformers():
-        return _load(source)
+        loaded = _load(source)
+    if device.type != "cpu":
+        loaded.model.to(device)
+    _attach_backend(loaded, device, precision)
+    return loaded
+
+
+def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None = None,
+               precision: str | None = None) -> LoadedModel:
+    """A LoadedModel around a model built in memory (e.g. random weights with a real model's
+    shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`."""
+    from .backends.device import check_precision, resolve_device
+
+    check_architecture(model.config.model_type, name)
+    device = resolve_device(device)
+    loaded = _finish(model.float().to(device), tokenizer, name=name)
+    _attach_backend(loaded, device, check_precision(precision))
+    return loaded
+
+
+def _attach_backend(loaded: LoadedModel, device: torch.device, precision: str) -> None:
+    from .backends.choice import make_backend
+
+    auto = precision == "auto"
+    if precision in (None, "auto"):  # auto on a CPU starts at fp32; precision.py may lower it
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    loaded.backend, loaded.gemm_rates = make_backend(loaded.model.config, device, precision, cache_root())
+    loaded.auto_precision = auto and device.type == "cpu"
 
 
 def _load(source: str | os.PathLike | None) -> LoadedModel:

@@ -21,7 +21,7 @@ def reference_scores(model: torch.nn.Module, prompt_ids: list[int], trie: LabelT
     """[L] label scores for one prompt: one prompt forward, then each label's continuation."""
     sequences = trie.sequences
     continued = any(len(seq) > 1 for seq in sequences)
-    out = model(input_ids=torch.tensor([prompt_ids]), logits_to_keep=1, use_cache=continued)
+    out = model(input_ids=torch.tensor([prompt_ids], device=model.device), logits_to_keep=1, use_cache=continued)
     first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # [V] next-token log-probs after the prompt
     if not continued:
         return torch.stack([first[seq[0]] for seq in sequences])
@@ -30,8 +30,8 @@ def reference_scores(model: torch.nn.Module, prompt_ids: list[int], trie: LabelT
         steps = first[seq[0]][None]
         if len(seq) > 1:
             past = copy.deepcopy(out.past_key_values)  # the prompt's keys/values, untouched for the next label
-            logits = model(input_ids=torch.tensor([list(seq[:-1])]), past_key_values=past, use_cache=True).logits[0]
+            logits = model(input_ids=torch.tensor([list(seq[:-1])], device=model.device), past_key_values=past, use_cache=True).logits[0]
             logprobs = torch.log_softmax(logits.float(), dim=-1)  # [len(seq)-1, V]
-            steps = torch.cat([steps, logprobs[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]])
+            steps = torch.cat([steps, logprobs[torch.arange(len(seq) - 1, device=model.device), torch.tensor(seq[1:], device=model.device)]])
         scores.append(steps.mean() if trie.mode == "full-mean" else steps.sum())
     return torch.stack(scores)

@@ -60,6 +60,7 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     lengths = [len(encoded.ids[i]) for i in indices]
     if lengths:
         _echo(f"probes: {len(indices)} rows, prompt tokens {min(lengths)}..{max(lengths)}")
+    _echo(f"engine: {engine_line(classifier.loaded)}")
     _echo(f"{report.summary()}; per-item path {report.reference_speed()} on the probes")
     return report
 
@@ -75,10 +76,25 @@ def _print_summary(classifier: Classifier, load_seconds: float, report: VerifyRe
     _echo(_cap_line(classifier.settings.max_text_tokens))
     _echo(f"batches: {s.batches}; padding: {100 * s.padding_share:.1f}% of processed tokens; "
           f"prefix: {s.prefix_tokens} tokens run once, {s.prefix_reused} reused; fallbacks: {s.fallbacks}")
+    _echo(f"engine: {engine_line(classifier.loaded)}")
     if report is not None:
         _echo(f"verify: {report.summary()}; per-item path {report.reference_speed()} on the probes")
     if output != "-":
         _echo(f"wrote {output}")
+
+
+def engine_line(loaded) -> str:
+    """Device, precision, GEMM kernel and the measurement behind the choice, for summaries."""
+    line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
+    rates = loaded.gemm_rates or {}
+    if rates.get("rates"):
+        measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
+        line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({'cached' if rates.get('cached') else 'measured now'})"
+    decision = loaded.auto_decision
+    if decision is not None:
+        tried = "; ".join(f"{p} {t['agree']}/{t['n']} agree" for p, t in decision["tried"].items()) or "none faster"
+        line += f"; precision auto: {decision['precision']} ({tried})"
+    return line
 
 
 def _cap_line(cap: int | None) -> str:

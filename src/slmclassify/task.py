@@ -151,9 +151,9 @@ class Task:
 
 
 _TOP_LEVEL = ("labels", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
-              "calibrate", "temperature", "token_budget", "max_rows")
+              "calibrate", "temperature", "token_budget", "max_rows", "device", "precision")
 _TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str, "calibrate": bool,
-          "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int}
+          "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int, "device": str, "precision": str}
 _KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false"}
 
 
@@ -218,9 +218,9 @@ def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | No
 
 
 def task_file_settings(path: str | Path) -> dict[str, Any]:
-    """Engine settings (token_budget, max_rows) stored in a task file, if any."""
+    """Engine settings (token_budget, max_rows, device, precision) stored in a task file, if any."""
     data = _read_toml(Path(path))
-    return {k: data[k] for k in ("token_budget", "max_rows") if k in data}
+    return {k: data[k] for k in ("token_budget", "max_rows", "device", "precision") if k in data}
 
 
 __all__ = ["Task", "Example", "MODES", "build_task", "parse_labels", "DEFAULT_INSTRUCTION", "task_file_settings"]

@@ -8,6 +8,7 @@ Linux) > the built-in defaults of `EngineSettings`.
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 from .classifier import EngineSettings
@@ -36,21 +37,24 @@ def saved_settings() -> dict[str, int]:
 
 
 def engine_settings(task_file=None, token_budget: int | None = None, max_rows: int | None = None,
-                    max_text_tokens: int | None = None) -> EngineSettings:
+                    max_text_tokens: int | None = None, device: str | None = None,
+                    precision: str | None = None) -> EngineSettings:
     """Merge the sources (see the module docstring); None means "not given".
 
     `max_text_tokens`: None keeps the default cap, `NO_CAP` removes it, a positive number sets it.
+    `device`, `precision`: the flags, else the task file's keys of those names.
     """
     stored = {**saved_settings(), **(task_file_settings(task_file) if task_file else {})}
     values = {
         "token_budget": token_budget if token_budget is not None else stored.get("token_budget"),
         "max_rows": max_rows if max_rows is not None else stored.get("max_rows"),
+        "device": device if device is not None else stored.get("device"),
+        "precision": precision if precision is not None else stored.get("precision"),
     }
     settings = EngineSettings(**{k: v for k, v in values.items() if v is not None})
     if max_text_tokens is None:
         return settings
-    return EngineSettings(token_budget=settings.token_budget, max_rows=settings.max_rows,
-                          max_text_tokens=None if max_text_tokens == NO_CAP else max_text_tokens)
+    return replace(settings, max_text_tokens=None if max_text_tokens == NO_CAP else max_text_tokens)
 
 
 def save_settings(**values: int) -> Path:

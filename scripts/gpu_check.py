@@ -1,0 +1,120 @@
+"""GPU check: random-weight models with the SmolLM2-135M and Qwen2.5-0.5B shapes and the embedded
+model's tokenizer, the article's workload, on one CUDA device; prints one table.
+
+Needs PyTorch with CUDA and transformers (any recent version); no network. The tokenizer comes from
+--tokenizer DIR, or the embedded model's converted folder in the user cache (~/.cache/slmclassify/
+gguf-*), or scripts/tokenizer/ next to this file.
+
+usage: python scripts/gpu_check.py [--n 600] [--budget 32768] [--rows 512] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from slmclassify import Classifier, EngineSettings  # noqa: E402
+from slmclassify.bench import run_bench  # noqa: E402
+from slmclassify.loading import cache_root, wrap_model  # noqa: E402
+from slmclassify.precision import agreement  # noqa: E402
+from slmclassify.workload import ARTICLE_TASK, article_tickets  # noqa: E402
+
+SHAPES = {  # the real models' configurations (as in /work/shared/tools/hf_anchor.py)
+    "SmolLM2-135M": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                                   rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)),
+    "Qwen2.5-0.5B": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                                   rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)),
+}
+
+
+def find_tokenizer(given: str | None) -> str:
+    candidates = [Path(given)] if given else []
+    candidates += sorted(cache_root().glob("gguf-*"), reverse=True) + [ROOT / "scripts" / "tokenizer"]
+    for folder in candidates:
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+            return str(folder)
+    sys.exit("gpu_check: no tokenizer found; pass --tokenizer DIR (the embedded model's converted folder, "
+             "e.g. ~/.cache/slmclassify/gguf-*, copied from a machine that ran `make setup`)")
+
+
+def build(kind: str, config: dict, tokenizer, name: str, precision: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    cls, cfg = (LlamaForCausalLM, LlamaConfig) if kind == "llama" else (Qwen2ForCausalLM, Qwen2Config)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = cls(cfg(**config, pad_token_id=tokenizer.pad_token_id or 0))
+    return wrap_model(model, tokenizer, name=f"{name} (random weights)", device="cuda", precision=precision)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--budget", type=int, default=32768, help="token budget per batch on the GPU")
+    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_check: PyTorch sees no CUDA device")
+    import transformers
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(find_tokenizer(args.tokenizer))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    texts = article_tickets(args.n)
+    task = ARTICLE_TASK.with_overrides(mode="first")
+    settings = EngineSettings(token_budget=args.budget, max_rows=args.rows)
+    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"{args.n} article tickets; token budget {args.budget}, {args.rows} rows", flush=True)
+    summary = []
+    for name, (kind, config) in SHAPES.items():
+        started = time.perf_counter()
+        loaded = build(kind, config, tokenizer, name, "bf16")
+        report = run_bench(loaded, texts, task, settings, log=lambda m: print(f"  {m}", flush=True))
+        rows = {r.name.split()[0] + ("+" if "+prefix" in r.name else ""): r for r in report.rows}
+        # ours bf16 against ours fp32 (the exact path) on every item
+        fp32 = Classifier(task, model=build(kind, config, tokenizer, name, "fp32"), settings=settings)
+        bf16 = Classifier(task, model=loaded, settings=settings)
+        same = agreement(bf16.score(bf16.encode(texts)), fp32.score(fp32.encode(texts)))
+        plain = max((r for k, r in rows.items() if k.startswith("h")), key=lambda r: r.items_per_s)
+        summary.append({
+            "model": name, "loop": rows["a"].items_per_s, "batch32_sorted": rows["c"].items_per_s,
+            "hf_best": plain.items_per_s, "hf_best_config": plain.name, "ours_bf16": rows["d"].items_per_s,
+            "ours_fp32": rows["g"].items_per_s, "x_hf_best": rows["d"].items_per_s / plain.items_per_s,
+            "agree_fp32": same.share, "max_dprob": same.max_prob_diff, "engine": report.engine,
+            "seconds": time.perf_counter() - started,
+        })
+        print(report.table(), flush=True)
+        del fp32, bf16, loaded
+        torch.cuda.empty_cache()
+    head = (f"{'model':<14} {'loop':>7} {'c sorted32':>10} {'HF best':>8} {'ours bf16':>9} {'ours fp32':>9} "
+            f"{'x HF best':>9} {'agree fp32':>10} {'max|Δp|':>8}")
+    print("\n" + head + "\n" + "-" * len(head))
+    for s in summary:
+        print(f"{s['model']:<14} {s['loop']:>7.1f} {s['batch32_sorted']:>10.1f} {s['hf_best']:>8.1f} "
+              f"{s['ours_bf16']:>9.1f} {s['ours_fp32']:>9.1f} {s['x_hf_best']:>8.2f}x "
+              f"{100 * s['agree_fp32']:>9.2f}% {s['max_dprob']:>8.1e}")
+    print("items/s; HF rows run in bf16 (transformers as a user would); ours bf16 agreement is with ours fp32 "
+          "(exact against the per-item reference)")
+    line = json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "transformers": transformers.__version__, "n": args.n, "rows": summary})
+    if args.json:
+        Path(args.json).write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Choosing a backend by measurement, once per machine and model, cached in the user cache folder.
+
+For float32 on a CPU the exact kernels (MKL `mm`, oneDNN prepacked) are timed on the model's
+own GEMM shapes (≤ 2 s): which is faster depends on the CPU (oneDNN was 1.2x faster on an AMD
+EPYC, 5% slower on an Intel Xeon). The same measurement gives each low precision's speed over
+float32, which `precision.py` needs before it checks agreement. Results are kept in
+`<cache>/backends.json` under a key naming the machine (CPU, threads, torch) and the model's
+shapes, so later runs reuse them without timing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import gemm
+from .device import DTYPES, Backend, cpu_native
+
+CACHE_FILE = "backends.json"
+MEASURE_SECONDS = 2.0
+
+
+def machine_key(device: torch.device) -> str:
+    """What the measurement depends on besides the model: the processor, threads and torch."""
+    if device.type == "cuda":
+        chip = torch.cuda.get_device_name(device)
+    else:
+        chip = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as fh:
+                chip = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), chip)
+        except OSError:
+            pass
+    return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+
+
+def model_key(config) -> str:
+    return (f"{config.model_type}|h{config.hidden_size}|i{config.intermediate_size}|"
+            f"a{config.num_attention_heads}|kv{config.num_key_value_heads or config.num_attention_heads}")
+
+
+def gemm_shapes(config) -> list[tuple[int, int]]:
+    """[in, out] of the engine's four GEMMs per layer: qkv, o, gate_up, down."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    heads = config.num_attention_heads
+    kv = config.num_key_value_heads or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return [(hidden, (heads + 2 * kv) * head_dim), (heads * head_dim, hidden), (hidden, 2 * inter), (inter, hidden)]
+
+
+def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm") -> str:
+    """The GEMM kernel of a precision on a device (fp32: the measured choice)."""
+    if precision == "fp32":
+        return fp32_kernel
+    if precision == "int8":
+        if device.type != "cpu":
+            from ..errors import TaskError
+
+            raise TaskError("--precision int8 runs on the CPU only (dynamic quantisation); "
+                            "use bf16 or fp16 on CUDA")
+        return gemm.int8_engine() or "int8-onednn"
+    return precision  # bf16, fp16
+
+
+def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> dict:
+    """The machine's GEMM rates on this model's shapes: {"gemm": fp32 kernel, "rates": {kernel: GFLOP/s}}.
+
+    Read from the cache when this machine and model were measured before.
+    """
+    key = f"{machine_key(device)}|{model_key(config)}"
+    cache = _read(cache_dir)
+    if key in cache:
+        return {**cache[key], "cached": True}
+    kernels = gemm.fp32_kernels(device)
+    if device.type == "cpu":
+        kernels += [k for k in ("bf16", "fp16") if cpu_native(k)]
+        if cpu_native("int8"):
+            kernels.append(kernel_for("int8", device))
+    else:
+        kernels += ["bf16", "fp16"]
+    weights = [torch.randn(i, o, device=device) * 0.02 for i, o in gemm_shapes(config)]
+    rows = 1024 if device.type == "cpu" else 8192
+    started = time.perf_counter()
+    rates = gemm.time_kernels(kernels, weights, _dtype_of, rows=rows, budget_s=MEASURE_SECONDS)
+    fp32 = max(gemm.fp32_kernels(device), key=lambda k: rates[k])
+    entry = {"gemm": fp32, "rates": {k: round(v, 1) for k, v in rates.items()},
+             "measured": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.perf_counter() - started, 2)}
+    if log:
+        log(f"GEMM kernels on this model's shapes: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
+            + f" GFLOP/s; float32 uses {fp32}")
+    cache[key] = entry
+    _write(cache_dir, cache)
+    return {**entry, "cached": False}
+
+
+def make_backend(config, device: torch.device, precision: str, cache_dir: Path | None, log=None) -> tuple[Backend, dict]:
+    """The backend for a concrete precision (not auto), with the (cached) measurement behind it."""
+    measured = measure(config, device, cache_dir, log)
+    return Backend(device=device, precision=precision, gemm=kernel_for(precision, device, measured["gemm"])), measured
+
+
+def speedup(measured: dict, precision: str, device: torch.device) -> float:
+    """GEMM rate of a precision over the float32 choice's (0 when it was not measured: not native)."""
+    rates = measured["rates"]
+    kernel = kernel_for(precision, device)
+    return rates.get(kernel, 0.0) / rates[measured["gemm"]]
+
+
+def _dtype_of(kernel: str) -> torch.dtype:
+    return DTYPES.get(kernel, torch.float32)
+
+
+def _read(cache_dir: Path | None) -> dict:
+    if cache_dir is None:
+        return {}
+    try:
+        return json.loads((Path(cache_dir) / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(cache_dir: Path | None, cache: dict) -> None:
+    """Atomic write (several processes may measure at once; the last one wins, all are valid)."""
+    if cache_dir is None:
+        return
+    folder = Path(cache_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".backends-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(cache, fh, indent=1, sort_keys=True)
+        os.replace(tmp, folder / CACHE_FILE)
+    except OSError:
+        pass  # a read-only cache folder only costs a re-measurement next time

@@ -1,0 +1,106 @@
+"""A `Backend`: the device, the precision, the GEMM kernel and the attention kernel of one engine.
+
+The residual stream, the norms and the output layer always run in float32; `dtype` is the
+precision of the attention inputs (and of the GEMMs for bf16/fp16). int8 keeps float32
+activations and quantises only the linear layers' weights (dynamic quantisation: activations
+are quantised per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from ..errors import TaskError
+from . import attention, gemm
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How one engine computes: device, precision and kernels. Built by `make_backend`."""
+
+    device: torch.device
+    """Where the weights, the batch and every index/mask tensor live."""
+    precision: str
+    """fp32, bf16, fp16 or int8 (never auto: resolved before a backend is built)."""
+    gemm: str
+    """The linear-layer kernel: one of `gemm.KERNELS` (e.g. mkl, onednn, int8-onednn, bf16, cuda)."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in DTYPES:
+            raise TaskError(f"--precision must be one of {', '.join(PRECISIONS[1:])} here, got {self.precision!r}")
+        if self.gemm not in gemm.KERNELS:
+            raise TaskError(f"unknown GEMM kernel {self.gemm!r}; known are {', '.join(gemm.KERNELS)}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Precision of the attention's q/k/v and of the mask."""
+        return DTYPES[self.precision]
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> gemm.LinearOp:
+        """A linear op computing x @ weight (+ bias) for `weight` [in, out] in float32."""
+        return gemm.KERNELS[self.gemm](weight, bias, self.dtype)
+
+    def attend(self, q, k, v, mask, causal: bool = True):
+        """(out [B, Q, H, D], lse [B, Q, H] float32) for q [B, H, Q, D]; see `attention.attend_cpu`."""
+        kernel = attention.attend_cuda if self.device.type == "cuda" else attention.attend_cpu
+        return kernel(q, k, v, mask, causal)
+
+    def describe(self) -> str:
+        return f"{self.device.type} {self.precision} ({self.gemm} GEMM)"
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """`auto` (or None) → cuda when available, else cpu; `cuda` without a GPU is an error."""
+    name = "auto" if name is None else str(name)
+    if name not in DEVICES and not name.startswith("cuda:"):
+        raise TaskError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TaskError(f"--device {name}: no CUDA device is available to this PyTorch "
+                        f"({torch.__version__}); use --device cpu")
+    return torch.device(name)
+
+
+def check_precision(precision: str | None) -> str | None:
+    """None (the default: fp32 on CPU, bf16 on CUDA) or one of PRECISIONS."""
+    if precision is not None and precision not in PRECISIONS:
+        raise TaskError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+@lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_native(precision: str) -> bool:
+    """Whether this CPU multiplies `precision` matrices in hardware.
+
+    bf16 needs AVX512-BF16 or AMX-BF16, fp16 AVX512-FP16 or AMX-FP16: without them PyTorch's
+    bf16/fp16 matmuls fall back to scalar code (~1 GFLOP/s measured on an AMD EPYC, 100x slower
+    than float32), so `--precision auto` never tries them there. int8 dynamic quantisation
+    runs on any x86 CPU PyTorch supports (VNNI makes it faster).
+    """
+    flags = _cpu_flags()
+    if precision == "bf16":
+        return bool({"avx512_bf16", "amx_bf16"} & flags)
+    if precision == "fp16":
+        return bool({"avx512_fp16", "amx_fp16"} & flags)
+    if precision == "int8":
+        return gemm.int8_engine() is not None
+    return precision == "fp32"

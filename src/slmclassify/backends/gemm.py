@@ -1,0 +1,158 @@
+"""Linear-layer kernels: one small op object per weight, called by the engine instead of
+`torch.mm(x, w)`. Each computes x @ w (+ bias) for x [N, in] and a weight given as [in, out].
+
+    mm           float32 `torch.mm` on the weight itself (MKL on CPU, cuBLAS on CUDA); no copy
+    onednn       float32 oneDNN with the weight re-packed once into its blocked layout (a copy)
+    int8-<eng>   dynamic int8 quantisation (PyTorch's quantized engine <eng>: onednn, x86, fbgemm):
+                 weights quantised once per output channel, activations per call; output float32
+    bf16, fp16   the weight cast once; inputs cast per call; output in that precision
+
+`add_(h, x)` adds the product into the float32 residual stream in place.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+class LinearOp:
+    """x @ w (+ bias) for x [N, in]."""
+
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def add_(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """h += x @ w (+ bias), in place; returns h."""
+        return h.add_(self(x))
+
+
+class MmLinear(LinearOp):
+    """float32 `torch.mm` on the shared [in, out] weight (no copy)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        self.weight, self.bias, self.out_features = weight, bias, weight.shape[1]
+
+    def __call__(self, x):
+        return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
+
+    def add_(self, h, x):
+        h.addmm_(x, self.weight)
+        return h if self.bias is None else h.add_(self.bias)
+
+
+class OneDnnLinear(LinearOp):
+    """float32 oneDNN linear on a weight re-packed once (a copy in oneDNN's blocked layout)."""
+
+    def __init__(self, weight, bias, dtype):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), None)
+        self.bias, self.out_features = bias, weight.shape[1]
+
+    def __call__(self, x):
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class Int8Linear(LinearOp):
+    """Dynamic int8: the weight quantised symmetrically per output channel, activations per call."""
+
+    engine = "onednn"
+
+    def __init__(self, weight, bias, dtype):
+        w = weight.t().contiguous().float()  # [out, in]
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        previous = torch.backends.quantized.engine
+        try:
+            torch.backends.quantized.engine = self.engine
+            with warnings.catch_warnings():  # quantized tensors are deprecated but still the only CPU int8 path
+                warnings.simplefilter("ignore")
+                q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+                self.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
+        finally:
+            torch.backends.quantized.engine = previous
+        self.out_features = weight.shape[1]
+
+    def __call__(self, x):
+        # reduce_range=False: full 8-bit activations; safe with VNNI/AMX and with the onednn engine.
+        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, False)
+
+
+class Int8X86Linear(Int8Linear):
+    engine = "x86"
+
+
+class Int8FbgemmLinear(Int8Linear):
+    engine = "fbgemm"
+
+
+class CastLinear(LinearOp):
+    """bf16/fp16 (or float32 on CUDA): the weight cast once, the input cast per call."""
+
+    def __init__(self, weight, bias, dtype):
+        self.dtype = dtype
+        self.weight = weight.to(dtype).contiguous()
+        self.bias = None if bias is None else bias.to(dtype)
+        self.out_features = weight.shape[1]
+
+    def __call__(self, x):
+        x = x.to(self.dtype)
+        return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
+
+
+KERNELS: dict[str, Callable[..., LinearOp]] = {
+    "mm": MmLinear, "onednn": OneDnnLinear, "int8-onednn": Int8Linear, "int8-x86": Int8X86Linear,
+    "int8-fbgemm": Int8FbgemmLinear, "bf16": CastLinear, "fp16": CastLinear,
+}
+
+
+def fp32_kernels(device: torch.device) -> list[str]:
+    """The exact float32 kernels worth timing on this device."""
+    if device.type == "cpu" and torch.backends.mkldnn.is_available():
+        return ["mm", "onednn"]
+    return ["mm"]
+
+
+def int8_engine() -> str | None:
+    """The int8 kernel for this CPU: oneDNN's if PyTorch has it, else x86/fbgemm, else None."""
+    engines = torch.backends.quantized.supported_engines
+    for name in ("onednn", "x86", "fbgemm"):
+        if name in engines:
+            return f"int8-{name}"
+    return None
+
+
+def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_of: Callable[[str], torch.dtype],
+                 rows: int = 1024, budget_s: float = 2.0) -> dict[str, float]:
+    """GFLOP/s of each kernel on `weights` ([in, out] each, the model's own shapes) at `rows` tokens.
+
+    The kernels run interleaved, round after round, so that a machine shared with other work
+    slows them alike; each kernel's best round counts. Stops after `budget_s` seconds (building
+    the ops included), having run at least two rounds.
+    """
+    start = time.perf_counter()
+    device = weights[0].device
+    ops = {name: [KERNELS[name](w, None, dtype_of(name)) for w in weights] for name in kernels}
+    xs = [torch.randn(rows, w.shape[0], device=device) for w in weights]
+    flops = sum(2 * rows * w.shape[0] * w.shape[1] for w in weights)
+    best = {name: float("inf") for name in kernels}
+    for name in kernels:  # warm-up (first calls allocate and pick algorithms)
+        for op, x in zip(ops[name], xs):
+            op(x)
+    rounds = 0
+    while rounds < 2 or time.perf_counter() - start < budget_s:
+        for name in kernels:
+            t0 = time.perf_counter()
+            for op, x in zip(ops[name], xs):
+                op(x)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best[name] = min(best[name], time.perf_counter() - t0)
+        rounds += 1
+        if rounds >= 50:
+            break
+    return {name: flops / seconds / 1e9 for name, seconds in best.items()}

@@ -1,0 +1,225 @@
+"""Device and precision backends: each precision's fast path against the float32 reference on
+tiny random Llama and Qwen2 models, the cached GEMM choice, `--precision auto`'s agreement gate,
+and the CUDA kernels (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from slmclassify import Classifier, EngineSettings, Task
+from slmclassify.backends import attention, cpu_native
+from slmclassify.backends.choice import CACHE_FILE, kernel_for, machine_key, model_key
+from slmclassify.loading import load_model
+from slmclassify.precision import agreement
+
+from test_engine import random_texts
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TASK = Task(labels=("billing", "technical", "account", "accounting"), mode="full",
+            user_template="Ticket: {text}\nCategory:")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _scores(model_dir, precision, device="cpu", n=24, task=TASK):
+    clf = Classifier(task, model=load_model(str(model_dir), device=device, precision=precision))
+    encoded = clf.encode(random_texts(n, seed=5))
+    return clf, clf.score(encoded), clf.reference(encoded, range(n))
+
+
+# Tolerances on |Δ label log-prob|. The tiny random models have label log-probs of -10 .. -50
+# (random weights of std 0.2): int8's ~1% per-GEMM error becomes up to ~0.9 there (measured 0.86),
+# bf16's up to ~0.25; a wrong kernel (transposed weight, lost bias) gives tens.
+TOLERANCE = {"fp32": 1e-4, "int8": 1.5, "bf16": 0.5}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
+def test_precision_matches_reference(tiny_model_dir, precision):
+    if precision == "bf16" and not cpu_native("bf16"):
+        pytest.skip("this CPU has no native bf16")
+    clf, fast, ref = _scores(tiny_model_dir, precision)
+    assert clf.engine.backend.precision == precision
+    diff = np.abs(fast - ref).max()
+    assert diff <= TOLERANCE[precision], f"{precision}: max |Δ log-prob| {diff:.2e}\nfast:\n{fast}\nreference:\n{ref}"
+    if precision == "fp32":
+        assert (fast.argmax(1) == ref.argmax(1)).all()
+    else:
+        assert diff > 1e-3  # really computed in low precision
+        agree = agreement(fast, ref)
+        assert agree.share >= 0.9 and agree.max_prob_diff <= 0.15, agree
+
+
+def test_attention_kernel_matches_math(tiny_model_dir):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 7, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
+    mask = torch.zeros(2, 1, 7, 7).masked_fill_(torch.rand(2, 1, 7, 7) < 0.3, float("-inf"))
+    mask[..., 0] = 0  # every query sees one key
+    for m, causal in ((None, True), (None, False), (mask, True)):
+        out, lse = attention.attend_cpu(q, k, v, m, causal)
+        ref_out, ref_lse = attention.attend_math(q, k, v, m, causal)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):
+    loaded = load_model(str(llama_dir), device="cpu")
+    assert loaded.gemm_rates["cached"] is False
+    assert loaded.backend.gemm == loaded.gemm_rates["gemm"] in loaded.gemm_rates["rates"]
+    path = tmp_path / "cache" / "slmclassify" / CACHE_FILE
+    stored = json.loads(path.read_text())
+    key = f"{machine_key(torch.device('cpu'))}|{model_key(loaded.model.config)}"
+    assert stored[key]["gemm"] == loaded.backend.gemm
+    # A planted choice is reused as is: nothing is re-timed.
+    other = "onednn" if loaded.backend.gemm == "mm" else "mm"
+    stored[key]["gemm"] = other
+    path.write_text(json.dumps(stored))
+    again = load_model(str(llama_dir), device="cpu")
+    assert again.gemm_rates["cached"] is True
+    assert again.backend.gemm == other
+    clf = Classifier(TASK, model=again)
+    encoded = clf.encode(random_texts(6, seed=1))
+    assert np.abs(clf.score(encoded) - clf.reference(encoded, range(6))).max() <= 1e-4
+
+
+def _plant_rates(model_dir, rates: dict) -> None:
+    """Pretend the GEMM measurement found these rates (the auto gate then reads them)."""
+    loaded = load_model(str(model_dir), device="cpu")
+    key = f"{machine_key(torch.device('cpu'))}|{model_key(loaded.model.config)}"
+    from slmclassify.loading import cache_root
+
+    path = cache_root() / CACHE_FILE
+    stored = json.loads(path.read_text())
+    stored[key]["rates"].update(rates)
+    stored[key]["gemm"] = "mm"
+    path.write_text(json.dumps(stored))
+
+
+def test_auto_picks_a_faster_low_precision_that_agrees(llama_dir, monkeypatch):
+    from slmclassify import precision as prec
+
+    kernel = kernel_for("int8", torch.device("cpu"))
+    _plant_rates(llama_dir, {"mm": 10.0, "onednn": 9.0, kernel: 40.0, "bf16": 0.0, "fp16": 0.0})
+    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
+    assert clf.loaded.auto_decision["tried"]["int8"]["n"] == prec.AGREEMENT_ITEMS
+    share = clf.loaded.auto_decision["tried"]["int8"]["agree"] / prec.AGREEMENT_ITEMS
+    expected = "int8" if share >= prec.MIN_AGREEMENT else "fp32"
+    assert clf.engine.backend.precision == expected == clf.loaded.auto_decision["precision"]
+
+
+def test_auto_rejects_a_low_precision_that_disagrees(llama_dir, monkeypatch):
+    """A faster precision whose predictions differ from fp32 on > 1% of items is not picked."""
+    from slmclassify import precision as prec
+
+    kernel = kernel_for("int8", torch.device("cpu"))
+    _plant_rates(llama_dir, {"mm": 10.0, "onednn": 9.0, kernel: 40.0, "bf16": 0.0, "fp16": 0.0})
+    real = prec.agreement
+    monkeypatch.setattr(prec, "agreement", lambda low, fp32: real(-low, fp32))  # a broken precision
+    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
+    assert clf.loaded.auto_decision["precision"] == "fp32"
+    assert clf.loaded.auto_decision["tried"]["int8"]["agree"] < prec.AGREEMENT_ITEMS
+    assert clf.engine.backend.precision == "fp32"
+    encoded = clf.encode(random_texts(5, seed=2))
+    assert np.abs(clf.score(encoded) - clf.reference(encoded, range(5))).max() <= 1e-4
+
+
+def test_auto_never_tries_a_precision_that_is_not_faster(llama_dir):
+    _plant_rates(llama_dir, {"mm": 50.0, "onednn": 40.0, "int8-onednn": 10.0, "int8-x86": 10.0,
+                             "int8-fbgemm": 10.0, "bf16": 1.0, "fp16": 1.0})
+    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
+    assert clf.loaded.auto_decision == {"precision": "fp32", "tried": {}}
+
+
+def test_bf16_is_not_a_candidate_without_native_support(monkeypatch):
+    from slmclassify.backends import device
+
+    monkeypatch.setattr(device, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert not device.cpu_native("bf16") and not device.cpu_native("fp16")
+    from slmclassify.precision import candidates
+
+    measured = {"gemm": "mm", "rates": {"mm": 10.0, "bf16": 100.0, "fp16": 100.0}}
+    assert candidates(measured, torch.device("cpu")) == []
+
+
+def test_bad_device_and_precision_are_clear_errors():
+    from slmclassify.errors import TaskError
+
+    with pytest.raises(TaskError, match="--precision must be one of"):
+        EngineSettings(precision="int4")
+    with pytest.raises(TaskError, match="--device must be one of"):
+        EngineSettings(device="tpu")
+    if not torch.cuda.is_available():
+        from slmclassify.backends import resolve_device
+
+        with pytest.raises(TaskError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_matches_reference(tiny_model_dir, precision):
+    clf, fast, ref = _scores(tiny_model_dir, precision, device="cuda")
+    assert clf.engine.device.type == "cuda" and clf.loaded.model.device.type == "cuda"
+    assert np.abs(fast - ref).max() <= TOLERANCE[precision]
+    assert agreement(fast, ref).share >= 0.9
+
+
+@cuda
+def test_cuda_attention_matches_math():
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    q, k, v = (torch.randn(2, h, 37, 64, device=dev) for h in (4, 2, 2))
+    mask = torch.zeros(2, 1, 37, 37, device=dev).masked_fill_(torch.rand(2, 1, 37, 37, device=dev) < 0.3, float("-inf"))
+    mask[..., 0] = 0
+    for m, causal in ((None, True), (None, False), (mask, True)):
+        out, lse = attention.attend_cuda(q, k, v, m, causal)
+        ref_out, ref_lse = attention.attend_math(q, k, v, m, causal)
+        torch.testing.assert_close(out, ref_out, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(lse, ref_lse, atol=2e-4, rtol=2e-4)
+
+
+def test_verify_int8_reports_agreement_with_fp32(llama_dir, tmp_path):
+    from test_cli import LABEL_ARG, invoke, write_input
+
+    src = write_input(tmp_path / "in.csv")
+    result = invoke("verify", src, "--labels", LABEL_ARG, "--model", llama_dir, "--device", "cpu",
+                    "--precision", "int8", "--n", 3)
+    assert "engine: cpu int8 (int8-" in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert "agree with the float32 per-item path, max |Δ probability| " in line
+    assert "(int8: ≥ 99% agree)" in line or "(int8: AGREEMENT TOO LOW)" in line
+
+
+def test_task_file_precision_and_flag_precedence(llama_dir, tmp_path):
+    from test_cli import LABEL_ARG, invoke, write_input
+
+    src = write_input(tmp_path / "in.csv")
+    task = tmp_path / "task.toml"
+    task.write_text(f'labels = {list(LABEL_ARG.split(","))!r}\nprecision = "int8"\ndevice = "cpu"\n'.replace("'", '"'))
+    result = invoke("verify", src, "--task", task, "--model", llama_dir, "--n", 2)
+    assert "engine: cpu int8 (" in result.stderr
+    result = invoke("verify", src, "--task", task, "--model", llama_dir, "--n", 2, "--precision", "fp32")
+    assert "engine: cpu fp32 (" in result.stderr
+    assert "(identical predictions)" in result.stderr
+
+
+def test_plain_transformers_token_budget_rows_match_the_loop(llama_loaded):
+    """bench's (h) rows (run on CUDA) are device-agnostic: on CPU in float32 they equal the loop."""
+    from slmclassify.backends.hf_plain import token_budget_scores
+    from slmclassify.bench import article_loop
+    from slmclassify.workload import ARTICLE_TASK
+
+    clf = Classifier(ARTICLE_TASK, model=llama_loaded)
+    texts = random_texts(9, seed=4, max_words=30)
+    prompts = [clf.renderer.render(t) for t in texts]
+    loop = article_loop(llama_loaded, prompts, ARTICLE_TASK.labels)
+    for prefix in ([], clf.prefix_ids):
+        scores, padding = token_budget_scores(llama_loaded, prompts, ARTICLE_TASK.labels, prefix, budget=200, max_rows=4)
+        assert np.abs(scores - loop).max() <= 1e-4
+        assert 0 <= padding < 1
