@@ -436,7 +436,9 @@ def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_batch_ro
         max_wait_ms=DEFAULT_MAX_WAIT_MS if max_wait_ms is None else max_wait_ms, max_texts=max_texts,
         max_body_bytes=max_body_bytes, max_queue_items=max_queue, request_timeout_s=request_timeout,
         api_key=api_key or None)
-    engine = build_settings(None, token_budget, max_batch_rows, max_text_tokens)
+    from .tuning import engine_settings
+
+    engine = engine_settings(None, token_budget, max_batch_rows, max_text_tokens)
     from .serve.server import bind, build_service, serve as run_server
 
     bind(host, port).close()  # a taken port fails now, not after the model has loaded
