@@ -12,7 +12,6 @@ from click.testing import CliRunner
 from slmclassify.classifier import DEFAULT_MAX_TEXT_TOKENS, EngineSettings
 from slmclassify.cli import cli, main
 from slmclassify.encode import EncodedItems
-from slmclassify.errors import TaskError
 from slmclassify.tuning import NO_CAP, engine_settings
 from slmclassify.verify import PROBE_MAX_TOKENS, VerifyReport, pick_probes
 
