@@ -123,6 +123,24 @@ def _fold_norm(norm: torch.nn.Module, *linears: torch.nn.Linear) -> None:
     norm.weight = torch.nn.Parameter(torch.ones_like(weight), requires_grad=False)
 
 
+def _own_remaining(model: torch.nn.Module, layers: list[_Layer]) -> None:
+    """Copy every parameter that does not live in the engine's tensors (embeddings, norms, q/k)
+    into memory of its own, so that nothing references the loaded file's memory map any more and
+    it is unmapped: its pages, all read while arranging, would otherwise stay in the process's
+    resident memory next to the arranged copies. Tied parameters stay tied."""
+    engine = {t.untyped_storage().data_ptr() for layer in layers
+              for t in (layer.qkv, layer.qkv_bias, layer.o, layer.o_bias, layer.gate_up, layer.gate_up_bias, layer.down)
+              if t is not None}
+    clones: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or param.untyped_storage().data_ptr() in engine:
+                continue
+            if id(param) not in clones:
+                clones[id(param)] = torch.nn.Parameter(param.detach().clone(), requires_grad=False)
+            module._parameters[name] = clones[id(param)]
+
+
 def _shared_in_out(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate linears that read the same input as one [in, sum(out)] weight, shared with them."""
     weight = torch.cat([lin.weight.t() for lin in linears], dim=1)  # [in, sum(out)], contiguous
@@ -163,6 +181,7 @@ class Engine:
             before = model(input_ids=probe, logits_to_keep=1).logits
         with torch.no_grad():
             self.layers = [self._arrange(layer) for layer in base.layers]
+            _own_remaining(model, self.layers)
         with torch.inference_mode():
             after = model(input_ids=probe, logits_to_keep=1).logits
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
