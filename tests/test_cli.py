@@ -721,3 +721,102 @@ def test_input_column_named_like_a_result_column_is_not_lost(run_main, model_arg
     out = read_output(target)
     kept = [col for col in out.columns if out[col].tolist() == ["technical", "account"]]
     assert kept, "the input's 'label' values are gone from the output"
+
+
+# --------------------------------------------------------------------------- 10. streaming I/O (issues 8 and 9)
+
+
+@pytest.mark.parametrize(("output", "fragment"), [
+    ("missing/out.csv", "output folder does not exist"),
+    ("out.xlsx", "unknown format '.xlsx'"),
+    ("afile/out.csv", "afile is a file, not a folder"),
+    ("adir", "is a folder; give a file name"),
+], ids=["missing-folder", "unknown-extension", "file-as-folder", "folder-as-output"])
+def test_output_problems_before_model_load(run_main, no_model_load, tmp_path, output, fragment):
+    """Regression: output problems were found only after all the work (8 minutes on 100k rows)."""
+    src = write_input(tmp_path / "in.csv")
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    code, out, err = run_main("classify", src, "-o", tmp_path / output, "--labels", LABEL_ARG,
+                              "--model", tmp_path / "no-model")
+    assert_error(code, err, fragment)
+    assert out == ""
+
+
+def test_ragged_csv_row_is_refused_not_shifted(run_main, no_model_load, tmp_path):
+    """Regression: `id,text / 1,hello, world / 2,ok` exited 0 with ids dropped and rows shifted."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,text\n1,hello, world\n2,ok\n")
+    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG,
+                            "--model", tmp_path / "no-model")
+    assert_error(code, err, str(src), "row 1 has 3 fields, the header has 2", "quote fields that contain commas")
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_utf16_csv_is_named_not_utf8(run_main, no_model_load, tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_bytes("id,text\n1,hello\n".encode("utf-16"))
+    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG,
+                            "--model", tmp_path / "no-model")
+    assert_error(code, err, str(src), "the file is not UTF-8 (it looks like UTF-16)")
+
+
+def test_unusual_jsonl_values_to_parquet(model_arg, tmp_path):
+    """Regression: a list as the text, mixed-type columns to Parquet and a lone surrogate crashed."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": 1, "text": ["my", "card"], "x": 1}\n{"id": "two", "text": "crash", "x": [1]}\n'
+                   '{"id": 3, "text": "bad \\ud800", "x": null}\n', encoding="utf-8")
+    target = tmp_path / "out.parquet"
+    invoke("classify", src, "-o", target, "--errors", "replace", "--no-verify", "--labels", LABEL_ARG, *model_arg)
+    out = pd.read_parquet(target)
+    assert out["id"].tolist() == ["1", "two", "3"]  # mixed types: stored as JSON text
+    assert out["text"].tolist() == ['["my", "card"]', "crash", "bad \ufffd"]
+    assert out["status"].tolist() == ["ok", "ok", "ok"]
+
+
+def test_output_mode_follows_umask(model_arg, tmp_path):
+    """Regression: output files were created with mode 0600."""
+    src = write_input(tmp_path / "in.csv")
+    old = os.umask(0o022)
+    try:
+        invoke("classify", src, "-o", tmp_path / "out.csv", "--no-verify", "--labels", LABEL_ARG, *model_arg)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.csv").stat().st_mode & 0o777 == 0o644
+
+
+def test_summary_counts_duplicates(model_arg, tmp_path):
+    rows = [("1", "crash"), ("2", "refund please"), ("3", "crash"), ("4", "crash"), ("5", "")]
+    src = write_csv(tmp_path / "in.csv", rows, header=("id", "text"))
+    result = invoke("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, *model_arg)
+    assert "items: 5 (4 scored, 1 empty)" in result.stderr
+    assert "duplicates: 2 rows took the scores of an identical row of their window" in result.stderr
+    out = read_output(tmp_path / "out.csv")
+    assert out.loc[0, P_COLUMNS].tolist() == out.loc[2, P_COLUMNS].tolist() == out.loc[3, P_COLUMNS].tolist()
+
+
+def test_ctrl_c_while_starting_is_one_line(llama_dir, tmp_path):
+    """Regression: Ctrl-C in the first seconds printed a KeyboardInterrupt traceback."""
+    import signal
+    import time
+
+    src = write_input(tmp_path / "in.csv")
+    script = Path(sys.executable).parent / "slmclassify"
+    command = [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli import main; main()"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    for delay in (0.0, 0.5):
+        proc = subprocess.Popen([*command, "classify", str(src), "-o", str(tmp_path / "out.csv"), "--labels", LABEL_ARG,
+                                 "--model", str(llama_dir)], stderr=subprocess.PIPE, env=env)
+        maps = Path(f"/proc/{proc.pid}/maps")
+        while proc.poll() is None and "libtorch" not in maps.read_text(errors="replace"):
+            time.sleep(0.01)  # the command has started and is importing torch (or loading the model)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        err = err.decode()
+        if proc.returncode == 0:  # finished before the signal: nothing to check
+            continue
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err, err
+        assert err.strip().splitlines()[-1] == "slmclassify: interrupted; no output written"
+        assert not (tmp_path / "out.csv").exists() and partial_files(tmp_path) == []

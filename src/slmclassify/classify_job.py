@@ -24,7 +24,8 @@ import pandas as pd
 
 from .classifier import Classifier, EngineSettings
 from .encode import EncodedItems
-from .errors import InputError, SlmClassifyError
+from .errors import InputError
+from .interrupts import Interrupted, handle_sigterm
 from .io.checkpoint import Checkpoint, changed, digest, input_fingerprint, refuse_resume
 from .io.formats import check_output
 from .io.readers import open_table
@@ -33,14 +34,6 @@ from .progress import Progress
 from .results import RunStats, result_arrow_fields, result_columns, result_frame
 from .task import Task
 from .verify import VerifyReport, compare, pick_probes
-
-
-class Interrupted(SlmClassifyError):
-    """Ctrl-C or SIGTERM during a run; says what was kept. `exit_code` is 130 or 143."""
-
-    def __init__(self, message: str, exit_code: int = 130):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def _echo(message: str = "") -> None:
@@ -106,9 +99,9 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
     schema = (parquet_schema(reader, result_arrow_fields(task.labels, result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + columns)
-    sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable)
+    sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity)
     bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
-    previous = _on_sigterm()
+    previous = handle_sigterm()
     try:
         for start, frame in reader.chunks(settings.window, skip_rows=state.rows):
             texts = reader.texts(frame)
@@ -168,17 +161,6 @@ def _model_fingerprint(classifier: Classifier) -> str:
                    hashlib.sha256(weights.tobytes()).hexdigest()])
 
 
-def _on_sigterm():
-    """SIGTERM ends the run like Ctrl-C (finished chunks kept, one line), not mid-write."""
-
-    def handler(signum, frame):
-        exc = KeyboardInterrupt()
-        exc.signal = signum
-        raise exc
-
-    return signal.signal(signal.SIGTERM, handler)
-
-
 # --------------------------------------------------------------------------- output
 
 
@@ -219,6 +201,8 @@ class _Sink:
 
     def interrupted(self, state: _RunState, signum) -> Interrupted:
         code = 128 + int(signum)
+        if self.checkpoint is None and state.rows:
+            return Interrupted(f"interrupted; the output on stdout is incomplete ({state.rows} rows)", code)
         if self.checkpoint is None or not self.record.get("rows_done") or not self.record.get("resumable"):
             self.abandon(state)
             return Interrupted("interrupted; no output written", code)
@@ -236,7 +220,7 @@ class _Sink:
             self.checkpoint.discard()
 
 
-def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool) -> _Sink:
+def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity: dict) -> _Sink:
     import sys
 
     if checkpoint is None:
@@ -251,7 +235,7 @@ def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool) -> _Sink
             record = dict(saved)
         else:
             fh = open(checkpoint.partial, "wb")  # noqa: SIM115
-            record = {}
+            record = dict(identity)
     except OSError as exc:
         raise write_error(output, exc) from None
     record["resumable"] = resumable

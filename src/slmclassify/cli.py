@@ -13,13 +13,14 @@ from .task import MODES, Task, parse_labels, task_file_settings
 
 def main() -> None:
     """Console-script entry point."""
-    from .classify_job import Interrupted
+    from .interrupts import Interrupted, handle_sigterm, terminate_as_interrupt
 
+    handle_sigterm()
     try:
         cli.main(standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("slmclassify: interrupted; no output written", err=True)
-        sys.exit(130)
+        sys.exit(143 if terminate_as_interrupt.received else 130)
     except Interrupted as exc:
         click.echo(f"slmclassify: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -264,9 +265,11 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 @click.option("--plot", "plot_path", default="sweep.png", show_default=True, help="PNG of throughput and padding.")
 @click.option("--save", is_flag=True, help="Save the best setting as your default (user config file).")
 @click.option("--save-to-task", is_flag=True, help="Write the best setting into the --task file instead.")
+@click.option("--windows", default="128,1024", show_default=True,
+              help="classify's --window sizes to compare (rows sorted and batched together); '' to skip.")
 @task_options
-def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, task_file, labels,
-          instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
+def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, windows, task_file,
+          labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
           max_tokens):
     """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets)."""
     from . import sweep as sweeping
@@ -290,6 +293,15 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
                    f"{p.peak_rss_mb:>12.0f}")
     click.echo(f"best: --token-budget {top.token_budget} --max-rows {top.max_rows} ({top.items_per_s:.2f} items/s); "
                f"plot: {plot_path}")
+    if windows.strip():
+        from .classifier import EngineSettings
+
+        best_settings = EngineSettings(token_budget=top.token_budget, max_rows=top.max_rows)
+        window_points = sweeping.run_window_sweep(load_model(model), task, texts, _int_list(windows, "--windows"),
+                                                  best_settings, log=lambda m: click.echo(m, err=True))
+        click.echo(f"{'window':>8} {'items/s':>8} {'padding%':>9} {'reused':>7} {'peak RSS MB':>12}")
+        for w in window_points:
+            click.echo(f"{w.window:>8} {w.items_per_s:>8.2f} {100 * w.padding:>9.1f} {w.reused:>7} {w.peak_rss_mb:>12.0f}")
     if save:
         click.echo(f"saved as default in {save_settings(token_budget=top.token_budget, max_rows=top.max_rows)}")
     if save_to_task:

@@ -75,3 +75,36 @@ def plot(points: list[SweepPoint], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+@dataclass(frozen=True)
+class WindowPoint:
+    window: int
+    items_per_s: float
+    padding: float
+    reused: int
+    """Rows that took the scores of an identical row of their window."""
+    peak_rss_mb: float
+
+
+def run_window_sweep(loaded: LoadedModel, task: Task, texts: list[str], windows, settings: EngineSettings | None = None,
+                     log=print) -> list[WindowPoint]:
+    """Stream `texts` through `classify_iter` once per window size (rows sorted and batched per window):
+    a small window holds less and pads more; duplicates are found within a window only."""
+    import dataclasses
+
+    clf = Classifier(task, model=loaded, settings=settings)
+    clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up
+    points = []
+    for window in windows:
+        clf.settings = dataclasses.replace(clf.settings, window=window)
+        reset_peak_rss()
+        start = time.perf_counter()
+        for _ in clf.classify_iter(texts):
+            pass
+        seconds = time.perf_counter() - start
+        point = WindowPoint(window, len(texts) / seconds, clf.stats.padding_share, clf.stats.reused, peak_rss_mb())
+        points.append(point)
+        log(f"  window {window:>6}: {point.items_per_s:7.2f} items/s, padding {100 * point.padding:5.1f}%, "
+            f"{point.reused} duplicates reused, peak RSS {point.peak_rss_mb:.0f} MB")
+    return points

@@ -31,13 +31,13 @@ def table_format(path: str, explicit: str | None = None) -> str:
 
 def check_output(path: str, fmt: str | None = None) -> str:
     """Check that `path` can be written (format, folder, permissions) before any work; returns its format."""
+    if path != "-" and Path(path).is_dir():
+        raise InputError(f"output {path} is a folder; give a file name, e.g. {Path(path) / 'labelled.csv'}")
     fmt = table_format(path, fmt)
     if path == "-":
         return fmt
     target = Path(path)
     parent = target.parent
-    if target.is_dir():
-        raise InputError(f"output {path} is a folder; give a file name, e.g. {target / ('labelled.' + fmt)}")
     if not parent.exists():
         # A file where a folder is expected ("out.csv/x.csv") is named as such.
         blocker = next((p for p in [parent, *parent.parents] if p.exists()), None)

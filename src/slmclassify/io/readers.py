@@ -16,6 +16,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from ..errors import InputError
 from .formats import BAD_BYTE, check_text_encoding, table_format
 
 _HEAD = 1 << 16  # bytes looked at before reading: encoding check, empty file, CSV header
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def _bad_text(value: str, errors: str) -> str:
@@ -37,8 +39,7 @@ def _bad_text(value: str, errors: str) -> str:
         value.encode("utf-8")
         return value
     except UnicodeEncodeError:
-        return value.encode("utf-8", "replace" if errors == "replace" else "surrogatepass").decode(
-            "utf-8", "replace" if errors == "replace" else "slmclassify-mark")
+        return _SURROGATES.sub("\ufffd" if errors == "replace" else BAD_BYTE, value)
 
 
 class _Utf8Stream(io.RawIOBase):
@@ -54,7 +55,7 @@ class _Utf8Stream(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         while not self.pending:
-            block = self.head or self.raw.read(1 << 20)
+            block = self.head or self.raw.read(1 << 18)
             self.head = b""
             self.consumed += len(block)
             self.pending = self.decoder.decode(block, final=not block).encode("utf-8")
@@ -147,6 +148,24 @@ class TableReader:
             raise InputError(f"{self.name}: the file is empty (expected a CSV header row)")
         first = next(csv.reader(io.StringIO(text.lstrip("\r\n"))), [])
         self.columns = first
+        if self.path != "-":  # a quick first pass (pyarrow only): the row count, ragged rows, invalid UTF-8
+            import pyarrow.compute as pc
+
+            count = 0
+            for table in self._csv_tables(1 << 16):
+                if self.errors != "replace":
+                    for column in table.column_names:
+                        marked = pc.match_substring(table[column], BAD_BYTE)
+                        if pc.any(marked).as_py():
+                            row = count + pc.index(marked, True).as_py()
+                            ident = f" (id {table[self.id_column][row - count].as_py()})" if self.id_column in table.column_names else ""
+                            raise InputError(f"{self.name}: row {row + 1}{ident}, column {column!r} is not valid "
+                                             "UTF-8; fix the file or pass --errors replace")
+                count += len(table)
+            self.total_rows = count
+            self._raw.close()
+            self._source = _Utf8Stream(open(self.path, "rb"), self.errors)  # noqa: SIM115
+            self._raw = self._source.raw
 
     def _open_jsonl(self, head: bytes) -> None:
         if self.path == "-":  # one pass only: columns and types from the first chunk
@@ -208,7 +227,7 @@ class TableReader:
         try:
             reader = pcsv.open_csv(
                 self._source,
-                read_options=pcsv.ReadOptions(use_threads=False, block_size=1 << 20),
+                read_options=pcsv.ReadOptions(use_threads=False, block_size=1 << 18),
                 parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid),
                 convert_options=pcsv.ConvertOptions(
                     column_types={c: pa.string() for c in self.columns}, strings_can_be_null=False,
@@ -242,7 +261,8 @@ class TableReader:
         # One buffered reader per source: a second one would lose what the first had buffered.
         if getattr(self, "_lines_of", None) is not self._source:
             self._lines, self._lines_of = io.BufferedReader(self._source, buffer_size=1 << 20), self._source
-        yield from self._lines
+        for line in self._lines:  # not `yield from`: closing this generator must not close the reader
+            yield line
 
     def _jsonl_frames(self, chunk_rows: int):
         pending = getattr(self, "_pending_records", [])

@@ -1,0 +1,261 @@
+"""Resumable classify runs: OUTPUT.partial + OUTPUT.progress.json, `--resume` continuing
+byte-identically, refusal when the input, task, model or settings changed, and the kill test
+(SIGKILL / SIGINT / SIGTERM at random moments of a subprocess run). Tiny random Llama model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from slmclassify import classifier as classifier_module
+from slmclassify.cli import main
+
+LABELS = "billing,technical,account"
+WORDS = "card charged twice invoice app crash settings email profile refund login error password".split()
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread(monkeypatch):
+    from slmclassify import loading
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(loading, "set_threads", lambda: torch.set_num_threads(1) or 1, raising=False)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_input(path: Path, n: int, seed: int = 0) -> Path:
+    """n short tickets with ids; about one in ten a repeat of an earlier one (duplicates), some empty."""
+    rng = random.Random(seed)
+    texts = []
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "text"])
+        for i in range(n):
+            if texts and rng.random() < 0.1:
+                text = rng.choice(texts)
+            elif rng.random() < 0.03:
+                text = ""
+            else:
+                text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 10)))
+            texts.append(text)
+            writer.writerow([f"{i:05d}", text])
+    return path
+
+
+@pytest.fixture
+def run_main(monkeypatch, capsys):
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["slmclassify", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = 0 if exc.code is None else exc.code
+        return code, *capsys.readouterr()
+
+    return run
+
+
+def interrupt_after(monkeypatch, windows: int):
+    """Ctrl-C while scoring window number `windows` (0-based)."""
+    original = classifier_module.Classifier.score_window
+    calls = []
+
+    def scoring(self, texts, start=0, progress=None):
+        calls.append(start)
+        if len(calls) > windows:
+            raise KeyboardInterrupt
+        return original(self, texts, start, progress)
+
+    monkeypatch.setattr(classifier_module.Classifier, "score_window", scoring)
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, llama_dir):
+    """An input and its uninterrupted output, per format."""
+    folder = tmp_path_factory.mktemp("resume")
+    src = make_input(folder / "in.csv", 60)
+    return folder, src
+
+
+def _args(src, target, model_dir, *extra):
+    return ["classify", src, "-o", target, "--labels", LABELS, "--model", model_dir, "--window", "8", "--quiet",
+            *extra]
+
+
+@pytest.mark.parametrize("ext", ["csv", "jsonl", "parquet"])
+def test_interrupted_run_resumes_byte_identical(run_main, monkeypatch, tmp_path, llama_dir, data, ext):
+    _, src = data
+    whole = tmp_path / f"whole.{ext}"
+    code, _, err = run_main(*_args(src, whole, llama_dir))
+    assert code == 0, err
+
+    target = tmp_path / f"out.{ext}"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 3)
+        code, out, err = run_main(*_args(src, target, llama_dir))
+    assert code == 130
+    assert err.splitlines()[-1] == (f"slmclassify: interrupted; 24 rows done are kept in {target}.partial; "
+                                    "run the same command with --resume to continue")
+    assert not target.exists()
+    record = json.loads(Path(f"{target}.progress.json").read_text())
+    assert record["rows_done"] == 24
+
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert code == 0, err
+    assert "resumed after 24 rows" in err
+    assert "items: 60 (" in err  # the summary covers the whole file, earlier session included
+    assert target.read_bytes() == whole.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([whole.name, target.name])
+
+
+def test_partial_run_is_reported_not_overwritten(run_main, monkeypatch, tmp_path, llama_dir, data):
+    _, src = data
+    target = tmp_path / "out.csv"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 2)
+        run_main(*_args(src, target, llama_dir))
+    before = Path(f"{target}.partial").read_bytes()
+    code, _, err = run_main(*_args(src, target, llama_dir))
+    assert code == 2
+    assert err.strip() == (f"slmclassify: error: {target}.partial holds an unfinished run (16 rows done); "
+                           "pass --resume to continue it, or --restart to start over")
+    assert Path(f"{target}.partial").read_bytes() == before
+
+    code, _, err = run_main(*_args(src, target, llama_dir, "--restart"))
+    assert code == 0, err
+    assert "resumed" not in err
+    assert not Path(f"{target}.partial").exists() and not Path(f"{target}.progress.json").exists()
+
+
+def _other_model(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    import conftest
+
+    folder = tmp_path / "other-model"
+    tok = conftest._tokenizer()
+    torch.manual_seed(5)
+    conftest._model("llama", len(tok)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("change", ["input", "task", "settings", "model"])
+def test_resume_refuses_what_changed(run_main, monkeypatch, tmp_path, llama_dir, data, change):
+    _, original = data
+    src = tmp_path / "in.csv"
+    src.write_bytes(original.read_bytes())
+    target = tmp_path / "out.csv"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 2)
+        run_main(*_args(src, target, llama_dir))
+    args = _args(src, target, llama_dir, "--resume")
+    expected = {"input": "the input file changed (size ", "task": "the task changed",
+                "settings": "the settings changed (window 8 → 4)", "model": "the model changed"}[change]
+    if change == "input":
+        with open(src, "a", encoding="utf-8") as fh:
+            fh.write("99999,one more row\n")
+    elif change == "task":
+        args += ["--instruction", "Something else."]
+    elif change == "settings":
+        args += ["--window", "4"]
+    else:
+        args[args.index("--model") + 1] = _other_model(tmp_path)
+    code, _, err = run_main(*args)
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"slmclassify: error: cannot resume {target}: {expected}")
+    assert line.endswith("run with the same input and options, or pass --restart to start over")
+    assert Path(f"{target}.partial").exists()  # kept: the user may put things back and resume
+
+
+def test_resume_refuses_stdin(run_main, tmp_path, llama_dir):
+    code, _, err = run_main("classify", "-", "-o", tmp_path / "out.csv", "--labels", LABELS, "--resume",
+                            "--model", llama_dir)
+    assert code == 2
+    assert "--resume needs an input file" in err
+
+
+# --------------------------------------------------------------------------- the kill test
+
+
+def _command():
+    script = Path(sys.executable).parent / "slmclassify"
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli import main; main()"]
+
+
+def _env(tmp_path):
+    return {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _rows_done(target: Path) -> int:
+    try:
+        return json.loads(Path(f"{target}.progress.json").read_text())["rows_done"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _interrupt_until_done(args, target, signals, rng, env, deadline=900):
+    """Start the run; each time it has finished a new chunk, send the next signal after a random
+    pause and resume. Returns the last run's stderr (the one that finished)."""
+    started = time.monotonic()
+    pending = list(signals)
+    while True:
+        done_before = _rows_done(target)
+        proc = subprocess.Popen([*args, "--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        sig = None
+        if pending:
+            while proc.poll() is None and _rows_done(target) <= done_before:
+                time.sleep(0.02)
+            if proc.poll() is None:
+                sig = pending.pop(0)
+                time.sleep(rng.uniform(0, 0.4))  # somewhere in the next chunks: mid-score, mid-write or between
+                proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=300)
+        stderr = stderr.decode()
+        if proc.returncode == 0:
+            assert not pending, f"the run finished with {len(pending)} signals unsent; make the input longer"
+            return stderr
+        expected = {signal.SIGKILL: -9, signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
+        assert proc.returncode == expected, stderr
+        if sig != signal.SIGKILL:
+            last = stderr.strip().splitlines()[-1]
+            assert last.endswith("run the same command with --resume to continue"), stderr
+            assert "Traceback" not in stderr, stderr
+        assert time.monotonic() - started < deadline
+
+
+def test_kill_and_resume_is_byte_identical(tmp_path, llama_dir):
+    """Kill a run at 10 random moments with SIGKILL, and twice each with SIGINT and SIGTERM, resuming
+    each time: the output equals an uninterrupted run's byte for byte; every row once, in order.
+    (One run of 16 processes: most of the time is process start-up, so the signals share it.)"""
+    src = make_input(tmp_path / "in.csv", 3000, seed=1)
+    env = _env(tmp_path)
+    base = [*_command(), "classify", str(src), "--labels", LABELS, "--model", str(llama_dir),
+            "--window", "32", "--quiet", "--no-verify", "--no-calibrate"]
+    whole = tmp_path / "whole.csv"
+    subprocess.run([*base, "-o", str(whole)], check=True, env=env, capture_output=True, timeout=300)
+
+    target = tmp_path / "out.csv"
+    signals = [signal.SIGKILL] * 10 + [signal.SIGINT, signal.SIGTERM] * 2
+    random.Random(7).shuffle(signals)
+    stderr = _interrupt_until_done([*base, "-o", str(target)], target, signals, random.Random(8), env)
+    assert "resumed after" in stderr
+    assert target.read_bytes() == whole.read_bytes()
+    with open(target, newline="", encoding="utf-8") as fh:
+        ids = [row["id"] for row in csv.DictReader(fh)]
+    assert ids == [f"{i:05d}" for i in range(3000)]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["in.csv", "out.csv", "whole.csv"]
