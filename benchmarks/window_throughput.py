@@ -24,7 +24,7 @@ for r in range(rounds):
         else:
             clf.settings = EngineSettings(window=window)
             res = clf.classify(texts)
-            labels = np.array([ARTICLE_TASK.labels.index(x.label) for x in res])
+            labels = np.array([np.argmax([x.scores[lab] for lab in ARTICLE_TASK.labels]) for x in res])  # raw, like above
             padding = clf.stats.padding_share
         seconds = time.perf_counter() - start
         if first_labels is None:
