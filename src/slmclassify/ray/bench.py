@@ -61,7 +61,7 @@ def main(n_items, rounds, block_rows, model):
         wall = time.perf_counter() - began
         figures = run.figures()
         load = float(figures["info"]["load_seconds"])
-        busy = [a["stats"]["seconds"] for a in figures["actors"].values()]
+        busy = [a["stats"]["seconds"] for a in figures["actors"].values() if a["stats"]]  # an actor may start late
         same, delta = _compare(frame, results, task.labels)
         in_order = frame["row"].tolist() == list(range(n_items))
         rows.append(dict(round=r + 1, single_s=single, ray_s=wall, ray_minus_load_s=wall - load, load_s=load,
