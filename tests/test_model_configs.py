@@ -145,13 +145,15 @@ def test_weights_are_held_once(loaded_configs):
     clf = Classifier(Task(labels=("billing", "technical")), model=loaded)
     layer, arranged = loaded.model.model.layers[0], clf.engine.layers[0]
     mlp, attn = layer.mlp, layer.self_attn
-    for module, store in ((mlp.gate_proj, arranged.gate_up), (mlp.up_proj, arranged.gate_up),
-                          (mlp.down_proj, arranged.down), (attn.o_proj, arranged.o), (attn.v_proj, arranged.qkv)):
-        assert module.weight.untyped_storage().data_ptr() == store.untyped_storage().data_ptr()
+    # float32 on the CPU: the linear ops are `torch.mm` on the shared [in, out] tensors (MmLinear)
+    for module, op in ((mlp.gate_proj, arranged.gate_up), (mlp.up_proj, arranged.gate_up),
+                       (mlp.down_proj, arranged.down), (attn.o_proj, arranged.o), (attn.v_proj, arranged.qkv)):
+        assert module.weight.untyped_storage().data_ptr() == op.weight.untyped_storage().data_ptr()
 
     storages = {}
     tensors = [*loaded.model.parameters()] + [
-        t for a in clf.engine.layers for t in (a.qkv, a.qkv_bias, a.o, a.o_bias, a.gate_up, a.gate_up_bias, a.down)]
+        t for a in clf.engine.layers for op in (a.qkv, a.o, a.gate_up, a.down) for t in (op.weight, op.bias)
+        if t is not None]
     for t in tensors:
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     model_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())

@@ -123,14 +123,12 @@ def _fold_norm(norm: torch.nn.Module, *linears: torch.nn.Linear) -> None:
     norm.weight = torch.nn.Parameter(torch.ones_like(weight), requires_grad=False)
 
 
-def _own_remaining(model: torch.nn.Module, layers: list[_Layer]) -> None:
+def _own_remaining(model: torch.nn.Module, shared: list[torch.Tensor | None]) -> None:
     """Copy every parameter that does not live in the engine's tensors (embeddings, norms, q/k)
     into memory of its own, so that nothing references the loaded file's memory map any more and
     it is unmapped: its pages, all read while arranging, would otherwise stay in the process's
     resident memory next to the arranged copies. Tied parameters stay tied."""
-    engine = {t.untyped_storage().data_ptr() for layer in layers
-              for t in (layer.qkv, layer.qkv_bias, layer.o, layer.o_bias, layer.gate_up, layer.gate_up_bias, layer.down)
-              if t is not None}
+    engine = {t.untyped_storage().data_ptr() for t in shared if t is not None}
     clones: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
@@ -180,16 +178,18 @@ class Engine:
         with torch.inference_mode():
             before = model(input_ids=probe, logits_to_keep=1).logits
         with torch.no_grad():
-            self.layers = [self._arrange(layer) for layer in base.layers]
-            _own_remaining(model, self.layers)
+            shared: list[torch.Tensor | None] = []  # the [in, out] tensors the modules' weights view
+            self.layers = [self._arrange(layer, shared) for layer in base.layers]
+            _own_remaining(model, shared)
         with torch.inference_mode():
             after = model(input_ids=probe, logits_to_keep=1).logits
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
         # SmolLM2-135M, whose logits reach ~30); a wrong arrangement moves them by units.
         assert torch.allclose(after, before, rtol=1e-3, atol=1e-3), float((after - before).abs().max())
 
-    def _arrange(self, layer: torch.nn.Module) -> _Layer:
-        """Arrange one layer's weights [in, out], sharing them with the module (see `_share`)."""
+    def _arrange(self, layer: torch.nn.Module, shared: list) -> _Layer:
+        """Arrange one layer's weights [in, out], sharing them with the module (see `_share`);
+        the shared tensors are appended to `shared`."""
         attn, mlp = layer.self_attn, layer.mlp
         rotated = (self.n_heads + self.n_kv) * self.head_dim
         order = self._rotary_order().to(attn.q_proj.weight.device)
@@ -207,6 +207,7 @@ class Engine:
         o, o_bias = _shared_in_out(attn.o_proj)
         gate_up, gate_up_bias = _shared_in_out(mlp.gate_proj, mlp.up_proj)
         down, down_bias = _shared_in_out(mlp.down_proj)
+        shared += [qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias]
         linear = self.backend.linear  # the backend's kernel (mm uses these very tensors, others copy)
         return _Layer(
             qkv=linear(qkv, qkv_bias), o=linear(o, o_bias), gate_up=linear(gate_up, gate_up_bias),
