@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from .errors import SlmClassifyError, TaskError, VerificationError
-from .task import MODES, Task, build_task, parse_labels
+from .task import DEVICES, MODES, PRECISIONS, Task, build_task, parse_labels
 
 
 def main() -> None:
@@ -73,9 +73,8 @@ def task_options(fn):
 
 
 def device_options() -> list:
-    """--device and --precision, for every command that runs the model."""
-    from .backends.device import DEVICES, PRECISIONS
-
+    """--device and --precision, for every command that runs the model (names only: no torch import
+    while the CLI is built, so Ctrl-C during start-up is handled by `main`)."""
     return [
         click.option("--device", type=click.Choice(DEVICES), help="Where the model runs (default auto: CUDA if available)."),
         click.option("--precision", type=click.Choice(PRECISIONS),

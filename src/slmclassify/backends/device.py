@@ -14,10 +14,9 @@ from functools import lru_cache
 import torch
 
 from ..errors import TaskError
+from ..task import DEVICES, PRECISIONS
 from . import attention, gemm
 
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 
 
