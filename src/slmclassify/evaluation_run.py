@@ -23,27 +23,38 @@ def _echo(message: str = "") -> None:
     click.echo(message)
 
 def evaluate_file(path, *, text_column, label_column, task_args, settings, model, compare_modes, fit_temperature,
-                  target_accuracy, write_task, fewshot_cost, plots_dir, json_path, limit) -> dict:
+                  target_accuracy, write_task, fewshot_cost, plots_dir, json_path, limit, head=None,
+                  scorer="zero-shot", head_source=None, task=None) -> dict:
+    """`task` (a head's own task) replaces `task_args`; a `head` with scorer head/combined is the main report."""
     from .cli import build_task
 
     texts, gold_names = read_labelled(path, text_column, label_column)
     if limit is not None:
         texts, gold_names = texts[:limit], gold_names[:limit]
-    if not task_args["labels"] and not task_args["task_file"]:
+    if not task_args["labels"] and not task_args["task_file"] and task is None:
         found = labels_in_file(path) or tuple(sorted(set(gold_names)))
         task_args = {**task_args, "labels": ",".join(found)}
-    task = build_task(**task_args)
-    index = {label: i for i, label in enumerate(task.labels)}
+    task = task or build_task(**task_args)
+    use_head = head is not None and scorer != "zero-shot"
+    index = {label: i for i, label in enumerate(head.labels if use_head else task.labels)}
     for row, name in enumerate(gold_names, start=1):
         if name not in index:
-            raise InputError(f"{path}: row {row} has gold label {name!r}, which is not in the label set {list(task.labels)}")
+            raise InputError(f"{path}: row {row} has gold label {name!r}, which is not in the label set {list(index)}")
     gold = np.array([index[name] for name in gold_names])
     loaded = load_model(model)
+    states = []
 
-    def run(config_task: Task) -> tuple[Classifier, np.ndarray, float]:
+    def run(config_task: Task, taps=()) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings)
+        if taps:
+            from .head.apply import check
+
+            check(head, clf, head_source or "the head")
         start = time.perf_counter()
-        scores = clf.score(clf.encode(texts))
+        scores = clf.score(clf.encode(texts), taps=taps)
+        if taps:
+            scores, features = scores
+            states.append(features)
         return clf, scores, time.perf_counter() - start
 
     def evaluation(name, scores, bias, temperature, clf=None, seconds=None) -> Evaluation:
@@ -54,7 +65,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         return Evaluation(task.labels, gold, probs.argmax(1), probs.max(1), name=name,
                           target_accuracy=target_accuracy, extra=extra)
 
-    clf, scores, seconds = run(task)
+    clf, scores, seconds = run(task, head.taps if use_head else ())
     _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
     _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
     _echo("label tokens (after the chat template):")
@@ -65,6 +76,10 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         temperature = fit_temperature_on(scores, clf.bias, gold)
         _echo(f"fitted temperature: {temperature:.3f}")
     main = evaluation(f"{clf.mode}{' +cal' if clf.bias is not None else ''}", scores, clf.bias, temperature, clf, seconds)
+    if use_head:
+        from .head.apply import evaluate_head
+
+        main = evaluate_head(head, scorer, clf, scores, states[0], gold, target_accuracy, seconds, texts, _echo)
     _echo(format_report(main))
     summary = main.summary()
 

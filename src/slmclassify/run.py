@@ -23,16 +23,20 @@ def _echo(message: str = "") -> None:
 
 def classify_table(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
                    text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
-                   gold_column=None, progress=True, result_prefix="") -> pd.DataFrame:
+                   gold_column=None, progress=True, result_prefix="", head=None, scorer="zero-shot",
+                   head_source=None) -> pd.DataFrame:
     """Classify every row of a table and write it with the result columns added.
 
+    With a `head` (`head/`) and scorer head or combined, the labels and probabilities are the head's.
     Raises VerificationError after writing when the probe check finds a mismatch.
     """
+    use_head = head is not None and scorer != "zero-shot"
+    labels = head.labels if use_head else task.labels
     frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors,
                        id_column=id_column)
     if gold_column is not None and gold_column not in frame.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, frame.columns))}")
-    columns = [result_prefix + c for c in result_columns(task.labels)]
+    columns = [result_prefix + c for c in result_columns(labels)]
     clash = [c for c in columns if c in frame.columns]
     if clash:
         raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
@@ -41,14 +45,23 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
     started = time.perf_counter()
     classifier = Classifier(task, model=model, settings=settings)
     load_seconds = time.perf_counter() - started
+    if use_head:
+        from .head.apply import check
+
+        check(head, classifier, head_source or "the head")
     encoded = classifier.encode(texts)
     bar = _progress_bar(len(encoded.scored), enabled=progress)
-    scores = classifier.score(encoded, progress=bar.update)
+    if use_head:
+        from .head.apply import score_with_head
+
+        scores, results = score_with_head(classifier, encoded, head, scorer, progress=bar.update)
+    else:
+        scores = classifier.score(encoded, progress=bar.update)
+        results = make_results(task.labels, scores, classifier.calibrated(scores), encoded.status, task.min_confidence)
     bar.close()
-    results = make_results(task.labels, scores, classifier.calibrated(scores), encoded.status, task.min_confidence)
     report = compare(classifier, encoded, scores, pick_probes(encoded, probes)) if probes > 0 else None
 
-    values = [[r.label, r.confidence, r.needs_review, *(r.probabilities.get(lab) for lab in task.labels), r.status]
+    values = [[r.label, r.confidence, r.needs_review, *(r.probabilities.get(lab) for lab in labels), r.status]
               for r in results]
     out = frame.copy()
     for j, column in enumerate(columns):

@@ -149,9 +149,10 @@ class Task:
 
 
 _TOP_LEVEL = ("labels", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
-              "calibrate", "temperature", "token_budget", "max_rows")
+              "calibrate", "temperature", "token_budget", "max_rows", "head")
 _TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str, "calibrate": bool,
-          "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int}
+          "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int,
+          "head": str}  # head: a head file for classify/evaluate (`head/apply.py`), not part of the Task
 _KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false"}
 
 
