@@ -329,12 +329,13 @@ def evaluate(input_path, text_column, label_column, compare_modes, fit_temperatu
 @click.option("--label-column", default="label", show_default=True, help="Column of gold labels (tables).")
 @click.option("--folds", type=int, default=5, show_default=True, help="Cross-validation folds.")
 @click.option("--layers", help="Comma-separated layer numbers to read (default: half, three quarters and all of the depth).")
-@click.option("--no-scores", is_flag=True, help="Do not append the calibrated label scores to the features.")
+@click.option("--scores", "use_scores", is_flag=True,
+              help="Append the calibrated label log-probabilities to the features (no gain on the intent data).")
 @click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label.")
 @click.option("--plot", "plot_path", help="Learning-curve PNG (default: next to the head file).")
 @click.option("--json", "json_path", help="Write the figures as JSON.")
 @task_options
-def fit(input_path, output_path, text_column, label_column, folds, layers, no_scores, curve, plot_path, json_path,
+def fit(input_path, output_path, text_column, label_column, folds, layers, use_scores, curve, plot_path, json_path,
         task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget,
         max_rows, max_tokens):
     """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
@@ -351,5 +352,5 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, no_sc
     task = build_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
     fit_file(input_path, output_path, task, build_settings(task_file, token_budget, max_rows, max_tokens),
              model=model, text_column=text_column, label_column=label_column, folds=folds,
-             taps=tuple(_int_list(layers, "--layers")) if layers else None, use_scores=not no_scores,
+             taps=tuple(_int_list(layers, "--layers")) if layers else None, use_scores=use_scores,
              curve_sizes=tuple(_int_list(curve, "--curve")), plot_path=plot_path, json_path=json_path)

@@ -49,7 +49,11 @@ def fit(X: np.ndarray, y: list[str] | np.ndarray, *, seed: int = 0, folds: int =
     scale[scale < 1e-12] = 1.0
     Z = (X - mean) / scale
     k = int(min(folds, counts.min()))
-    with warnings.catch_warnings():
+    from threadpoolctl import threadpool_limits
+
+    # One BLAS thread: these small products gain nothing from more, and on a busy machine the
+    # threads' barriers made each fit ~10x slower (measured here: 9.6 s vs 0.9 s).
+    with warnings.catch_warnings(), threadpool_limits(1):
         warnings.simplefilter("ignore")  # convergence warnings at the weakest regularisation tried
         if k >= 2 and len(Cs) > 1:
             cv = StratifiedKFold(k, shuffle=True, random_state=seed)
@@ -58,9 +62,11 @@ def fit(X: np.ndarray, y: list[str] | np.ndarray, *, seed: int = 0, folds: int =
         else:  # too few items per label to cross-validate: the middle of the grid
             C = float(Cs[len(Cs) // 2])
             model = LogisticRegression(C=C, max_iter=1000).fit(Z, y)
-    return Fitted(labels=tuple(str(c) for c in model.classes_), mean=mean, scale=scale,
-                  coef=np.asarray(model.coef_, dtype=np.float64), intercept=np.asarray(model.intercept_, dtype=np.float64),
-                  C=C)
+    coef, intercept = np.asarray(model.coef_, dtype=np.float64), np.asarray(model.intercept_, dtype=np.float64)
+    if len(model.classes_) == 2:  # sklearn keeps one row, the second class's logit; softmax([0, z]) = sigmoid
+        coef, intercept = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
+    return Fitted(labels=tuple(str(c) for c in model.classes_), mean=mean, scale=scale, coef=coef,
+                  intercept=intercept, C=C)
 
 
 def cross_validated(X: np.ndarray, y: np.ndarray, labels: tuple[str, ...], *, folds: int = 5, seed: int = 0,

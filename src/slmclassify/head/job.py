@@ -27,7 +27,7 @@ def _echo(message: str = "") -> None:
 
 
 def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",
-             label_column="label", folds=5, taps: tuple[int, ...] | None = None, use_scores=True,
+             label_column="label", folds=5, taps: tuple[int, ...] | None = None, use_scores=False,
              curve_sizes=CURVE_SIZES, plot_path: str | None = None, json_path: str | None = None,
              seed: int = 0) -> Head:
     """Fit a head on a labelled file and save it; print CV metrics, zero-shot and the learning curve."""
