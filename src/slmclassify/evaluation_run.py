@@ -41,6 +41,12 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
         if name not in index:
             raise InputError(f"{path}: row {row} has gold label {name!r}, which is not in the label set {list(index)}")
     gold = np.array([index[name] for name in gold_names])
+    if use_head:  # zero-shot figures (modes, temperature) index the task's labels; the head's its own
+        head_gold = gold
+        gold = np.array([task.labels.index(n) if n in task.labels else -1 for n in gold_names])
+        if (gold < 0).any() and (compare_modes or fit_temperature):
+            raise TaskError("--compare-modes and --fit-temperature score the task's labels, and some gold labels "
+                            "are only the head's; run them without --head")
     loaded = load_model(model)
     states = []
 
@@ -79,7 +85,7 @@ def evaluate_file(path, *, text_column, label_column, task_args, settings, model
     if use_head:
         from .head.apply import evaluate_head
 
-        main = evaluate_head(head, scorer, clf, scores, states[0], gold, target_accuracy, seconds, texts, _echo)
+        main = evaluate_head(head, scorer, clf, scores, states[0], head_gold, target_accuracy, seconds, texts, _echo)
     _echo(format_report(main))
     summary = main.summary()
 

@@ -49,6 +49,7 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
         from .head.apply import check
 
         check(head, classifier, head_source or "the head")
+        _echo(f"scorer: {scorer} ({head_source or 'head'}: {len(head.labels)} labels, layers {list(head.taps)})")
     encoded = classifier.encode(texts)
     bar = _progress_bar(len(encoded.scored), enabled=progress)
     if use_head:
