@@ -54,7 +54,7 @@ def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: i
 def main() -> None:
     import argparse
 
-    from ..cli import build_settings, build_task
+    from ..task import Task, parse_labels
     from ..tables import read_table, texts_of
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -66,9 +66,10 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    task = build_task(args.task, args.labels, None, None, None, args.mode, None)
+    task = Task.from_toml(args.task) if args.task else Task(labels=parse_labels(args.labels or ""))
+    task = task.with_overrides(mode=args.mode)
     texts = [t for t in texts_of(read_table(args.input, args.text_column), args.text_column) if t.strip()][: args.n]
-    clf = Classifier(task, settings=build_settings(args.task, None, None, None))
+    clf = Classifier(task)
     clf.score(clf.encode(texts[:16]))  # warm-up
     out = measure(clf, texts, rounds=args.rounds)
     print(f"{out['items']} items x {out['rounds']} rounds, mode {clf.mode}, head on layers {out['taps']} "

@@ -36,7 +36,7 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
     if len(keep) < len(texts):
         _echo(f"skipping {len(texts) - len(keep)} empty texts")
     texts, gold = [texts[i] for i in keep], np.array([gold[i] for i in keep])
-    labels = tuple(dict.fromkeys(sorted(set(gold.tolist()))))
+    labels = tuple(sorted(set(gold.tolist())))
     counts = {lab: int((gold == lab).sum()) for lab in labels}
     if len(labels) < 2:
         raise InputError(f"{path}: the gold column {label_column!r} has fewer than two labels: {list(labels)}")
