@@ -21,8 +21,11 @@ def head_path_in_task_file(task_file: str | None) -> str | None:
     """`head = "head.npz"` in a task file, relative to the task file's folder."""
     if not task_file:
         return None
-    data = tomllib.loads(Path(task_file).read_text(encoding="utf-8"))
-    if "head" not in data:
+    try:
+        data = tomllib.loads(Path(task_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # reading the task itself reports it, with the project's message
+    if not isinstance(data.get("head"), str):
         return None
     return str(Path(task_file).parent / data["head"])
 
