@@ -226,11 +226,17 @@ class Classifier:
                                self.task.min_confidence)
         return ScoredWindow(start=start, encoded=encoded, scores=scores, results=results)
 
-    def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None) -> np.ndarray:
-        """[n, L] label scores (NaN rows for empty items), through the fast path."""
+    def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None,
+              taps: tuple[int, ...] = ()):
+        """[n, L] label scores (NaN rows for empty items), through the fast path.
+
+        With `taps` (layer numbers, see `Engine.score`), returns (scores, [n, len(taps) * hidden]
+        float32 hidden states at each item's last token, NaN rows for empty items) from the same pass.
+        """
         start = time.perf_counter()
         n_labels = len(self.task.labels)
         scores = np.full((len(encoded), n_labels), np.nan, dtype=np.float64)
+        states = np.full((len(encoded), len(taps) * self.loaded.model.config.hidden_size), np.nan, np.float32)
         stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
         scored = encoded.scored
         for cached in (True, False):
@@ -245,7 +251,10 @@ class Classifier:
             for positions in plan:
                 batch = collate([suffixes[p] for p in positions], group[positions],
                                 self.loaded.tokenizer.pad_token_id, cached)
-                batch_scores = self.engine.score(batch, self.prefix, self.trie)  # [B, L]
+                batch_scores = self.engine.score(batch, self.prefix, self.trie, taps=taps)  # [B, L]
+                if taps:
+                    batch_scores, batch_states = batch_scores
+                    states[batch.rows] = batch_states.flatten(1).numpy()
                 scores[batch.rows] = batch_scores.double().numpy()
                 stats.batches += 1
                 stats.real_tokens += batch.real_tokens
@@ -257,7 +266,7 @@ class Classifier:
         stats.scored = len(scored)
         stats.seconds = time.perf_counter() - start
         self.stats = stats
-        return scores
+        return (scores, states) if taps else scores
 
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""
