@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from .classifier import Classifier, EngineSettings
-from .errors import TaskError, VerificationError
+from .errors import VerificationError
 from .labels import describe_labels
 from .classify_job import run_classify
 from .results import result_columns as results_columns
@@ -28,11 +28,10 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
     With a `head` (`head/`) and scorer head or combined, the labels and probabilities are the head's.
     Raises VerificationError after writing when the probe check finds a mismatch.
     """
-    if head is not None and scorer != "zero-shot":
-        raise TaskError("classify --head is not yet on the streaming job")
     outcome = run_classify(input_path, output_path, task, settings, model=model, text_column=text_column,
                            id_column=id_column, fmt=fmt, errors=errors, probes=probes, gold_column=gold_column,
-                           progress=progress, result_prefix=result_prefix, resume=resume, restart=restart)
+                           progress=progress, result_prefix=result_prefix, resume=resume, restart=restart,
+                           head=head, scorer=scorer, head_source=head_source)
     report = outcome.report
     _print_summary(outcome.classifier, outcome.load_seconds, report, output_path)
     _echo(f"duplicates: {outcome.duplicates} rows took the scores of an identical row of their window"

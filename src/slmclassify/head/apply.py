@@ -75,6 +75,19 @@ def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None)
     return scores, make_results(head.labels, logp, logp, encoded.status, classifier.task.min_confidence)
 
 
+def window_results(head: Head, scorer: str, classifier, window) -> list[Result]:
+    """One Result per item of a `ScoredWindow` (scored with the head's taps), over the head's labels."""
+    calibrated = classifier.calibrated(window.scores)
+    logp = head_log_probabilities(head, calibrated, window.states, classifier.task.labels, scorer)
+    return make_results(head.labels, logp, logp, window.encoded.status, classifier.task.min_confidence)
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a head file, for a resumable run's identity."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
 def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray, gold: np.ndarray,
                   target_accuracy, seconds: float, texts, echo):
     """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside."""

@@ -129,7 +129,7 @@ def model_fingerprint(loaded) -> dict:
     digest = hashlib.sha256()
     for tensor in (base.norm.weight, base.embed_tokens.weight[:64], *(layer.input_layernorm.weight for layer in base.layers),
                    base.layers[-1].mlp.down_proj.weight[:8]):
-        digest.update(tensor.detach().float().contiguous().numpy().tobytes())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     return {"name": loaded.name, "architecture": cfg.model_type, "hidden_size": cfg.hidden_size,
             "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size, "weights": digest.hexdigest()[:16]}
 
