@@ -87,3 +87,22 @@ def test_resume_with_head_is_byte_identical_and_refuses_another(run_main, monkey
     assert code == 0, err
     assert "resumed after 12 rows" in err
     assert target.read_bytes() == whole.read_bytes()
+
+
+def test_streaming_combined_scorer_to_parquet(run_main, tmp_path, llama_dir, heads):  # noqa: F811
+    loaded, _, _ = heads
+    texts, gold = labelled(6)
+    names = {"money": "billing", "broken app": "technical"}
+    head_path = _fitted_head(loaded, TASK, texts, [names[g] for g in gold]).save(tmp_path / "same.npz")
+    src, inputs = _input(tmp_path / "in.csv")
+    out = tmp_path / "out.parquet"
+    code, _, err = run_main(*_args(src, out, llama_dir, head_path, "--scorer", "combined"))
+    assert code == 0, err
+    frame = pd.read_parquet(out)
+    assert list(frame.columns) == ["id", "text", "label", "confidence", "needs_review", "p_billing", "p_technical",
+                                   "status"]
+    clf = Classifier(TASK, model=loaded, settings=EngineSettings())
+    _, whole = score_with_head(clf, clf.encode(inputs), Head.load(head_path), "combined")
+    assert [None if pd.isna(x) else x for x in frame["label"]] == [r.label for r in whole]  # row 9: empty
+    expected = np.array([r.probabilities.get("billing", np.nan) for r in whole], dtype=float)
+    np.testing.assert_allclose(frame["p_billing"].to_numpy(dtype=float), expected, atol=1e-5, equal_nan=True)

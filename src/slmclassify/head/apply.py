@@ -61,10 +61,11 @@ def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarra
             raise TaskError(f"--scorer combined needs the head's labels {list(head.labels)} to be the task's "
                             f"labels {list(task_labels)}; use --scorer head")
         order = [list(task_labels).index(lab) for lab in head.labels]
-        zero = calibrated[:, order]
-        zero = zero - np.logaddexp.reduce(zero, axis=1, keepdims=True)
-        logp = logp + zero
-        logp = logp - np.logaddexp.reduce(logp, axis=1, keepdims=True)
+        with np.errstate(invalid="ignore"):  # NaN rows: empty items
+            zero = calibrated[:, order]
+            zero = zero - np.logaddexp.reduce(zero, axis=1, keepdims=True)
+            logp = logp + zero
+            logp = logp - np.logaddexp.reduce(logp, axis=1, keepdims=True)
     return logp
 
 
