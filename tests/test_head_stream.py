@@ -106,3 +106,13 @@ def test_streaming_combined_scorer_to_parquet(run_main, tmp_path, llama_dir, hea
     assert [None if pd.isna(x) else x for x in frame["label"]] == [r.label for r in whole]  # row 9: empty
     expected = np.array([r.probabilities.get("billing", np.nan) for r in whole], dtype=float)
     np.testing.assert_allclose(frame["p_billing"].to_numpy(dtype=float), expected, atol=1e-5, equal_nan=True)
+
+
+def test_ray_refuses_a_head(run_main, tmp_path, llama_dir, heads):  # noqa: F811
+    _, head_path, _ = heads
+    src, _ = _input(tmp_path / "in.csv")
+    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir, head_path, "--ray"))
+    assert code == 2
+    assert err.strip() == ("slmclassify: error: --ray does not apply a head yet; run without --ray, "
+                           "or with --scorer zero-shot")
+    assert not (tmp_path / "out.csv").exists()
