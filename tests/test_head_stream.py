@@ -116,3 +116,14 @@ def test_ray_refuses_a_head(run_main, tmp_path, llama_dir, heads):  # noqa: F811
     assert err.strip() == ("slmclassify: error: --ray does not apply a head yet; run without --ray, "
                            "or with --scorer zero-shot")
     assert not (tmp_path / "out.csv").exists()
+
+
+def test_combined_with_other_labels_is_refused_before_any_output(run_main, tmp_path, llama_dir, heads):  # noqa: F811
+    _, head_path, _ = heads
+    src, _ = _input(tmp_path / "in.csv")
+    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir, head_path, "--scorer", "combined"))
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        "slmclassify: error: --scorer combined needs the head's labels ['broken app', 'money'] to be the task's "
+        "labels ['billing', 'technical']; use --scorer head")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]

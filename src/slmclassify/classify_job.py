@@ -78,6 +78,10 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     if gold_column is not None and gold_column not in reader.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
     use_head = head is not None and scorer != "zero-shot"
+    if use_head:
+        from .head.apply import check_scorer
+
+        check_scorer(head, task.labels, scorer)  # before the model loads
     labels = head.labels if use_head else task.labels
     columns = result_columns(labels, result_prefix)
     clash = [c for c in columns if c in reader.columns]

@@ -53,13 +53,18 @@ def check(head: Head, classifier, source: str) -> None:
     head.check(model_fingerprint(classifier.loaded), classifier.task, source=source)
 
 
+def check_scorer(head: Head, task_labels, scorer: str) -> None:
+    """`combined` multiplies the head's and the task's probabilities: it needs the same label set."""
+    if scorer == "combined" and set(head.labels) != set(task_labels):
+        raise TaskError(f"--scorer combined needs the head's labels {list(head.labels)} to be the task's "
+                        f"labels {list(task_labels)}; use --scorer head")
+
+
 def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarray, task_labels, scorer: str) -> np.ndarray:
     """[n, K] log-probabilities of the head's labels under `scorer` (head or combined)."""
+    check_scorer(head, task_labels, scorer)
     logp = head.log_probabilities(head.features(states, calibrated))
     if scorer == "combined":
-        if set(head.labels) != set(task_labels):
-            raise TaskError(f"--scorer combined needs the head's labels {list(head.labels)} to be the task's "
-                            f"labels {list(task_labels)}; use --scorer head")
         order = [list(task_labels).index(lab) for lab in head.labels]
         with np.errstate(invalid="ignore"):  # NaN rows: empty items
             zero = calibrated[:, order]
