@@ -107,8 +107,9 @@ def test_reference_speed_shows_slow_probes(n, seconds, expected):
 
 def _encoded(lengths):
     n = len(lengths)
-    return EncodedItems(ids=[[1] * k for k in lengths], status=["ok" if k else "empty" for k in lengths],
-                        prefix_ids=[], cached=np.zeros(n, dtype=bool))
+    return EncodedItems(tokens=np.ones(sum(lengths), dtype=np.int32),
+                        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                        status=["ok" if k else "empty" for k in lengths], prefix_ids=[], cached=np.zeros(n, dtype=bool))
 
 
 def test_probes_leave_out_huge_items():

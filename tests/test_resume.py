@@ -72,11 +72,11 @@ def interrupt_after(monkeypatch, windows: int):
     original = classifier_module.Classifier.score_window
     calls = []
 
-    def scoring(self, texts, start=0, progress=None):
+    def scoring(self, texts, start=0, progress=None, **kwargs):
         calls.append(start)
         if len(calls) > windows:
             raise KeyboardInterrupt
-        return original(self, texts, start, progress)
+        return original(self, texts, start, progress, **kwargs)
 
     monkeypatch.setattr(classifier_module.Classifier, "score_window", scoring)
     return monkeypatch

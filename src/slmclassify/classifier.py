@@ -89,6 +89,9 @@ class ScoredWindow:
     scores: np.ndarray
     """[n, L] raw label scores (NaN rows for empty items)."""
     results: list[Result]
+    states: np.ndarray | None = None
+    """[n, len(taps) * hidden] float32 hidden states at each item's last token (NaN rows for empty
+    items), when `score_window` was given taps (a head's features, `head/`)."""
 
 
 def _clean(text, index: int) -> str:
@@ -198,9 +201,12 @@ class Classifier:
             start += len(chunk)
             yield window
 
-    def score_window(self, texts: list[str], start: int = 0,
-                     progress: Callable[[int], None] | None = None) -> ScoredWindow:
-        """Encode and score one window; identical items (same token ids) are scored once."""
+    def score_window(self, texts: list[str], start: int = 0, progress: Callable[[int], None] | None = None,
+                     taps: tuple[int, ...] = ()) -> ScoredWindow:
+        """Encode and score one window; identical items (same token ids) are scored once.
+
+        With `taps`, the window also carries the hidden states of those layers (see `score`).
+        """
         began = time.perf_counter()
         encoded = self.encode(texts)
         scored = encoded.scored
@@ -212,7 +218,12 @@ class Classifier:
             if j == len(unique):
                 unique.append(int(i))
             source[k] = j
-        unique_scores = self.score(encoded.subset(unique), progress)  # [u, L]
+        unique_scores = self.score(encoded.subset(unique), progress, taps=taps)  # [u, L]
+        states = None
+        if taps:
+            unique_scores, unique_states = unique_scores
+            states = np.full((len(encoded), unique_states.shape[1]), np.nan, dtype=np.float32)
+            states[scored] = unique_states[source]
         scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
         scores[scored] = unique_scores[source]
         reused = len(scored) - len(unique)
@@ -224,13 +235,19 @@ class Classifier:
         stats.seconds = time.perf_counter() - began
         results = make_results(self.task.labels, scores, self.calibrated(scores), encoded.status,
                                self.task.min_confidence)
-        return ScoredWindow(start=start, encoded=encoded, scores=scores, results=results)
+        return ScoredWindow(start=start, encoded=encoded, scores=scores, results=results, states=states)
 
-    def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None) -> np.ndarray:
-        """[n, L] label scores (NaN rows for empty items), through the fast path."""
+    def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None,
+              taps: tuple[int, ...] = ()):
+        """[n, L] label scores (NaN rows for empty items), through the fast path.
+
+        With `taps` (layer numbers, see `Engine.score`), returns (scores, [n, len(taps) * hidden]
+        float32 hidden states at each item's last token, NaN rows for empty items) from the same pass.
+        """
         start = time.perf_counter()
         n_labels = len(self.task.labels)
         scores = np.full((len(encoded), n_labels), np.nan, dtype=np.float64)
+        states = np.full((len(encoded), len(taps) * self.loaded.model.config.hidden_size), np.nan, np.float32)
         stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
         scored = encoded.scored
         for cached in (True, False):
@@ -245,7 +262,10 @@ class Classifier:
             for positions in plan:
                 batch = collate([suffixes[p] for p in positions], group[positions],
                                 self.loaded.tokenizer.pad_token_id, cached)
-                batch_scores = self.engine.score(batch, self.prefix, self.trie)  # [B, L]
+                batch_scores = self.engine.score(batch, self.prefix, self.trie, taps=taps)  # [B, L]
+                if taps:
+                    batch_scores, batch_states = batch_scores
+                    states[batch.rows] = batch_states.flatten(1).numpy()
                 scores[batch.rows] = batch_scores.double().numpy()
                 stats.batches += 1
                 stats.real_tokens += batch.real_tokens
@@ -257,7 +277,7 @@ class Classifier:
         stats.scored = len(scored)
         stats.seconds = time.perf_counter() - start
         self.stats = stats
-        return scores
+        return (scores, states) if taps else scores
 
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""

@@ -57,8 +57,11 @@ class JobOutcome:
 def run_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
                  text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
                  gold_column=None, progress=True, result_prefix="", resume=False, restart=False,
-                 status_every: float = 15.0) -> JobOutcome:
+                 status_every: float = 15.0, head=None, scorer="zero-shot", head_source=None) -> JobOutcome:
     """Classify every row of a table and write it with the result columns added.
+
+    With a `head` (`head/`) and scorer head or combined, the result columns are the head's labels and
+    probabilities, read from the same pass; probes still check the label scores against the per-item path.
 
     Raises `Interrupted` on Ctrl-C/SIGTERM (finished chunks stay in OUTPUT.partial for --resume).
     """
@@ -74,7 +77,13 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     reader = open_table(input_path, text_column, fmt=in_fmt, errors=errors, id_column=id_column)
     if gold_column is not None and gold_column not in reader.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
-    columns = result_columns(task.labels, result_prefix)
+    use_head = head is not None and scorer != "zero-shot"
+    if use_head:
+        from .head.apply import check_scorer
+
+        check_scorer(head, task.labels, scorer)  # before the model loads
+    labels = head.labels if use_head else task.labels
+    columns = result_columns(labels, result_prefix)
     clash = [c for c in columns if c in reader.columns]
     if clash:
         raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
@@ -84,6 +93,11 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
              "max_text_tokens": settings.max_text_tokens, "text_column": text_column, "id_column": id_column,
              "errors": errors, "result_prefix": result_prefix, "output_format": out_fmt}
     identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
+    identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
+    if use_head:
+        from .head.apply import file_digest
+
+        identity["head"] = digest([file_digest(head_source) if head_source else repr(head.coef.tolist()), scorer])
     if resumable:
         identity["input"] = input_fingerprint(input_path)
     saved = _saved_run(checkpoint, identity, resume, restart)
@@ -91,13 +105,22 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     started = time.perf_counter()
     classifier = Classifier(task, model=model, settings=settings)
     load_seconds = time.perf_counter() - started
+    if use_head:
+        from .head.apply import check, window_results
+
+        try:
+            check(head, classifier, head_source or "the head")
+        except BaseException:
+            reader.close()
+            raise
+        _echo(f"scorer: {scorer} ({head_source or 'head'}: {len(head.labels)} labels, layers {list(head.taps)})")
     identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
     if saved is not None and saved.get("model") != identity["model"]:
         reader.close()
         raise refuse_resume(checkpoint, "the model changed")
 
     state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
-    schema = (parquet_schema(reader, result_arrow_fields(task.labels, result_prefix)) if out_fmt == "parquet"
+    schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + columns)
     sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity)
     bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
@@ -105,8 +128,12 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     try:
         for start, frame in reader.chunks(settings.window, skip_rows=state.rows):
             texts = reader.texts(frame)
-            window = classifier.score_window(texts, start)
-            results_frame = result_frame(window.results, task.labels, result_prefix, index=frame.index)
+            if use_head:
+                window = classifier.score_window(texts, start, taps=head.taps)
+                window = dataclasses.replace(window, results=window_results(head, scorer, classifier, window))
+            else:
+                window = classifier.score_window(texts, start)
+            results_frame = result_frame(window.results, labels, result_prefix, index=frame.index)
             sink.writer.write(pd.concat([frame, results_frame], axis=1))
             state.add(window, classifier.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
             sink.chunk_done(state)

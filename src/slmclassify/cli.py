@@ -150,6 +150,30 @@ def _classify_on_ray(input_path, output_path, task, settings, model, text_column
                      text_column=text_column, result_prefix=result_prefix, errors=errors, progress=not quiet)
 
 
+def head_options(fn):
+    """--head and --scorer, for the commands that can apply a learned head (`slmclassify fit`)."""
+    fn = click.option("--scorer", type=click.Choice(["zero-shot", "head", "combined"]),
+                      help="zero-shot label scoring, the head, or their product (default: the head when given).")(fn)
+    return click.option("--head", "head_path", type=click.Path(dir_okay=False),
+                        help="A head fitted by `slmclassify fit` (or `head = ...` in the task file).")(fn)
+
+
+def _task_and_head(head_path, scorer, task_file, labels, instruction, system, user_template, mode,
+                   min_confidence, calibrate):
+    """(task, head or None, scorer, head path): a head without task flags brings the task it was fitted with."""
+    from .head.apply import head_path_in_task_file, resolve_scorer, task_of
+    from .head.model import Head
+
+    head_path = head_path or head_path_in_task_file(task_file)
+    head = Head.load(head_path) if head_path else None
+    if head is not None and not (task_file or labels):
+        task = task_of(head).with_overrides(instruction=instruction, system=system, mode=mode, calibrate=calibrate,
+                                            user_template=_unescape(user_template), min_confidence=min_confidence)
+    else:
+        task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
+    return task, head, resolve_scorer(head, scorer), head_path
+
+
 @cli.command()
 @click.argument("input_path", metavar="INPUT")
 @click.option("-o", "--output", "output_path", required=True, help="Output file (.csv/.jsonl/.parquet, or - for stdout).")
@@ -168,9 +192,11 @@ def _classify_on_ray(input_path, output_path, task, settings, model, text_column
 @click.option("--window", type=int, help="Rows read, sorted and batched at a time; also the resume step "
               "(default 1024).")
 @ray_options
+@head_options
 @task_options
 def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
              result_prefix, quiet, resume, restart, window, use_ray, ray_address, actors, cpus_per_actor, block_rows,
+             head_path, scorer,
              task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
              token_budget, max_rows, max_tokens, device, precision):
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT, streaming."""
@@ -178,18 +204,21 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
 
     if resume and restart:
         raise TaskError("--resume and --restart exclude each other")
-    task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
+    task, head, scorer, head_path = _task_and_head(head_path, scorer, task_file, labels, instruction, system,
+                                                   user_template, mode, min_confidence, calibrate)
     settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
     if window is not None:
         settings = dataclasses.replace(settings, window=window)
     if use_ray or ray_address or actors is not None:
+        if head is not None and scorer != "zero-shot":
+            raise TaskError("--ray does not apply a head yet; run without --ray, or with --scorer zero-shot")
         return _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix,
                                 errors, quiet, resume or restart or gold_column, ray_address, actors,
                                 cpus_per_actor, block_rows)
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
         fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,
-        result_prefix=result_prefix, resume=resume, restart=restart,
+        result_prefix=result_prefix, resume=resume, restart=restart, head=head, scorer=scorer, head_source=head_path,
     )
 
 
@@ -368,10 +397,11 @@ def _int_list(spec: str, option: str) -> list[int]:
 @click.option("--plots", "plots_dir", help="Folder for confusion.png, reliability.png and coverage.png.")
 @click.option("--json", "json_path", help="Write the summary as JSON.")
 @click.option("--limit", type=int, help="Only the first N items.")
+@head_options
 @task_options
 def evaluate(input_path, text_column, label_column, compare_modes, fit_temperature, target_accuracy, write_task,
-             fewshot_cost, plots_dir, json_path, limit, task_file, labels, instruction, system, user_template, mode,
-             min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device, precision):
+             fewshot_cost, plots_dir, json_path, limit, head_path, scorer, task_file, labels, instruction, system,
+             user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device, precision):
     """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
     macro-F1, calibration and the review threshold."""
     from .evaluation_run import evaluate_file, task_for_file
@@ -380,15 +410,18 @@ def evaluate(input_path, text_column, label_column, compare_modes, fit_temperatu
         raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
     if write_task and not task_file:
         raise TaskError("--write-task needs --task FILE")
-    task = task_for_file(input_path, text_column, label_column, task_file=task_file,
-                         labels=parse_labels(labels) if labels else None, instruction=instruction, system=system,
-                         user_template=_unescape(user_template), mode=mode, min_confidence=min_confidence,
-                         calibrate=calibrate, limit=limit)
+    head_task, head, scorer, head_path = (_task_and_head(head_path, scorer, task_file, labels, instruction, system,
+                                                         user_template, mode, min_confidence, calibrate)
+                                          if head_path or task_file or scorer else (None, None, "zero-shot", None))
+    task = head_task if head is not None else task_for_file(
+        input_path, text_column, label_column, task_file=task_file, labels=parse_labels(labels) if labels else None,
+        instruction=instruction, system=system, user_template=_unescape(user_template), mode=mode,
+        min_confidence=min_confidence, calibrate=calibrate, limit=limit)
     evaluate_file(
         input_path, task, _settings(task_file, token_budget, max_rows, max_tokens, device, precision), text_column=text_column,
         label_column=label_column, model=model, compare_modes=compare_modes, fit_temperature=fit_temperature,
         target_accuracy=target_accuracy, task_file=task_file if write_task else None, fewshot_cost=fewshot_cost,
-        plots_dir=plots_dir, json_path=json_path, limit=limit,
+        plots_dir=plots_dir, json_path=json_path, limit=limit, head=head, scorer=scorer, head_source=head_path,
     )
 
 
@@ -493,3 +526,38 @@ def _need_serve_extra() -> None:
     if missing:
         raise TaskError(f"serve needs the 'serve' extra ({', '.join(missing)} missing): "
                         "pip install 'slmclassify[serve]'")
+
+
+@cli.command()
+@click.argument("input_path", metavar="LABELLED_FILE")
+@click.option("-o", "--output", "output_path", required=True, help="The head file to write (.npz).")
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--label-column", default="label", show_default=True, help="Column of gold labels (tables).")
+@click.option("--folds", type=int, default=5, show_default=True, help="Cross-validation folds.")
+@click.option("--layers", help="Comma-separated layer numbers to read (default: half, three quarters and all of the depth).")
+@click.option("--scores", "use_scores", is_flag=True,
+              help="Append the calibrated label log-probabilities to the features (no gain on the intent data).")
+@click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label.")
+@click.option("--plot", "plot_path", help="Learning-curve PNG (default: next to the head file).")
+@click.option("--json", "json_path", help="Write the figures as JSON.")
+@task_options
+def fit(input_path, output_path, text_column, label_column, folds, layers, use_scores, curve, plot_path, json_path,
+        task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget,
+        max_rows, max_tokens, device, precision):
+    """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
+    regression on the model's hidden states, read on the fast path. Prints cross-validated accuracy,
+    macro-F1 and ECE next to zero-shot scoring, and the learning curve."""
+    from .evaluation_run import task_for_file
+    from .head.job import fit_file
+
+    if folds < 2:
+        raise TaskError(f"--folds must be at least 2, got {folds}")
+    task = task_for_file(input_path, text_column, label_column, task_file=task_file,
+                         labels=parse_labels(labels) if labels else None, instruction=instruction, system=system,
+                         user_template=_unescape(user_template), mode=mode, min_confidence=min_confidence,
+                         calibrate=calibrate)
+    fit_file(input_path, output_path, task, _settings(task_file, token_budget, max_rows, max_tokens, device, precision),
+             model=model, text_column=text_column, label_column=label_column, folds=folds,
+             taps=tuple(_int_list(layers, "--layers")) if layers else None, use_scores=use_scores,
+             curve_sizes=tuple(_int_list(curve, "--curve")), plot_path=plot_path, json_path=json_path)
+

@@ -238,15 +238,25 @@ class Engine:
         return PrefixCache(keys=tuple(keys), values=tuple(values))
 
     @torch.inference_mode()
-    def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie) -> torch.Tensor:
-        """[B, L] label scores of every row (mode of `trie`)."""
+    def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: tuple[int, ...] = ()):
+        """[B, L] label scores of every row (mode of `trie`).
+
+        With `taps` (layer numbers as in Hugging Face's `hidden_states`: 1 .. n_layers, the last one
+        after the final norm), returns (scores, [B, len(taps), hidden] states at each row's last item
+        token), read from the same forward (the head's features, `head/`).
+        """
         prefix = prefix if (batch.cached and prefix is not None and prefix.length) else None
         layout = self._layout(batch, trie, prefix.length if prefix else 0)
         B = batch.input_ids.shape[0]
         ids = torch.cat([batch.input_ids.to(self.device, non_blocking=True),
                          trie.node_tokens.to(self.device).expand(B, -1)], dim=1)  # [B, S+T], left-padded
-        read = self.final_norm(self._layers(ids.reshape(-1)[layout.source], layout, prefix))  # [B, 1+T, hidden]
-        return trie.score(self._step_logprobs(read, trie).float().cpu())
+        states = [] if taps else None
+        read = self.final_norm(self._layers(ids.reshape(-1)[layout.source], layout, prefix, states=states))
+        scores = trie.score(self._step_logprobs(read, trie).float().cpu())  # read: [B, 1+T, hidden]
+        if not taps:
+            return scores
+        states.append(read[:, 0])
+        return scores, torch.stack([states[t - 1] for t in taps], dim=1).float().cpu()
 
     def _layout(self, batch: Batch, trie: LabelTrie, n_prefix: int) -> _Layout:
         dev = self.device
@@ -288,12 +298,13 @@ class Engine:
                        read_mask=_additive(read_allowed[:, None], self.dtype))
 
     def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
-                keys: list | None = None, values: list | None = None) -> torch.Tensor:
+                keys: list | None = None, values: list | None = None, states: list | None = None) -> torch.Tensor:
         """Embed the packed ids and run every decoder layer.
 
         Returns [B, 1+T, hidden] (before the final norm) at the read positions: the last layer
         computes its attention queries and MLP only there. With `keys` given (the prefill), every
-        layer's keys and values are collected and nothing is read.
+        layer's keys and values are collected and nothing is read. With `states` given, every layer
+        but the last appends its output at each row's last item token, [B, hidden].
         """
         h = self.embed(ids)  # [N, hidden]
         cos, sin = self.rotary(h[None], layout.positions[None])  # [1, N, D] each
@@ -316,6 +327,8 @@ class Engine:
                 keys.append(k.clone())  # views of `padded`, which the next layer overwrites
                 values.append(v.clone())
             self._mlp_block(h, layer)
+            if states is not None:
+                states.append(h.index_select(0, layout.read[:, 0]))
         return h
 
     def _attention_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, read_only: bool = False):

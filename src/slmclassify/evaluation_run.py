@@ -41,32 +41,48 @@ def task_for_file(path: str, text_column: str = "text", label_column: str = "lab
 def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
                   label_column="label", model=None, compare_modes=False, fit_temperature=False,
                   target_accuracy=None, task_file=None, fewshot_cost=0, plots_dir=None, json_path=None,
-                  limit=None) -> dict:
+                  limit=None, head=None, scorer="zero-shot", head_source=None) -> dict:
     """Score the labelled items of `path` with `task` and print the report; returns the summary.
 
-    `task_file`: write the threshold (and fitted temperature) into this task file.
+    `task_file`: write the threshold (and fitted temperature) into this task file. A `head`
+    (`head/`) with scorer head or combined is the main report (gold labels are then the head's).
     """
     settings = settings or EngineSettings()
     data = read_labelled(path, text_column, label_column).head(limit)
     texts = data.texts
-    index = {label: i for i, label in enumerate(task.labels)}
+    use_head = head is not None and scorer != "zero-shot"
+    checked = head.labels if use_head else task.labels
     for row, names in enumerate(data.gold, start=1):
-        missing = [name for name in names if name not in index]
+        missing = [name for name in names if name not in checked]
         if missing:
             raise InputError(f"{path}: row {row} has gold label {missing[0]!r}, which is not in the label set "
-                             f"{list(task.labels)}")
-    gold = np.array([index[names[0]] for names in data.gold])
+                             f"{list(checked)}")
+    index = {label: i for i, label in enumerate(task.labels)}
+    # zero-shot figures (modes, temperature) index the task's labels (-1: a label only the head has)
+    gold = np.array([index.get(names[0], -1) for names in data.gold])
     accepted = np.zeros((len(texts), len(task.labels)), dtype=bool)  # [n, L]
     for row, names in enumerate(data.gold):
-        accepted[row, [index[name] for name in names]] = True
+        accepted[row, [index[name] for name in names if name in index]] = True
+    head_gold = np.array([head.labels.index(names[0]) for names in data.gold]) if use_head else None
+    if use_head and (gold < 0).any() and (compare_modes or fit_temperature):
+        raise TaskError("--compare-modes and --fit-temperature score the task's labels, and some gold labels "
+                        "are only the head's; run them without --head")
     if plots_dir:
         _check_matplotlib("--plots")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
+    states = []
 
-    def run(config_task: Task) -> tuple[Classifier, np.ndarray, float]:
+    def run(config_task: Task, taps=()) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings)
+        if taps:
+            from .head.apply import check
+
+            check(head, clf, head_source or "the head")
         start = time.perf_counter()
-        scores = clf.score(clf.encode(texts))
+        scores = clf.score(clf.encode(texts), taps=taps)
+        if taps:
+            scores, features = scores
+            states.append(features)
         return clf, scores, time.perf_counter() - start
 
     def evaluation(name, scores, bias, temperature, clf=None, seconds=None) -> Evaluation:
@@ -77,7 +93,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         return Evaluation(task.labels, gold, probs.argmax(1), probs.max(1), name=name,
                           target_accuracy=target_accuracy, extra=extra, accepted=accepted)
 
-    clf, scores, seconds = run(task)
+    clf, scores, seconds = run(task, head.taps if use_head else ())
     _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
     _echo(f"system turn: {task.system!r}" if task.system is not None else f"instruction: {task.instruction!r}")
     _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
@@ -88,7 +104,13 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     if fit_temperature:
         temperature = fit_temperature_on(scores, clf.bias, gold)
         _echo(f"fitted temperature: {temperature:.3f}")
-    main = evaluation(f"{clf.mode}{' +cal' if clf.bias is not None else ''}", scores, clf.bias, temperature, clf, seconds)
+    if use_head:
+        from .head.apply import evaluate_head
+
+        main = evaluate_head(head, scorer, clf, scores, states[0], head_gold, target_accuracy, seconds, texts, _echo)
+    else:
+        main = evaluation(f"{clf.mode}{' +cal' if clf.bias is not None else ''}", scores, clf.bias, temperature,
+                          clf, seconds)
     _echo(format_report(main))
     summary = main.summary()
 

@@ -21,14 +21,17 @@ def _echo(message: str = "") -> None:
 
 def classify_table(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
                    text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
-                   gold_column=None, progress=True, result_prefix="", resume=False, restart=False) -> None:
+                   gold_column=None, progress=True, result_prefix="", resume=False, restart=False, head=None,
+                   scorer="zero-shot", head_source=None) -> None:
     """Classify every row of a table, streaming, into OUTPUT (see `classify_job`); print the summary.
 
+    With a `head` (`head/`) and scorer head or combined, the labels and probabilities are the head's.
     Raises VerificationError after writing when the probe check finds a mismatch.
     """
     outcome = run_classify(input_path, output_path, task, settings, model=model, text_column=text_column,
                            id_column=id_column, fmt=fmt, errors=errors, probes=probes, gold_column=gold_column,
-                           progress=progress, result_prefix=result_prefix, resume=resume, restart=restart)
+                           progress=progress, result_prefix=result_prefix, resume=resume, restart=restart,
+                           head=head, scorer=scorer, head_source=head_source)
     report = outcome.report
     _print_summary(outcome.classifier, outcome.load_seconds, report, output_path)
     _echo(f"duplicates: {outcome.duplicates} rows took the scores of an identical row of their window"

@@ -155,9 +155,11 @@ class Task:
 
 
 _TOP_LEVEL = ("labels", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
-              "calibrate", "temperature", "token_budget", "max_rows", "device", "precision")
+              "calibrate", "temperature", "token_budget", "max_rows", "device", "precision", "head")
 _TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str, "calibrate": bool,
-          "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int, "device": str, "precision": str}
+          "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int,
+          "device": str, "precision": str,
+          "head": str}  # head: a head file for classify/evaluate (`head/apply.py`), not part of the Task
 _KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false"}
 
 

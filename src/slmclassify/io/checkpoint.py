@@ -96,7 +96,8 @@ def _fsync_dir(path: str) -> None:
 
 def changed(saved: dict, current: dict) -> str | None:
     """What differs between a saved run and this one, in words; None when it can continue."""
-    names = {"input": "the input file", "task": "the task", "model": "the model", "settings": "the settings"}
+    names = {"input": "the input file", "task": "the task", "model": "the model", "settings": "the settings",
+             "head": "the head or --scorer"}
     for key, what in names.items():
         if key not in current or saved.get(key) == current[key]:
             continue

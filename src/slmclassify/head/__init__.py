@@ -1,0 +1,8 @@
+"""Learned heads: a multinomial logistic regression on hidden states that the fast path reads at
+each item's last token, fitted on labelled items (`slmclassify fit`), used by `classify --head`
+and `evaluate --head`. scikit-learn (the `head` extra) is needed to fit, not to apply a head."""
+
+from .apply import SCORERS, score_with_head
+from .model import Head, model_fingerprint, task_record
+
+__all__ = ["Head", "SCORERS", "model_fingerprint", "score_with_head", "task_record"]

@@ -1,0 +1,130 @@
+"""Using a head: load it for a task and model, and turn one fast-path pass into results."""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import TaskError
+from ..results import Result, make_results
+from .features import collect
+from .model import Head, model_fingerprint, task_from_record
+
+SCORERS = ("zero-shot", "head", "combined")
+"""zero-shot: label scoring alone; head: the head's probabilities; combined: their normalised product."""
+
+
+def head_path_in_task_file(task_file: str | None) -> str | None:
+    """`head = "head.npz"` in a task file, relative to the task file's folder."""
+    if not task_file:
+        return None
+    try:
+        data = tomllib.loads(Path(task_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # reading the task itself reports it, with the project's message
+    if not isinstance(data.get("head"), str):
+        return None
+    return str(Path(task_file).parent / data["head"])
+
+
+def resolve_scorer(head: Head | None, scorer: str | None) -> str:
+    """The default is the head when there is one; a head scorer without a head is an error."""
+    if scorer is None:
+        return "zero-shot" if head is None else "head"
+    if scorer != "zero-shot" and head is None:
+        raise TaskError(f"--scorer {scorer} needs a head: pass --head head.npz (fitted with `slmclassify fit`)")
+    return scorer
+
+
+def task_of(head: Head, min_confidence: float | None = None):
+    """The task a head was fitted with, for commands given a head but no task flags."""
+    return task_from_record(head.task, min_confidence)
+
+
+def output_labels(task, head: Head | None, scorer: str) -> tuple[str, ...]:
+    return task.labels if scorer == "zero-shot" else head.labels
+
+
+def check(head: Head, classifier, source: str) -> None:
+    """Refuse a head fitted for another model or task; `combined` needs the same label set."""
+    head.check(model_fingerprint(classifier.loaded), classifier.task, source=source)
+
+
+def check_scorer(head: Head, task_labels, scorer: str) -> None:
+    """`combined` multiplies the head's and the task's probabilities: it needs the same label set."""
+    if scorer == "combined" and set(head.labels) != set(task_labels):
+        raise TaskError(f"--scorer combined needs the head's labels {list(head.labels)} to be the task's "
+                        f"labels {list(task_labels)}; use --scorer head")
+
+
+def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarray, task_labels, scorer: str) -> np.ndarray:
+    """[n, K] log-probabilities of the head's labels under `scorer` (head or combined)."""
+    check_scorer(head, task_labels, scorer)
+    logp = head.log_probabilities(head.features(states, calibrated))
+    if scorer == "combined":
+        order = [list(task_labels).index(lab) for lab in head.labels]
+        with np.errstate(invalid="ignore"):  # NaN rows: empty items
+            zero = calibrated[:, order]
+            zero = zero - np.logaddexp.reduce(zero, axis=1, keepdims=True)
+            logp = logp + zero
+            logp = logp - np.logaddexp.reduce(logp, axis=1, keepdims=True)
+    return logp
+
+
+def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None) -> tuple[np.ndarray, list[Result]]:
+    """(raw label scores [n, L], one Result per item over the head's labels) from one fast-path pass."""
+    scores, calibrated, states = collect(classifier, encoded, head.taps, progress)
+    logp = head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer)
+    return scores, make_results(head.labels, logp, logp, encoded.status, classifier.task.min_confidence)
+
+
+def window_results(head: Head, scorer: str, classifier, window) -> list[Result]:
+    """One Result per item of a `ScoredWindow` (scored with the head's taps), over the head's labels."""
+    calibrated = classifier.calibrated(window.scores)
+    logp = head_log_probabilities(head, calibrated, window.states, classifier.task.labels, scorer)
+    return make_results(head.labels, logp, logp, window.encoded.status, classifier.task.min_confidence)
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a head file, for a resumable run's identity."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray, gold: np.ndarray,
+                  target_accuracy, seconds: float, texts, echo):
+    """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside."""
+    from ..evaluate import Evaluation
+    from ..results import softmax
+
+    calibrated = classifier.calibrated(scores)
+    probs = np.exp(head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer))
+    extra = {"scorer": scorer, "layers": list(head.taps), "items_per_s": len(texts) / seconds}
+    used = _items_used(head, texts)
+    if used:
+        echo(f"warning: {used} of these {len(texts)} items were used to fit the head, so its figures on them are "
+             f"optimistic; `slmclassify fit` prints cross-validated ones")
+        extra["items_used_to_fit"] = used
+    if set(head.labels) == set(classifier.task.labels):
+        zero = softmax(calibrated)[:, [list(classifier.task.labels).index(lab) for lab in head.labels]]
+        zero_ev = Evaluation(head.labels, gold, zero.argmax(1), zero.max(1))
+        echo(f"zero-shot on the same items: accuracy {zero_ev.accuracy:.3f}, macro-F1 {zero_ev.macro_f1:.3f}, "
+             f"ECE {zero_ev.ece:.3f}")
+        extra["zero_shot"] = {"accuracy": zero_ev.accuracy, "macro_f1": zero_ev.macro_f1, "ece": zero_ev.ece}
+    echo(f"scorer: {scorer} (head: {len(head.labels)} labels, layers {list(head.taps)}, "
+         f"fitted on {head.info.get('items')} items)")
+    return Evaluation(head.labels, gold, probs.argmax(1), probs.max(1), name=scorer,
+                      target_accuracy=target_accuracy, extra=extra)
+
+
+def text_hashes(texts) -> list[str]:
+    """Short digests of item texts, kept in a head to spot evaluation on its own training items."""
+    return [hashlib.sha256(t.encode()).hexdigest()[:12] for t in texts]
+
+
+def _items_used(head: Head, texts) -> int:
+    seen = set(head.info.get("item_hashes", ()))
+    return sum(h in seen for h in text_hashes(texts))

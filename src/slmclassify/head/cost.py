@@ -1,0 +1,82 @@
+"""What a head costs at inference, measured side by side with zero-shot scoring in one process.
+
+The same items are scored in chunks, alternating zero-shot and head (its states read from the same
+pass, then its matrix product and softmax), so that the host's speed drift hits both sides alike.
+`python -m slmclassify.head.cost INPUT [--task task.toml] [--rounds 3]` prints the table.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..classifier import Classifier
+from ..results import make_results
+from .apply import score_with_head
+from .features import default_taps
+from .model import Head
+
+
+def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: int = 3, seed: int = 0) -> dict:
+    """Seconds per item of zero-shot scoring and of head scoring, chunk by chunk alternated.
+
+    The head is a random one of the real shape (its numbers do not change the cost).
+    """
+    taps = default_taps(classifier.loaded.model.config.num_hidden_layers)
+    rng = np.random.default_rng(seed)
+    L = len(classifier.task.labels)
+    F = len(taps) * classifier.loaded.model.config.hidden_size + L
+    head = Head(labels=classifier.task.labels, taps=taps, use_scores=True, mean=np.zeros(F), scale=np.ones(F),
+                coef=rng.normal(size=(L, F)), intercept=np.zeros(L), model={}, task={}, info={})
+    encoded = classifier.encode(texts)
+    chunks = [encoded.subset(list(range(i, min(i + chunk, len(texts))))) for i in range(0, len(texts), chunk)]
+    seconds = {"zero-shot": 0.0, "head": 0.0}
+    agree = 0
+    for r in range(rounds):
+        for j, part in enumerate(chunks):
+            order = ("zero-shot", "head") if (r + j) % 2 == 0 else ("head", "zero-shot")
+            for side in order:
+                start = time.perf_counter()
+                if side == "head":
+                    _, results = score_with_head(classifier, part, head, "head")
+                else:
+                    scores = classifier.score(part)
+                    results = make_results(classifier.task.labels, scores, classifier.calibrated(scores), part.status,
+                                           classifier.task.min_confidence)
+                seconds[side] += time.perf_counter() - start
+    n = rounds * len(texts)
+    return {"items": len(texts), "rounds": rounds, "taps": list(taps), "features": F,
+            "zero_shot_items_per_s": n / seconds["zero-shot"], "head_items_per_s": n / seconds["head"],
+            "ratio": seconds["head"] / seconds["zero-shot"]}
+
+
+def main() -> None:
+    import argparse
+
+    from ..task import Task, parse_labels
+    from ..tables import read_table, texts_of
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("input")
+    parser.add_argument("--task")
+    parser.add_argument("--labels")
+    parser.add_argument("--mode", default="first")
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    task = Task.from_toml(args.task) if args.task else Task(labels=parse_labels(args.labels or ""))
+    task = task.with_overrides(mode=args.mode)
+    texts = [t for t in texts_of(read_table(args.input, args.text_column), args.text_column) if t.strip()][: args.n]
+    clf = Classifier(task)
+    clf.score(clf.encode(texts[:16]))  # warm-up
+    out = measure(clf, texts, rounds=args.rounds)
+    print(f"{out['items']} items x {out['rounds']} rounds, mode {clf.mode}, head on layers {out['taps']} "
+          f"({out['features']} features)")
+    print(f"zero-shot {out['zero_shot_items_per_s']:.2f} items/s; with head {out['head_items_per_s']:.2f} items/s; "
+          f"time ratio head/zero-shot {out['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""A learned head: multinomial logistic regression on hidden states read from the fast path.
+
+The head is plain numbers (standardisation, weights, biases) plus what it was fitted for: the
+model's fingerprint, the task's prompt and the layers it reads. Saved as one `.npz` file without
+pickles; its predictions are one matrix product and a softmax in float64, so they are deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError, TaskError
+from ..task import Example, Task
+
+FORMAT = "slmclassify-head-1"
+
+
+@dataclass(frozen=True)
+class Head:
+    """A fitted head and what it was fitted for."""
+
+    labels: tuple[str, ...]
+    """The head's classes (any strings from the gold column), in column order."""
+    taps: tuple[int, ...]
+    """Layers whose last-token states are the features (Hugging Face `hidden_states` numbering)."""
+    use_scores: bool
+    """Whether the task's calibrated label log-probabilities are appended to the states."""
+    mean: np.ndarray
+    """[F] feature means on the training items."""
+    scale: np.ndarray
+    """[F] feature standard deviations (1 where constant)."""
+    coef: np.ndarray
+    """[K, F] weights on the standardised features."""
+    intercept: np.ndarray
+    """[K] biases."""
+    model: dict
+    """Fingerprint of the model the features came from (`model_fingerprint`)."""
+    task: dict
+    """The task the features came from (`task_record`): prompt, labels, scoring."""
+    info: dict
+    """How it was fitted: C, items per label, cross-validated metrics."""
+
+    def features(self, states: np.ndarray, calibrated: np.ndarray) -> np.ndarray:
+        """[n, F] features from [n, taps*hidden] states and [n, L] calibrated label scores."""
+        parts = [states.astype(np.float64)]
+        if self.use_scores:
+            parts.append(calibrated.astype(np.float64))
+        return np.concatenate(parts, axis=1)
+
+    def log_probabilities(self, features: np.ndarray) -> np.ndarray:
+        """[n, K] log-probabilities of the head's labels (NaN rows stay NaN)."""
+        return linear_log_probabilities(features, self.mean, self.scale, self.coef, self.intercept)
+
+    def save(self, path: str | Path) -> Path:
+        meta = {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps),
+                "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info}
+        path = Path(path)
+        with path.open("wb") as f:  # np.savez would append .npz to a name without it
+            np.savez(f, meta=np.array(json.dumps(meta)), mean=self.mean, scale=self.scale,
+                     coef=self.coef, intercept=self.intercept)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Head:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+                arrays = {k: data[k].astype(np.float64) for k in ("mean", "scale", "coef", "intercept")}
+        except FileNotFoundError:
+            raise InputError(f"head file not found: {path}") from None
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"{path} is not a head file written by `slmclassify fit` ({exc})") from None
+        if meta.get("format") != FORMAT:
+            raise InputError(f"{path}: unknown head format {meta.get('format')!r}; refit with `slmclassify fit`")
+        return cls(labels=tuple(meta["labels"]), taps=tuple(meta["taps"]), use_scores=meta["use_scores"],
+                   model=meta["model"], task=meta["task"], info=meta["info"], **arrays)
+
+    def check(self, fingerprint: dict, task: Task, source: str = "the head") -> None:
+        """Refuse features from another model or task, naming what differs."""
+        differs = sorted(k for k in set(fingerprint) | set(self.model)
+                         if k != "name" and fingerprint.get(k) != self.model.get(k))  # same weights: any path
+        if differs:
+            raise TaskError(f"{source} was fitted for model {self.model.get('name')!r}, not {fingerprint.get('name')!r} "
+                            f"({', '.join(differs)} differ); refit it with `slmclassify fit --model ...`")
+        record = task_record(task)
+        if record != self.task:
+            differs = [k for k in self.task if record.get(k) != self.task.get(k)]
+            detail = "; ".join(f"{k}: {_short(self.task.get(k))} in the head, {_short(record.get(k))} here" for k in differs)
+            raise TaskError(f"{source} was fitted for another task ({detail}); use the task it was fitted "
+                            f"with or refit it with `slmclassify fit`")
+
+
+def linear_log_probabilities(X, mean, scale, coef, intercept) -> np.ndarray:
+    """log softmax(((X - mean) / scale) @ coef.T + intercept), row by row: [n, F] → [n, K]."""
+    logits = ((X - mean) / scale) @ coef.T + intercept
+    top = logits.max(axis=1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+
+
+def task_record(task: Task) -> dict:
+    """What of a task shapes the features: the prompt, the scored labels and their scoring."""
+    return {"labels": list(task.labels), "descriptions": list(task.descriptions), "instruction": task.instruction,
+            "system": task.system, "user_template": task.user_template,
+            "examples": [[ex.text, ex.label] for ex in task.examples], "mode": task.mode,
+            "calibrate": task.calibrate, "temperature": task.temperature}
+
+
+def task_from_record(record: dict, min_confidence: float | None = None) -> Task:
+    """The task a head was fitted with (so `classify --head` needs no task flags)."""
+    values = {k: v for k, v in record.items() if k != "examples"}
+    task = Task(**{**values, "labels": tuple(values["labels"]), "descriptions": tuple(values["descriptions"]),
+                   "examples": tuple(Example(t, lab) for t, lab in record["examples"])})
+    return task.with_overrides(min_confidence=min_confidence)
+
+
+def task_hash(task: Task) -> str:
+    return hashlib.sha256(json.dumps(task_record(task), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def model_fingerprint(loaded) -> dict:
+    """Architecture, sizes and a digest of some weights: equal for the same weights wherever they load from."""
+    cfg = loaded.model.config
+    base = loaded.model.model
+    digest = hashlib.sha256()
+    for tensor in (base.norm.weight, base.embed_tokens.weight[:64], *(layer.input_layernorm.weight for layer in base.layers),
+                   base.layers[-1].mlp.down_proj.weight[:8]):
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return {"name": loaded.name, "architecture": cfg.model_type, "hidden_size": cfg.hidden_size,
+            "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size, "weights": digest.hexdigest()[:16]}
+
+
+def _short(value, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,229 @@
+"""Learned heads: the fast path's hidden states equal the Hugging Face forward's, a head fits,
+saves and loads exactly, predicts deterministically, refuses features from another model or task,
+and `fit` then `classify --head` / `evaluate --head` work end to end (tiny random models)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+from slmclassify import Classifier, EngineSettings, Task
+from slmclassify.cli import cli, main
+from slmclassify.errors import TaskError
+from slmclassify.head import Head, model_fingerprint, score_with_head, task_record
+from slmclassify.head.features import collect, default_taps
+from slmclassify.head.fitting import cross_validated, fit
+
+from test_engine import random_texts
+
+# Two kinds of text a random model still tells apart: its states differ with the tokens.
+BILLING = "my card was charged twice for the invoice please refund"
+TECH = "the app crashes with a login error on the settings page"
+
+
+def labelled(n_per_label: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    rng = np.random.default_rng(seed)
+    texts, gold = [], []
+    for label, words in (("money", BILLING.split()), ("broken app", TECH.split())):
+        for _ in range(n_per_label):
+            texts.append(" ".join(rng.choice(words, size=rng.integers(3, 9))))
+            gold.append(label)
+    return texts, gold
+
+
+@pytest.mark.parametrize("mode,settings", [
+    ("first", EngineSettings(token_budget=None, max_rows=3)),
+    ("full", EngineSettings(token_budget=120, max_rows=8)),
+    ("full", EngineSettings(prefix_cache=False)),
+])
+def test_states_equal_reference_hidden_states(tiny_loaded, mode, settings):
+    """Every layer's state at the item's last token, from padded batches with the prefix cache and
+    label-trie nodes, equals `hidden_states` of the unmodified HF forward on the full prompt."""
+    labels = ("billing", "technical", "account") if mode == "first" else ("billing", "account", "accounting")
+    clf = Classifier(Task(labels=labels, mode=mode), model=tiny_loaded, settings=settings)
+    n_layers = tiny_loaded.model.config.num_hidden_layers
+    taps = tuple(range(1, n_layers + 1))
+    texts = random_texts(9, seed=5)
+    encoded = clf.encode(texts)
+    scores, states = clf.score(encoded, taps=taps)
+    assert states.shape == (9, n_layers * tiny_loaded.model.config.hidden_size)
+    np.testing.assert_allclose(scores, clf.score(encoded), atol=1e-5)  # the taps change nothing
+    for i in range(len(texts)):
+        with torch.inference_mode():
+            out = tiny_loaded.model(input_ids=torch.tensor([encoded.ids[i]]), output_hidden_states=True)
+        ref = torch.stack([out.hidden_states[t][0, -1] for t in taps]).numpy()
+        fast = states[i].reshape(len(taps), -1)
+        diff = np.abs(fast - ref).max(axis=1)
+        assert diff.max() <= 1e-4, f"item {i}: max |Δ| per layer {diff}\nfast:\n{fast[:, :6]}\nreference:\n{ref[:, :6]}"
+
+
+def test_default_taps():
+    assert default_taps(30) == (15, 22, 30)
+    assert default_taps(2) == (1, 2)
+
+
+def _fitted_head(loaded, task, texts, gold) -> Head:
+    clf = Classifier(task, model=loaded)
+    taps = default_taps(loaded.model.config.num_hidden_layers)
+    _, calibrated, states = collect(clf, clf.encode(texts), taps)
+    X = np.concatenate([states, calibrated], axis=1)
+    f = fit(X, gold, folds=3)
+    return Head(labels=f.labels, taps=taps, use_scores=True, mean=f.mean, scale=f.scale, coef=f.coef,
+                intercept=f.intercept, model=model_fingerprint(loaded), task=task_record(task), info={"C": f.C})
+
+
+def test_fit_save_load_round_trip_and_determinism(llama_loaded, tmp_path):
+    task = Task(labels=("billing", "technical"))
+    texts, gold = labelled(12)
+    head = _fitted_head(llama_loaded, task, texts, gold)
+    again = _fitted_head(llama_loaded, task, texts, gold)
+    np.testing.assert_array_equal(head.coef, again.coef)  # same items, same head
+    assert head.labels == ("broken app", "money")  # any strings from the gold column
+
+    loaded = Head.load(head.save(tmp_path / "head.npz"))
+    for field in ("mean", "scale", "coef", "intercept"):
+        np.testing.assert_array_equal(getattr(loaded, field), getattr(head, field))
+    assert (loaded.labels, loaded.taps, loaded.model, loaded.task) == (head.labels, head.taps, head.model, head.task)
+
+    clf = Classifier(task, model=llama_loaded, settings=EngineSettings(token_budget=None, max_rows=4))
+    other = Classifier(task, model=llama_loaded, settings=EngineSettings(token_budget=64, max_rows=3))
+    test_texts, _ = labelled(6, seed=1)
+    _, first = score_with_head(clf, clf.encode(test_texts), loaded, "head")
+    _, second = score_with_head(other, other.encode(test_texts), loaded, "head")
+    assert [r.label for r in first] == [r.label for r in second]  # other batches, same predictions
+    p1 = np.array([[r.probabilities[lab] for lab in loaded.labels] for r in first])
+    p2 = np.array([[r.probabilities[lab] for lab in loaded.labels] for r in second])
+    np.testing.assert_allclose(p1, p2, atol=1e-6)
+
+    # the saved numbers give scikit-learn's own probabilities (binary: sklearn keeps one row of weights)
+    from sklearn.linear_model import LogisticRegression
+
+    fit_clf = Classifier(task, model=llama_loaded)
+    _, calibrated, states = collect(fit_clf, fit_clf.encode(texts), loaded.taps)
+    X = np.concatenate([states, calibrated], axis=1)
+    sk = LogisticRegression(C=loaded.info["C"], max_iter=1000).fit((X - loaded.mean) / loaded.scale, gold)
+    _, calibrated, states = collect(clf, clf.encode(test_texts), loaded.taps)
+    X_test = np.concatenate([states, calibrated], axis=1)
+    # (LogisticRegressionCV's refit starts from the folds' solutions: both stop within lbfgs's tolerance)
+    np.testing.assert_allclose(p1, sk.predict_proba((X_test - loaded.mean) / loaded.scale), atol=2e-3)
+    assert (p1.argmax(1) == sk.predict_proba((X_test - loaded.mean) / loaded.scale).argmax(1)).all()
+
+
+def test_refuses_head_of_other_model_or_task(tiny_loaded, llama_loaded, tmp_path):
+    task = Task(labels=("billing", "technical"))
+    head = Head.load(_fitted_head(llama_loaded, task, *labelled(6)).save(tmp_path / "h.npz"))
+    head.check(model_fingerprint(llama_loaded), task)  # its own model and task pass
+    if tiny_loaded.model.config.model_type != "llama":
+        with pytest.raises(TaskError, match=r"fitted for model .*architecture.*differ"):
+            head.check(model_fingerprint(tiny_loaded), task)
+    with pytest.raises(TaskError, match=r"another task \(user_template: '\{text\}' in the head, 'Ticket: \{text\}' here\)"):
+        head.check(model_fingerprint(llama_loaded), task.with_overrides(user_template="Ticket: {text}"))
+    with pytest.raises(TaskError, match=r"another task \(labels: "):
+        head.check(model_fingerprint(llama_loaded), Task(labels=("billing", "account")))
+
+
+def test_cross_validated_probabilities_are_out_of_fold():
+    rng = np.random.default_rng(0)
+    y = np.array(["a", "b"] * 20)
+    X = rng.normal(size=(40, 5)) + (y == "a")[:, None] * 3.0
+    probs = cross_validated(X, y, ("a", "b"), folds=4)
+    np.testing.assert_allclose(probs.sum(1), 1.0)
+    assert ((probs.argmax(1) == (y == "b")).mean()) == 1.0
+
+
+def test_fit_then_classify_and_evaluate_with_head(llama_dir, tmp_path):
+    texts, gold = labelled(10)
+    train = tmp_path / "train.csv"
+    pd.DataFrame({"text": texts, "gold": gold}).to_csv(train, index=False)
+    head_path = tmp_path / "head.npz"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["fit", str(train), "--label-column", "gold", "--labels", "billing,technical",
+                                 "--model", str(llama_dir), "-o", str(head_path), "--curve", "2,4", "--folds", "3"],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "zero-shot: not comparable" in result.output  # gold labels are not the task's labels
+    assert "head (3-fold CV)" in result.output and "learning curve" in result.output
+    assert (tmp_path / "head-curve.png").stat().st_size > 1000
+    head = Head.load(head_path)
+    assert head.labels == ("broken app", "money") and head.info["items"] == 20
+
+    test_texts, test_gold = labelled(5, seed=3)
+    inp = tmp_path / "in.csv"
+    pd.DataFrame({"text": test_texts + [""], "gold": test_gold + ["money"]}).to_csv(inp, index=False)
+    out = tmp_path / "out.csv"
+    result = runner.invoke(cli, ["classify", str(inp), "-o", str(out), "--head", str(head_path),
+                                 "--model", str(llama_dir), "--quiet", "--gold-column", "gold"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(out, keep_default_na=False)
+    assert list(frame.columns) == ["text", "gold", "label", "confidence", "needs_review", "p_broken app",
+                                   "p_money", "status"]
+    assert len(frame) == 11 and frame["status"].tolist() == ["ok"] * 10 + ["empty"]
+    assert set(frame["label"][:10]) <= {"money", "broken app"} and frame["label"][10] == ""
+    assert "accuracy vs gold" in result.output
+
+    # the task file's `head` key does the same, and --scorer zero-shot ignores it
+    toml = tmp_path / "task.toml"
+    toml.write_text('labels = ["billing", "technical"]\nhead = "head.npz"\n')
+    out2 = tmp_path / "out2.csv"
+    result = runner.invoke(cli, ["classify", str(inp), "-o", str(out2), "--task", str(toml), "--model", str(llama_dir),
+                                 "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert pd.read_csv(out2, keep_default_na=False)["label"].tolist() == frame["label"].tolist()
+    result = runner.invoke(cli, ["classify", str(inp), "-o", str(out2), "--task", str(toml), "--model", str(llama_dir),
+                                 "--quiet", "--scorer", "zero-shot"], catch_exceptions=False)
+    assert "p_billing" in pd.read_csv(out2).columns
+
+    result = runner.invoke(cli, ["evaluate", str(inp), "--label-column", "gold", "--head", str(head_path),
+                                 "--model", str(llama_dir), "--target-accuracy", "0.8"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "scorer: head (head: 2 labels, layers [1, 2], fitted on 20 items)" in result.output
+    assert "min_confidence" in result.output or "no threshold reaches accuracy 0.80" in result.output
+
+
+def test_cli_refuses_mismatched_head(llama_dir, tmp_path, capsys, monkeypatch):
+    from slmclassify import load_model
+
+    loaded = load_model(str(llama_dir))
+    head_path = _fitted_head(loaded, Task(labels=("billing", "technical")), *labelled(6)).save(tmp_path / "h.npz")
+    inp = tmp_path / "in.csv"
+    pd.DataFrame({"text": ["card charged"]}).to_csv(inp, index=False)
+    monkeypatch.setattr("sys.argv", ["slmclassify", "classify", str(inp), "-o", str(tmp_path / "o.csv"), "--head",
+                                     str(head_path), "--labels", "billing,account", "--model", str(llama_dir)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"slmclassify: error: {head_path} was fitted for another task (labels: ['billing', 'technical'] "
+                          "in the head, ['billing', 'account'] here)")
+    assert not (tmp_path / "o.csv").exists()
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_states_from_low_precision_backends_are_float32_on_cpu(tiny_model_dir, precision, tmp_path, monkeypatch):
+    """The backend engine (LinearOps in int8/bf16) hands out float32 CPU states near float32's; the
+    taps change no score. Measured max relative |Δ state| vs fp32 on this model: int8 0.107, bf16 0.035."""
+    from slmclassify.backends import cpu_native
+    from slmclassify.loading import load_model
+
+    if precision == "bf16" and not cpu_native("bf16"):
+        pytest.skip("this CPU has no native bf16")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    task = Task(labels=("billing", "technical", "account"))
+    encoded = None
+    states = {}
+    for p in ("fp32", precision):
+        clf = Classifier(task, model=load_model(str(tiny_model_dir), device="cpu", precision=p))
+        assert clf.engine.backend.precision == p
+        encoded = clf.encode(random_texts(12, seed=5))
+        scores, states[p] = clf.score(encoded, taps=(1, 2))
+        np.testing.assert_array_equal(scores, clf.score(encoded))
+        assert states[p].dtype == np.float32 and np.isfinite(states[p]).all()
+    ref, low = states["fp32"], states[precision]
+    rel = np.linalg.norm(low - ref, axis=1).max() / np.linalg.norm(ref, axis=1).min()
+    assert 1e-4 < rel <= 0.25, rel  # really low precision, and the same layers
+    _, swapped = clf.score(encoded, taps=(2, 1))
+    hidden = ref.shape[1] // 2
+    np.testing.assert_array_equal(swapped, np.concatenate([low[:, hidden:], low[:, :hidden]], axis=1))
