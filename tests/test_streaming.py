@@ -157,8 +157,9 @@ def test_sweep_shows_the_window_trade_off(llama_dir, tmp_path):
                                 catch_exceptions=False)
     lines = result.stdout.splitlines()
     header = lines.index(f"{'window':>8} {'items/s':>8} {'padding%':>9} {'reused':>7} {'peak RSS MB':>12}")
-    rows = [line.split() for line in lines[header + 1 :]]
+    rows = [line.split() for line in lines[header + 1 : header + 3]]
     assert [r[0] for r in rows] == ["2", "8"]
+    assert lines[header + 3].startswith("plot: ")  # the plot is drawn last, after every measurement
     assert all(float(r[1]) > 0 and 0 <= float(r[2]) <= 100 for r in rows)
 
 

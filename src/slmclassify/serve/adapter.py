@@ -79,8 +79,10 @@ class TaskRunner:
 
     def score(self, picks: list[tuple[EncodedRequest, int]]) -> tuple[np.ndarray, BatchWork]:
         """[k, L] raw label scores of the picked (request, text index) items, in pick order."""
+        parts = [req.items.own(i) for req, i in picks]  # the compact ids the engine runs
         combined = EncodedItems(
-            ids=[req.items.ids[i] for req, i in picks],
+            tokens=np.concatenate(parts).astype(np.int32),
+            offsets=np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64),
             status=[req.items.status[i] for req, i in picks],
             prefix_ids=picks[0][0].items.prefix_ids,
             cached=np.array([bool(req.items.cached[i]) for req, i in picks], dtype=bool),
