@@ -138,3 +138,33 @@ def model_dir_factory(tmp_path_factory, tiny_tokenizer):
         return folder
 
     return make
+
+
+@pytest.fixture
+def one_torch_thread(monkeypatch):
+    """The tiny models gain nothing from intra-op threads, and on a busy 2-core machine their
+    barriers make each run up to 20x slower; every command calls `set_threads()` at start."""
+    from slmclassify import loading
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(loading, "set_threads", lambda: torch.set_num_threads(1) or 1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def run_main(monkeypatch, capsys):
+    """Run the console entry point with argv; return (exit code, stdout, stderr)."""
+    from slmclassify.cli import main
+
+    def run(*args):
+        monkeypatch.setattr("sys.argv", ["slmclassify", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = 0 if exc.code is None else exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -176,23 +176,6 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
     assert len(without_f["rows"]) == len(names) - 1 and len(calls) == 1
 
 
-@pytest.fixture
-def run_main(monkeypatch, capsys):
-    """The console entry point with argv: (exit code, stdout, stderr)."""
-    from slmclassify.cli import main
-
-    def run(*args):
-        monkeypatch.setattr("sys.argv", ["slmclassify", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
 
 @pytest.mark.parametrize("option,value,instead", [("--token-budget", "512", "--budgets"), ("--max-rows", "8", "--row-caps")])
 def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, value, instead):

@@ -30,6 +30,8 @@ from slmclassify.cli import cli, main
 from slmclassify.engine import Engine
 from slmclassify.task import Task
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 LABELS = ("billing", "technical", "account")
 LABEL_ARG = ",".join(LABELS)
 ADDED = ["label", "confidence", "needs_review", "p_billing", "p_technical", "p_account", "status"]
@@ -49,34 +51,6 @@ STATUSES = ["ok", "ok", "empty", "empty", "ok", "ok"]
 
 # --------------------------------------------------------------------------- helpers
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread(monkeypatch):
-    """The tiny model gains nothing from intra-op threads, and on a busy 2-core machine their
-    barriers make each run up to 20× slower; every command calls `set_threads()` on load."""
-    from slmclassify import loading
-
-    before = torch.get_num_threads()
-    monkeypatch.setattr(loading, "set_threads", lambda: torch.set_num_threads(1) or 1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def run_main(monkeypatch, capsys):
-    """Run the console entry point with argv; return (exit code, stdout, stderr)."""
-
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", ["slmclassify", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = 0 if exc.code is None else exc.code
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 @pytest.fixture

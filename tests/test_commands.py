@@ -15,31 +15,8 @@ from slmclassify.encode import EncodedItems
 from slmclassify.tuning import NO_CAP, engine_settings
 from slmclassify.verify import PROBE_MAX_TOKENS, VerifyReport, pick_probes
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread(monkeypatch):
-    """As in test_cli: the tiny model runs faster on one thread on a busy machine."""
-    from slmclassify import loading
-
-    before = torch.get_num_threads()
-    monkeypatch.setattr(loading, "set_threads", lambda: torch.set_num_threads(1) or 1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def run_main(monkeypatch, capsys):
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", ["slmclassify", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 def test_default_item_cap():

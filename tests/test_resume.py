@@ -20,18 +20,10 @@ import torch
 from slmclassify import classifier as classifier_module
 from slmclassify.cli import main
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 LABELS = "billing,technical,account"
 WORDS = "card charged twice invoice app crash settings email profile refund login error password".split()
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread(monkeypatch):
-    from slmclassify import loading
-
-    before = torch.get_num_threads()
-    monkeypatch.setattr(loading, "set_threads", lambda: torch.set_num_threads(1) or 1, raising=False)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_input(path: Path, n: int, seed: int = 0) -> Path:
@@ -51,20 +43,6 @@ def make_input(path: Path, n: int, seed: int = 0) -> Path:
             texts.append(text)
             writer.writerow([f"{i:05d}", text])
     return path
-
-
-@pytest.fixture
-def run_main(monkeypatch, capsys):
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", ["slmclassify", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = 0 if exc.code is None else exc.code
-        return code, *capsys.readouterr()
-
-    return run
 
 
 def interrupt_after(monkeypatch, windows: int):
