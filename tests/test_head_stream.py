@@ -10,7 +10,7 @@ from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.head import Head, score_with_head
 
 from test_head import _fitted_head, labelled
-from test_resume import interrupt_after, run_main  # noqa: F401 - fixture
+from test_resume import interrupt_after
 
 TASK = Task(labels=("billing", "technical"))
 
