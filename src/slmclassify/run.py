@@ -9,7 +9,6 @@ from .classifier import Classifier, EngineSettings
 from .errors import VerificationError
 from .labels import describe_labels
 from .classify_job import run_classify
-from .results import result_columns as results_columns
 from .tables import read_table, texts_of
 from .task import Task
 from .verify import VerifyReport, compare, pick_probes
@@ -41,9 +40,6 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
     if report is not None and not report.ok:
         raise VerificationError(f"the output was written, but {report.summary()}; "
                                 f"disagreeing rows {list(report.disagreements)}")
-
-
-result_columns = results_columns  # the columns classify adds, in order (kept here for callers)
 
 
 def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -145,11 +147,19 @@ def write_table(frame: pd.DataFrame, path: str, fmt: str | None = None) -> None:
     target = Path(path)
     if not target.parent.exists():
         raise InputError(f"output folder does not exist: {target.parent}")
+    with atomic_output(path) as fh:
+        _write(ChunkWriter(fh, fmt, schema, name=path), frame)
+
+
+@contextmanager
+def atomic_output(path: str) -> Iterator:
+    """A binary file handle on `PATH.partial`, renamed to PATH when the block completes; removed
+    if it fails (an OSError becomes the one-line `write_error`)."""
     tmp = f"{path}.partial"
     try:
         with open(tmp, "wb") as fh:
-            _write(ChunkWriter(fh, fmt, schema, name=path), frame)
-        os.replace(tmp, target)
+            yield fh
+        os.replace(tmp, path)
     except OSError as exc:
         raise write_error(path, exc) from None
     finally:

@@ -9,7 +9,6 @@ CSV columns are read as strings, as in a single-process run (so `007` stays `007
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -107,28 +106,20 @@ def _read(fmt: str, files: list[str], errors: str):
 
 def _write_file(dataset, output_path: str, fmt: str) -> int:
     """Stream the rows in order into OUTPUT.partial, then rename it; returns the rows written."""
-    from ..io.writers import ChunkWriter, write_error
+    from ..io.writers import ChunkWriter, atomic_output
 
-    tmp = f"{output_path}.partial"
     rows = 0
-    try:
-        with open(tmp, "wb") as fh:
-            writer = None
-            for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-                if writer is None:
-                    schema = batch.schema if fmt == "parquet" else list(batch.column_names)
-                    writer = ChunkWriter(fh, fmt, schema, name=output_path)
-                writer.write(batch.to_pandas())
-                rows += batch.num_rows
+    with atomic_output(output_path) as fh:
+        writer = None
+        for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             if writer is None:
-                raise InputError("the input has no rows")
-            writer.close()
-        os.replace(tmp, output_path)
-    except OSError as exc:
-        raise write_error(output_path, exc) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+                schema = batch.schema if fmt == "parquet" else list(batch.column_names)
+                writer = ChunkWriter(fh, fmt, schema, name=output_path)
+            writer.write(batch.to_pandas())
+            rows += batch.num_rows
+        if writer is None:
+            raise InputError("the input has no rows")
+        writer.close()
     return rows
 
 
