@@ -1,34 +1,56 @@
-"""The 600 article tickets, embedded model: today's whole-file scoring vs classify_iter with windows,
-interleaved in one process (old, default window, window 128, old, default, 128 ...). One JSON line per pass."""
-import json, sys, time
+"""Whole-file scoring vs `classify_iter` windows, interleaved in one process, on two workloads:
+the article's 600 tickets (335 distinct texts: windows score each distinct prompt once) and 600
+distinct article tickets (no duplicates: what the window itself costs). Embedded model.
+
+usage: python benchmarks/window_throughput.py [ROUNDS]   -> a table, then one JSON line
+"""
+import json, platform, sys, time
+
 import numpy as np
 import torch
+
 from slmclassify import Classifier, EngineSettings, load_model
 from slmclassify.workload import ARTICLE_TASK, article_tickets
 
-rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-texts = article_tickets(600)
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+task = ARTICLE_TASK.with_overrides(mode="first")
+distinct = list(dict.fromkeys(article_tickets(2400)))[:600]
+workloads = {"article 600": article_tickets(600), "600 distinct": distinct}
+ways = {"whole file": None, "window 1024 (default)": 1024, "window 128": 128}
 loaded = load_model(None)
-clf = Classifier(ARTICLE_TASK.with_overrides(mode="first"), model=loaded)
-clf.score(clf.encode(texts[:8]))  # warm-up
-print(json.dumps({"threads": torch.get_num_threads(), "distinct_texts": len(set(texts))}), flush=True)
-first_labels = None
+clf = Classifier(task, model=loaded)
+clf.score(clf.encode(distinct[:8]))  # warm-up
+totals = {(w, way): 0.0 for w in workloads for way in ways}
+facts, reference = {}, {}
 for r in range(rounds):
-    for name, window in (("whole-file (today)", None), ("window 1024 (default)", 1024), ("window 128", 128)):
-        start = time.perf_counter()
-        if window is None:
-            clf.settings = EngineSettings()
-            scores = clf.score(clf.encode(texts))
-            labels = scores.argmax(axis=1)
-            padding = clf.stats.padding_share
-        else:
-            clf.settings = EngineSettings(window=window)
-            res = clf.classify(texts)
-            labels = np.array([np.argmax([x.scores[lab] for lab in ARTICLE_TASK.labels]) for x in res])  # raw, like above
-            padding = clf.stats.padding_share
-        seconds = time.perf_counter() - start
-        if first_labels is None:
-            first_labels = labels
-        print(json.dumps({"round": r, "way": name, "seconds": round(seconds, 2), "items_per_s": round(600 / seconds, 2),
-                          "padding": round(padding, 4), "reused": getattr(clf.stats, "reused", 0),
-                          "same_labels_as_first": int((labels == first_labels).sum())}), flush=True)
+    for wname, texts in workloads.items():
+        for way, window in ways.items():
+            start = time.perf_counter()
+            if window is None:  # every row scored, no windows, no duplicate reuse
+                clf.settings = EngineSettings()
+                scores = clf.score(clf.encode(texts))
+                reused = 0
+            else:
+                clf.settings = EngineSettings(window=window)
+                results = clf.classify(texts)
+                scores = np.array([[x.scores[lab] for lab in task.labels] for x in results])
+                reused = clf.stats.reused
+            totals[wname, way] += time.perf_counter() - start
+            reference.setdefault(wname, scores)
+            facts[wname, way] = dict(padding=clf.stats.padding_share, reused=reused,
+                                     max_dscore=float(np.abs(scores - reference[wname]).max()),
+                                     same_labels=int((scores.argmax(1) == reference[wname].argmax(1)).sum()))
+            print(f"round {r + 1} {wname:<13} {way:<22} {time.perf_counter() - start:7.1f} s", file=sys.stderr, flush=True)
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+print(f"{cpu}, {torch.get_num_threads()} threads; {rounds} rounds interleaved; embedded SmolLM2-135M, first-token scoring")
+print(f"{'workload':<13} {'way':<22} {'items/s':>8} {'vs whole':>9} {'pad%':>6} {'reused':>7} {'same':>8} {'max|Δ|':>8}")
+rows = []
+for wname, texts in workloads.items():
+    for way in ways:
+        rate = rounds * len(texts) / totals[wname, way]
+        ratio = totals[wname, "whole file"] / totals[wname, way]
+        f = facts[wname, way]
+        rows.append(dict(workload=wname, way=way, items_per_s=round(rate, 2), vs_whole=round(ratio, 3), **f))
+        print(f"{wname:<13} {way:<22} {rate:>8.2f} {ratio:>8.2f}x {100 * f['padding']:>5.1f} {f['reused']:>7} "
+              f"{f['same_labels']:>4}/{len(texts)} {f['max_dscore']:>8.1e}")
+print(json.dumps({"cpu": cpu, "threads": torch.get_num_threads(), "rounds": rounds, "rows": rows}))

@@ -79,6 +79,7 @@ def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):
     # A planted choice is reused as is: nothing is re-timed.
     other = "onednn" if loaded.backend.gemm == "mm" else "mm"
     stored[key]["gemm"] = other
+    stored[key].pop("provisional", None)  # as if measured on a quiet machine
     path.write_text(json.dumps(stored))
     again = load_model(str(llama_dir), device="cpu")
     assert again.gemm_rates["cached"] is True
@@ -86,6 +87,22 @@ def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):
     clf = Classifier(TASK, model=again)
     encoded = clf.encode(random_texts(6, seed=1))
     assert np.abs(clf.score(encoded) - clf.reference(encoded, range(6))).max() <= 1e-4
+
+
+def test_rates_measured_on_a_busy_machine_are_measured_again_when_quiet(llama_dir, monkeypatch):
+    from slmclassify.backends import choice
+    from slmclassify.loading import cache_root
+
+    monkeypatch.setattr(choice, "machine_load", lambda: 3.0)  # busy: 3 runnable tasks per core
+    busy = load_model(str(llama_dir), device="cpu").gemm_rates
+    assert busy["cached"] is False and busy["provisional"] is True and busy["load_per_core"] == 3.0
+    assert load_model(str(llama_dir), device="cpu").gemm_rates["cached"] is True  # still busy: reused
+    monkeypatch.setattr(choice, "machine_load", lambda: 0.5)
+    quiet = load_model(str(llama_dir), device="cpu").gemm_rates
+    assert quiet["cached"] is False and "provisional" not in quiet
+    stored = json.loads((cache_root() / CACHE_FILE).read_text())
+    assert [entry.get("provisional") for entry in stored.values()] == [None]
+    assert load_model(str(llama_dir), device="cpu").gemm_rates["cached"] is True
 
 
 def _plant_rates(model_dir, rates: dict) -> None:
@@ -98,6 +115,7 @@ def _plant_rates(model_dir, rates: dict) -> None:
     stored = json.loads(path.read_text())
     stored[key]["rates"].update(rates)
     stored[key]["gemm"] = "mm"
+    stored[key].pop("provisional", None)  # as if measured on a quiet machine
     path.write_text(json.dumps(stored))
 
 

@@ -5,7 +5,9 @@ own GEMM shapes (≤ 2 s): which is faster depends on the CPU (oneDNN was 1.2x f
 EPYC, 5% slower on an Intel Xeon). The same measurement gives each low precision's speed over
 float32, which `precision.py` needs before it checks agreement. Results are kept in
 `<cache>/backends.json` under a key naming the machine (CPU, threads, torch) and the model's
-shapes, so later runs reuse them without timing anything.
+shapes, so later runs reuse them without timing anything. A measurement taken while other work
+kept the machine busy (load average above `BUSY_LOAD_PER_CORE` per core) is kept as provisional:
+it is used, and measured again by the next run that finds the machine quiet.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .device import DTYPES, Backend, cpu_native
 
 CACHE_FILE = "backends.json"
 MEASURE_SECONDS = 2.0
+BUSY_LOAD_PER_CORE = 1.5
 
 
 def machine_key(device: torch.device) -> str:
@@ -75,7 +78,9 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     """
     key = f"{machine_key(device)}|{model_key(config)}"
     cache = _read(cache_dir)
-    if key in cache:
+    load = machine_load()
+    busy = device.type == "cpu" and load > BUSY_LOAD_PER_CORE
+    if key in cache and not (cache[key].get("provisional") and not busy):
         return {**cache[key], "cached": True}
     kernels = gemm.fp32_kernels(device)
     if device.type == "cpu":
@@ -90,13 +95,25 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     rates = gemm.time_kernels(kernels, weights, _dtype_of, rows=rows, budget_s=MEASURE_SECONDS)
     fp32 = max(gemm.fp32_kernels(device), key=lambda k: rates[k])
     entry = {"gemm": fp32, "rates": {k: round(v, 1) for k, v in rates.items()},
-             "measured": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.perf_counter() - started, 2)}
+             "measured": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.perf_counter() - started, 2),
+             "load_per_core": round(load, 2)}
+    if busy:
+        entry["provisional"] = True
     if log:
         log(f"GEMM kernels on this model's shapes: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
-            + f" GFLOP/s; float32 uses {fp32}")
+            + f" GFLOP/s; float32 uses {fp32}"
+            + (f" (machine busy, load {load:.1f} per core: measured again next run)" if busy else ""))
     cache[key] = entry
     _write(cache_dir, cache)
     return {**entry, "cached": False}
+
+
+def machine_load() -> float:
+    """The 1-minute load average per core (0 where the OS does not say)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return 0.0
 
 
 def make_backend(config, device: torch.device, precision: str, cache_dir: Path | None, log=None) -> tuple[Backend, dict]:
