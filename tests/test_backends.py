@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from slmclassify import Classifier, EngineSettings, Task
-from slmclassify.backends import attention, cpu_native
+from slmclassify.backends import attention, cpu_native, gemm
 from slmclassify.backends.choice import CACHE_FILE, kernel_for, machine_key, model_key
 from slmclassify.loading import load_model
 from slmclassify.precision import agreement
@@ -66,6 +66,23 @@ def test_attention_kernel_matches_math(tiny_model_dir):
         ref_out, ref_lse = attention.attend_math(q, k, v, m, causal)
         torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")
+def test_int8_quantises_activations_per_token():
+    """One token with large activations (as the chat template's special tokens have) must not
+    cost the other tokens of the batch their precision, and a bias is added once, unscaled."""
+    torch.manual_seed(0)
+    w, bias = torch.randn(64, 48) * 0.05, torch.randn(48)
+    op = gemm.KERNELS[gemm.int8_engine()](w, bias, torch.float32)
+    x = torch.randn(9, 64)
+    x[0] *= 300  # the outlier token
+    exact = torch.addmm(bias, x, w)
+    got = op(x)
+    rel = ((got - exact).abs().amax(1) / exact.abs().amax(1))
+    assert rel.max() < 0.03, rel  # per-tensor activation scales gave ~0.7 on the other rows
+    alone = op(x[1:])  # the other rows without the outlier: nearly the same results
+    assert ((alone - got[1:]).abs().max() / exact[1:].abs().max()) < 0.01
 
 
 def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):

@@ -80,7 +80,7 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     cache = _read(cache_dir)
     load = machine_load()
     busy = device.type == "cpu" and load > BUSY_LOAD_PER_CORE
-    if key in cache and not (cache[key].get("provisional") and not busy):
+    if key in cache and not (_provisional(cache[key]) and not busy):
         return {**cache[key], "cached": True}
     kernels = gemm.fp32_kernels(device)
     if device.type == "cpu":
@@ -106,6 +106,11 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     cache[key] = entry
     _write(cache_dir, cache)
     return {**entry, "cached": False}
+
+
+def _provisional(entry: dict) -> bool:
+    """Measured while the machine was busy, or by a version that did not record how busy it was."""
+    return entry.get("provisional", "load_per_core" not in entry)
 
 
 def machine_load() -> float:

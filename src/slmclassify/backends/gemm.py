@@ -4,7 +4,7 @@
     mm           float32 `torch.mm` on the weight itself (MKL on CPU, cuBLAS on CUDA); no copy
     onednn       float32 oneDNN with the weight re-packed once into its blocked layout (a copy)
     int8-<eng>   dynamic int8 quantisation (PyTorch's quantized engine <eng>: onednn, x86, fbgemm):
-                 weights quantised once per output channel, activations per call; output float32
+                 weights quantised once per output channel, activations per token per call; output float32
     bf16, fp16   the weight cast once; inputs cast per call; output in that precision
 
 `add_(h, x)` adds the product into the float32 residual stream in place.
@@ -58,7 +58,7 @@ class OneDnnLinear(LinearOp):
 
 
 class Int8Linear(LinearOp):
-    """Dynamic int8: the weight quantised symmetrically per output channel, activations per call."""
+    """Dynamic int8: the weight quantised symmetrically per output channel, activations per token per call."""
 
     engine = "onednn"
 
@@ -72,14 +72,23 @@ class Int8Linear(LinearOp):
             with warnings.catch_warnings():  # quantized tensors are deprecated but still the only CPU int8 path
                 warnings.simplefilter("ignore")
                 q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-                self.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
+                self.packed = torch.ops.quantized.linear_prepack(q, None)  # bias added after the row scales
         finally:
             torch.backends.quantized.engine = previous
+        self.bias = None if bias is None else bias.float()
         self.out_features = weight.shape[1]
 
     def __call__(self, x):
+        # The kernel quantises its input with one scale for the whole tensor, so one token with
+        # large activations (the chat template's special tokens have them) would leave every other
+        # token of the batch a few levels of 8 bits. Each row is scaled to max |x| = 1 first and
+        # the output row scaled back (x @ w is linear in each row): per-token quantisation, which
+        # also keeps an item's result nearly independent of what it is batched with.
         # reduce_range=False: full 8-bit activations; safe with VNNI/AMX and with the onednn engine.
-        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, False)
+        x = x.float()
+        scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)
+        out = torch.ops.quantized.linear_dynamic(x / scale, self.packed, False).mul_(scale)
+        return out if self.bias is None else out.add_(self.bias)
 
 
 class Int8X86Linear(Int8Linear):
