@@ -200,13 +200,19 @@ def _load_pretrained(where: str, local_only: bool):
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from .weights import from_safetensors, safetensors_files
+
     try:
         config = AutoConfig.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
         check_config(config, where)
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False
-        )
+        files = safetensors_files(where, local_only)
+        if files:  # read once into memory of our own, not memory-mapped (see weights.py)
+            model = from_safetensors(config, files)
+        else:  # e.g. PyTorch .bin checkpoints
+            model = AutoModelForCausalLM.from_pretrained(
+                where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False
+            )
     except ModelLoadError:
         raise
     except SafetensorError as exc:
