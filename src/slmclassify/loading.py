@@ -124,7 +124,9 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
 def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None = None,
                precision: str | None = None) -> LoadedModel:
     """A LoadedModel around a model built in memory (e.g. random weights with a real model's
-    shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`."""
+    shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`.
+    A model whose weights are memory-mapped (transformers' default `from_pretrained`) keeps the
+    file's pages resident next to the engine's arranged copies; `load_model` reads without a map."""
     from .backends.device import check_precision, resolve_device
 
     check_architecture(model.config.model_type, name)
