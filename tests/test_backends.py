@@ -258,3 +258,15 @@ def test_plain_transformers_token_budget_rows_match_the_loop(llama_loaded):
         scores, padding = token_budget_scores(llama_loaded, prompts, ARTICLE_TASK.labels, prefix, budget=200, max_rows=4)
         assert np.abs(scores - loop).max() <= 1e-4
         assert 0 <= padding < 1
+
+
+def test_float32_prefers_mm_unless_a_copying_kernel_is_clearly_faster():
+    """oneDNN's prepacked layout is a second copy of the weights (+1.4 GB on a 0.5B model for 3.5%):
+    it is chosen only when ≥ MIN_COPY_SPEEDUP faster than mm, which computes with the shared weights."""
+    from slmclassify.backends.choice import MIN_COPY_SPEEDUP, fp32_choice
+
+    cpu = torch.device("cpu")
+    assert fp32_choice({"mm": 10.0, "onednn": 10.0 * MIN_COPY_SPEEDUP - 0.1}, cpu) == "mm"
+    assert fp32_choice({"mm": 10.0, "onednn": 9.0}, cpu) == "mm"
+    if torch.backends.mkldnn.is_available():
+        assert fp32_choice({"mm": 10.0, "onednn": 10.0 * MIN_COPY_SPEEDUP}, cpu) == "onednn"

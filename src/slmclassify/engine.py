@@ -21,11 +21,14 @@ Only the item's last token and the trie nodes reach the output layer. The weight
 Hugging Face model's own (Llama and Qwen2 share this layout), held ONCE: each linear weight is
 stored here in [in, out] layout (q/k/v and gate/up concatenated) and the Hugging Face module's
 `weight` becomes a transposed view of it, so the reference path computes with the very same
-tensors. Each RMSNorm weight is folded into the projections that read its output and the norm's
-own weight set to one: the module computes the same function (checked when the engine is built)
-and the engine saves a multiply per norm. The only copies are the q/k rows, which are
-interleaved per head so that the rotary embedding is one complex multiplication (the module keeps
-q/k in its own order): ~13% of a layer's weights. `config_check.py` decides which configurations this code computes exactly.
+tensors. Arranging goes layer by layer, writing each arranged tensor block by block, and each
+source tensor is freed when its module's weight is replaced, so the transient is about one layer
+(the loaded weights are in memory of their own, not a file's memory map: `weights.py`). Each
+RMSNorm weight is folded into the projections that read its output and the norm's own weight set
+to one: the module computes the same function (checked when the engine is built) and the engine
+saves a multiply per norm. The only copies are the q/k rows, which are interleaved per head so
+that the rotary embedding is one complex multiplication (the module keeps q/k in its own order):
+~13% of a layer's weights. `config_check.py` decides which configurations this code computes exactly.
 `reference.py` runs the unmodified Hugging Face forward and is the oracle for this code.
 
 Devices and precisions come from a `backends.Backend`: it makes the linear ops (MKL, oneDNN,
@@ -112,36 +115,34 @@ def _share(linears: tuple[torch.nn.Linear, ...], weight: torch.Tensor) -> None:
         start += out
 
 
-def _fold_norm(norm: torch.nn.Module, *linears: torch.nn.Linear) -> None:
-    """Scale the input columns of the linears that read `norm`'s output by its weight, and set
-    the weight to one: norm(x) @ W.T = (x / rms(x)) @ (W * w).T, so the module's function is
-    unchanged while the engine's norm is one multiply shorter. New tensors (the loaded ones may
-    be read-only memory maps); a second call finds weight one and changes nothing."""
+def _fold_norm(norm: torch.nn.Module, *linears: torch.nn.Linear) -> torch.Tensor:
+    """Scale the input columns of the linears that read `norm`'s output by its weight (new
+    tensors), set the weight to one and return the old one: norm(x) @ W.T = (x / rms(x)) @ (W * w).T,
+    so the module's function is unchanged while the engine's norm is one multiply shorter. A
+    second call finds weight one and changes nothing."""
     weight = norm.weight
     for lin in linears:
         lin.weight = torch.nn.Parameter(lin.weight * weight[None, :], requires_grad=False)
     norm.weight = torch.nn.Parameter(torch.ones_like(weight), requires_grad=False)
+    return weight
 
 
-def _own_remaining(model: torch.nn.Module, shared: list[torch.Tensor | None]) -> None:
-    """Copy every parameter that does not live in the engine's tensors (embeddings, norms, q/k)
-    into memory of its own, so that nothing references the loaded file's memory map any more and
-    it is unmapped: its pages, all read while arranging, would otherwise stay in the process's
-    resident memory next to the arranged copies. Tied parameters stay tied."""
-    engine = {t.untyped_storage().data_ptr() for t in shared if t is not None}
-    clones: dict[int, torch.nn.Parameter] = {}
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is None or param.untyped_storage().data_ptr() in engine:
-                continue
-            if id(param) not in clones:
-                clones[id(param)] = torch.nn.Parameter(param.detach().clone(), requires_grad=False)
-            module._parameters[name] = clones[id(param)]
+def _shared_in_out(*linears: torch.nn.Linear, norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Linears that read the same input as one [in, sum(out)] weight, shared with them, with the
+    weight `norm` [in] of the RMSNorm before them folded in (see `_fold_norm`).
 
-
-def _shared_in_out(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate linears that read the same input as one [in, sum(out)] weight, shared with them."""
-    weight = torch.cat([lin.weight.t() for lin in linears], dim=1)  # [in, sum(out)], contiguous
+    Written block by block into one new tensor and scaled in place: each source is freed when its
+    module's weight is replaced, and no layer-sized temporary exists on the way.
+    """
+    weight = torch.empty(linears[0].weight.shape[1], sum(lin.weight.shape[0] for lin in linears),
+                         device=linears[0].weight.device)  # [in, sum(out)]
+    start = 0
+    for lin in linears:
+        out = lin.weight.shape[0]
+        weight[:, start : start + out].copy_(lin.weight.t())
+        start += out
+    if norm is not None:
+        weight.mul_(norm[:, None])
     biases = [lin.bias for lin in linears]
     bias = torch.cat(biases) if all(b is not None for b in biases) else None
     _share(linears, weight)
@@ -152,6 +153,16 @@ def _shared_in_out(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tenso
             lin.bias = torch.nn.Parameter(bias[start : start + out], requires_grad=False)
             start += out
     return weight, bias
+
+
+def _interleave_into(out: torch.Tensor, weight: torch.Tensor, head_dim: int) -> None:
+    """Write q or k rows `weight` [n D, in] into `out` [in, n D] with each head's halves
+    (i, i + D/2) made adjacent pairs (2i, 2i + 1), through strided views (no temporary)."""
+    n, half = weight.shape[0] // head_dim, head_dim // 2
+    pairs = out.view(out.shape[0], n, half, 2)  # [in, head, i, j]: column h D + 2i + j
+    halves = weight.view(n, 2, half, weight.shape[1])  # [head, j, i, in]: row h D + j D/2 + i
+    for j in (0, 1):
+        pairs[..., j].copy_(halves[:, j].permute(2, 0, 1))
 
 
 class Engine:
@@ -180,7 +191,6 @@ class Engine:
         with torch.no_grad():
             shared: list[torch.Tensor | None] = []  # the [in, out] tensors the modules' weights view
             self.layers = [self._arrange(layer, shared) for layer in base.layers]
-            _own_remaining(model, shared)
         with torch.inference_mode():
             after = model(input_ids=probe, logits_to_keep=1).logits
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
@@ -194,18 +204,21 @@ class Engine:
         rotated = (self.n_heads + self.n_kv) * self.head_dim
         order = self._rotary_order().to(attn.q_proj.weight.device)
         q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
-        _fold_norm(layer.input_layernorm, q, k, v)
-        _fold_norm(layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj)
+        # The module keeps q/k in its own order (folded copies); the engine's are interleaved.
+        norm = _fold_norm(layer.input_layernorm, q, k)
         qkv = torch.empty(q.weight.shape[1], rotated + v.weight.shape[0], device=q.weight.device)  # [hidden, (H + 2 H_kv) D]
-        qkv[:, :rotated] = torch.cat([q.weight, k.weight])[order].t()
-        qkv[:, rotated:] = v.weight.t()
+        _interleave_into(qkv[:, : q.weight.shape[0]], q.weight, self.head_dim)
+        _interleave_into(qkv[:, q.weight.shape[0] : rotated], k.weight, self.head_dim)
+        qkv[:, rotated:].copy_(v.weight.t()).mul_(norm[:, None])
         _share((v,), qkv[:, rotated:])
         qkv_bias = None
         if q.bias is not None:
             qkv_bias = torch.cat([torch.cat([q.bias, k.bias])[order], v.bias])
             v.bias = torch.nn.Parameter(qkv_bias[rotated:], requires_grad=False)
         o, o_bias = _shared_in_out(attn.o_proj)
-        gate_up, gate_up_bias = _shared_in_out(mlp.gate_proj, mlp.up_proj)
+        post = layer.post_attention_layernorm
+        gate_up, gate_up_bias = _shared_in_out(mlp.gate_proj, mlp.up_proj, norm=post.weight)
+        post.weight = torch.nn.Parameter(torch.ones_like(post.weight), requires_grad=False)
         down, down_bias = _shared_in_out(mlp.down_proj)
         shared += [qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias]
         linear = self.backend.linear  # the backend's kernel (mm uses these very tensors, others copy)

@@ -124,7 +124,9 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
 def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None = None,
                precision: str | None = None) -> LoadedModel:
     """A LoadedModel around a model built in memory (e.g. random weights with a real model's
-    shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`."""
+    shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`.
+    A model whose weights are memory-mapped (transformers' default `from_pretrained`) keeps the
+    file's pages resident next to the engine's arranged copies; `load_model` reads without a map."""
     from .backends.device import check_precision, resolve_device
 
     check_architecture(model.config.model_type, name)
@@ -200,13 +202,19 @@ def _load_pretrained(where: str, local_only: bool):
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from .weights import from_safetensors, safetensors_files
+
     try:
         config = AutoConfig.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
         check_config(config, where)
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False
-        )
+        files = safetensors_files(where, local_only)
+        if files:  # read once into memory of our own, not memory-mapped (see weights.py)
+            model = from_safetensors(config, files)
+        else:  # e.g. PyTorch .bin checkpoints
+            model = AutoModelForCausalLM.from_pretrained(
+                where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False
+            )
     except ModelLoadError:
         raise
     except SafetensorError as exc:
