@@ -103,7 +103,9 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
         batch_size=rs.block_rows,
         batch_format="pyarrow",
         zero_copy_batch=True,
-        compute=ray.data.ActorPoolStrategy(size=rs.actors),
+        # one block at a time per actor: a block waits for the next idle actor instead of queueing behind
+        # the first actor that is ready (with few blocks, that actor took them all while the others loaded)
+        compute=ray.data.ActorPoolStrategy(size=rs.actors, max_tasks_in_flight_per_actor=1),
         num_cpus=rs.cpus_per_actor,
         num_gpus=rs.gpus_per_actor or None,
         max_restarts=rs.max_restarts,
