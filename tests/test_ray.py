@@ -169,9 +169,14 @@ def test_a_single_block_is_cut_into_blocks_of_block_rows_in_order(local_ray):
 
     one_block = ray.data.from_items([{"row": i} for i in range(700)], override_num_blocks=1)
     assert one_block.materialize().num_blocks() == 1
-    cut = _cut(one_block, 37, 2).materialize()
+    cut = _cut(one_block, 37, 2)
+    cut.context.execution_options.preserve_order = True  # as classify_dataset runs it
+    cut = cut.materialize()
     assert cut.num_blocks() == 19  # ceil(700 / 37)
     assert cut.to_pandas()["row"].tolist() == list(range(700))
+    # the demo's case: 300 rows, blocks of 256 (Ray's non-strict cut left a block of 1.5 × rows whole)
+    assert _cut(ray.data.from_items([{"row": i} for i in range(300)], override_num_blocks=1), 256, 2
+                ).materialize().num_blocks() == 2
 
 
 def test_known_scores_are_reused_across_windows(llama_loaded):

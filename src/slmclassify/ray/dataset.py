@@ -126,7 +126,7 @@ def _cut(dataset, rows: int, actors: int):
     """
     from ray.data._internal.compute import TaskPoolStrategy
 
-    cut = dataset.repartition(target_num_rows_per_block=rows)
+    cut = dataset.repartition(target_num_rows_per_block=rows, strict=True)  # not strict: 1.5 × rows stay whole
     op = cut._logical_plan.dag
     op.ray_remote_args["num_cpus"] = 0
     object.__setattr__(op, "compute", TaskPoolStrategy(size=actors))  # a frozen dataclass
