@@ -160,3 +160,37 @@ def test_bad_input_is_refused_before_any_actor_starts(local_ray):
         classify_dataset(clash, TASK)
     with pytest.raises(TaskError, match="--actors must be positive"):
         RaySettings(actors=0)
+
+
+def test_a_single_block_is_cut_into_blocks_of_block_rows_in_order(local_ray):
+    """Regression: a single input block (one CSV file, `from_items` in one block) went whole to ONE
+    actor; it is now cut into blocks of `block_rows` rows, in order, before the actors."""
+    from slmclassify.ray.dataset import _cut
+
+    one_block = ray.data.from_items([{"row": i} for i in range(700)], override_num_blocks=1)
+    assert one_block.materialize().num_blocks() == 1
+    cut = _cut(one_block, 37, 2)
+    cut.context.execution_options.preserve_order = True  # as classify_dataset runs it
+    cut = cut.materialize()
+    assert cut.num_blocks() == 19  # ceil(700 / 37)
+    assert cut.to_pandas()["row"].tolist() == list(range(700))
+    # the demo's case: 300 rows, blocks of 256 (Ray's non-strict cut left a block of 1.5 × rows whole)
+    assert _cut(ray.data.from_items([{"row": i} for i in range(300)], override_num_blocks=1), 256, 2
+                ).materialize().num_blocks() == 2
+
+
+def test_known_scores_are_reused_across_windows(llama_loaded):
+    """An actor keeps the scores of the items it scored: identical items of a later block are not
+    run through the model again, and take exactly the scores computed the first time."""
+    clf = Classifier(TASK, model=llama_loaded)
+    texts = _texts(60, seed=5)
+    known: dict = {}
+    first = clf.score_window(texts[:40], known=known)
+    assert len(known) == 40 - first.encoded.status.count("empty") - clf.stats.reused
+    second = clf.score_window(texts[20:60], known=known)
+    fresh = Classifier(TASK, model=llama_loaded).score_window(texts[20:60])
+    repeated = [k for k in range(20) if first.encoded.status[20 + k] != "empty"]
+    np.testing.assert_array_equal(second.scores[repeated], first.scores[[20 + k for k in repeated]])
+    np.testing.assert_allclose(second.scores, fresh.scores, atol=1e-4, rtol=0)
+    assert clf.stats.reused >= len(repeated)
+    assert [r.label for r in second.results] == [r.label for r in fresh.results]

@@ -10,6 +10,7 @@ import os
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -39,7 +40,7 @@ def test_100k_rows_in_order_and_equal_to_single_process(llama_dir, llama_loaded)
     finally:
         ray.shutdown()
     assert frame["row"].tolist() == list(range(n))
-    assert [None if v is None or v != v else v for v in frame["label"]] == [r.label for r in expected]
+    assert [None if pd.isna(v) else v for v in frame["label"]] == [r.label for r in expected]
     assert frame["status"].tolist() == [r.status for r in expected]
     delta = max(float(np.nanmax(np.abs(frame[f"p_{lab}"].to_numpy()
                                        - np.array([r.probabilities.get(lab, np.nan) for r in expected]))))

@@ -6,9 +6,16 @@ measured once, then every batch (a block of rows) goes through `Classifier.score
 sorts and batches by length within it. Torch gets as many threads as the actor has CPUs
 (its share of the machine, not `os.cpu_count()`).
 
+Duplicates: an actor keeps the raw scores of the items it scored (up to `KNOWN_ITEMS`), so an
+item identical to one of an earlier block of the same actor is not scored again (the single-process
+run scores each distinct item of a 1024-row window once; blocks are smaller than that).
+
 The board is one small actor (no CPU reserved) that each classifier actor tells, after every
 batch, what it did: the driver reads it for the per-actor figures of the summary, and tests read
-it to find a process to kill. A restarted actor registers again, under its new process id.
+it to find a process to kill. A restarted actor registers again, under its new process id. Each
+actor also reports when its phases ended (wall-clock `time.time()`, comparable across the
+processes of one machine): process start, imports, model load, classifier built (prefix and
+calibration), and the start and end of every block.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ import time
 
 import ray
 
+KNOWN_ITEMS = 20_000
+"""Distinct items whose scores an actor keeps to reuse for duplicates in later blocks (then it starts over)."""
+
 
 @ray.remote(num_cpus=0)
 class StatsBoard:
@@ -30,17 +40,24 @@ class StatsBoard:
         self.info: dict = {}
 
     def register(self, key: str, info: dict) -> None:
-        self.actors.setdefault(key, {"started": time.time(), "stats": None, "calls": 0})
+        entry = self._entry(key)
+        entry["phases"] = info.pop("phases")
         self.info = info
 
-    def report(self, key: str, stats: dict) -> None:
-        entry = self.actors.setdefault(key, {"started": time.time(), "stats": None, "calls": 0})
+    def report(self, key: str, stats: dict, call: tuple[float, float, int]) -> None:
+        entry = self._entry(key)
         entry["calls"] += 1
         entry["stats"] = stats
+        entry["blocks"].append(call)
 
     def snapshot(self) -> dict:
-        """{"info": what the model and task look like, "actors": {key: {"calls", "stats", "started"}}}."""
+        """{"info": what the model and task look like, "actors": {key: {"calls", "stats", "started",
+        "phases": {name: time.time()}, "blocks": [(began, ended, rows)]}}}."""
         return {"info": self.info, "actors": self.actors}
+
+    def _entry(self, key: str) -> dict:
+        return self.actors.setdefault(key, {"started": time.time(), "stats": None, "calls": 0, "phases": {},
+                                            "blocks": []})
 
 
 class ClassifierActor:
@@ -48,6 +65,13 @@ class ClassifierActor:
 
     def __init__(self, task, model, settings, text_column: str, result_prefix: str, threads: int,
                  errors: str = "strict", board=None):
+        phases = {"imports_began": time.time()}
+        try:
+            import psutil  # a Ray dependency
+
+            phases["process"] = psutil.Process().create_time()
+        except (ImportError, OSError):
+            pass
         import torch
 
         from ..classifier import Classifier
@@ -55,10 +79,14 @@ class ClassifierActor:
         from ..loading import load_model
         from ..results import RunStats, result_arrow_fields
 
+        phases["imports"] = time.time()
         started = time.perf_counter()
-        loaded = load_model(model)
-        torch.set_num_threads(threads)  # after load_model, which sets one thread per core of the host
+        torch.set_num_threads(threads)  # before load_model: the GEMM measurement it reuses is keyed by threads
+        loaded = load_model(model, settings.device, settings.precision)
+        phases["load"] = time.time()
         self.classifier = Classifier(task, model=loaded, settings=settings)
+        phases["classifier"] = time.time()
+        self.known: dict = {}
         self.text_column, self.errors, self.board = text_column, errors, board
         self.fields = result_arrow_fields(task.labels, result_prefix)
         self.prefix = result_prefix
@@ -69,7 +97,7 @@ class ClassifierActor:
             board.register.remote(self.key, {
                 "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
                 "calibrated": c.bias is not None, "threads": threads,
-                "load_seconds": time.perf_counter() - started,
+                "load_seconds": time.perf_counter() - started, "phases": phases,
                 "labels": [line.strip() for line in describe_labels(loaded.tokenizer, task.labels, c.label_tokens)],
             })
 
@@ -80,10 +108,13 @@ class ClassifierActor:
         from ..io.readers import texts_of
         from ..results import result_frame
 
+        began = time.time()
         column = batch.column(self.text_column).to_pylist()
         texts = texts_of(pd.DataFrame({self.text_column: column}, dtype=object), self.text_column,
                          errors=self.errors)
-        window = self.classifier.score_window(texts)
+        if len(self.known) > KNOWN_ITEMS:
+            self.known.clear()
+        window = self.classifier.score_window(texts, known=self.known)
         self.total.add(self.classifier.stats)
         frame = result_frame(window.results, self.classifier.task.labels, self.prefix)
         results = pa.Table.from_pandas(frame, schema=pa.schema(self.fields), preserve_index=False)
@@ -91,5 +122,6 @@ class ClassifierActor:
             batch = batch.append_column(field, values)
         if self.board is not None:
             # waited for, so the driver's figures are complete once the last row is out
-            ray.get(self.board.report.remote(self.key, dataclasses.asdict(self.total)))
+            ray.get(self.board.report.remote(self.key, dataclasses.asdict(self.total),
+                                             (began, time.time(), batch.num_rows)))
         return batch

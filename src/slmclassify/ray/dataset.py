@@ -1,8 +1,12 @@
 """`classify_dataset`: a Ray Dataset in, the same Dataset with the result columns added out.
 
     Dataset (text column, any others)
+    → repartition(target_num_rows_per_block=block_rows): blocks cut in row order (streaming)
     → map_batches(ClassifierActor, one call per block, `actors` actors × `cpus_per_actor` CPUs)
     → Dataset (input columns as read + label, confidence, needs_review, p_*, status)
+
+Spreading: Ray hands a map task whole input blocks, and a single CSV/JSONL file is read as one
+block; without the cut, one actor would do all of such an input's work while the others wait.
 
 Order: Ray Data may hand blocks back in the order they finish; the returned Dataset's own context
 has `preserve_order` set, so its rows come out in input order whatever the actors do. Faults: the
@@ -38,9 +42,9 @@ class RaySettings:
     gpus_per_actor: float = 0
     """GPUs Ray reserves per actor (0 on CPU-only clusters)."""
     block_rows: int = DEFAULT_BLOCK_ROWS
-    """Rows per actor call (`map_batches` batch size), sorted and batched by length within it. An
-    input block of more rows is cut into calls of this size on one actor: to spread work over the
-    actors the input needs at least as many blocks as actors (several files, `override_num_blocks`)."""
+    """Rows per actor call (`map_batches` batch size), sorted and batched by length within it. Input
+    blocks of more rows are cut into blocks of this many rows first, in order, so that one big file
+    is spread over the actors: with N rows there are ceil(N / block_rows) calls to share."""
     max_restarts: int = 3
     """Times an actor whose process dies is started again (-1: always)."""
 
@@ -92,14 +96,16 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
             raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
                              "so the results do not overwrite it")
     board = StatsBoard.remote()
-    classified = dataset.map_batches(
+    classified = _cut(dataset, rs.block_rows, rs.actors).map_batches(
         ClassifierActor,
         fn_constructor_kwargs=dict(task=task, model=model, settings=settings, text_column=text_column,
                                    result_prefix=result_prefix, threads=rs.threads, errors=errors, board=board),
         batch_size=rs.block_rows,
         batch_format="pyarrow",
         zero_copy_batch=True,
-        compute=ray.data.ActorPoolStrategy(size=rs.actors),
+        # one block at a time per actor: a block waits for the next idle actor instead of queueing behind
+        # the first actor that is ready (with few blocks, that actor took them all while the others loaded)
+        compute=ray.data.ActorPoolStrategy(size=rs.actors, max_tasks_in_flight_per_actor=1),
         num_cpus=rs.cpus_per_actor,
         num_gpus=rs.gpus_per_actor or None,
         max_restarts=rs.max_restarts,
@@ -107,6 +113,24 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
     )
     classified.context.execution_options.preserve_order = True
     return RayRun(classified, board)
+
+
+def _cut(dataset, rows: int, actors: int):
+    """The dataset in blocks of at most `rows` rows, in order (Ray's streaming repartition).
+
+    Ray 2.60 runs the cut as tasks that reserve 1 CPU each and takes no argument to change that:
+    actors holding every CPU of a small cluster (2 actors × 1 CPU on 2 cores) would starve them
+    and the run would hang. So the cut reserves no CPU, as the readers do (`job._read`), and runs
+    at most `actors` tasks at once (it only slices Arrow tables; without a limit, 0-CPU tasks
+    would start a worker process per input block).
+    """
+    from ray.data._internal.compute import TaskPoolStrategy
+
+    cut = dataset.repartition(target_num_rows_per_block=rows, strict=True)  # not strict: 1.5 × rows stay whole
+    op = cut._logical_plan.dag
+    op.ray_remote_args["num_cpus"] = 0
+    object.__setattr__(op, "compute", TaskPoolStrategy(size=actors))  # a frozen dataclass
+    return cut
 
 
 def _column_names(dataset) -> list[str] | None:

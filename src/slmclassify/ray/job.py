@@ -10,6 +10,7 @@ CSV columns are read as strings, as in a single-process run (so `007` stays `007
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -42,24 +43,31 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
         out_fmt = check_output(output_path)
     in_fmt, files = _input_files(input_path)
 
+    began = time.time()
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+    initialised = time.time()
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = progress
     dataset = _read(in_fmt, files, errors)
     run = classify_dataset(dataset, task, model=model, settings=settings, ray_settings=ray_settings,
                            text_column=text_column, result_prefix=result_prefix, errors=errors)
+    submitted = time.time()
     started = time.perf_counter()
-    if folder_out:
-        run.dataset.write_parquet(output_path)
-        rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
-    else:
-        rows = _write_file(run.dataset, output_path, out_fmt)
+    with warnings.catch_warnings():
+        # the cut into blocks (`dataset._cut`) may get fewer input blocks than its task limit: as meant
+        warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks", category=UserWarning)
+        if folder_out:
+            run.dataset.write_parquet(output_path)
+            rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
+        else:
+            rows = _write_file(run.dataset, output_path, out_fmt)
     seconds = time.perf_counter() - started
     figures = run.figures()
-    _print_summary(figures, rows, seconds, ray_settings, address, output_path)
-    return {"rows": rows, "seconds": seconds, **figures}
+    phases = {"ray_init": initialised - began, "submitted": submitted, "finished": time.time()}
+    _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
+    return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
 
 
 def pq_rows(path: Path) -> int:
@@ -123,7 +131,8 @@ def _write_file(dataset, output_path: str, fmt: str) -> int:
     return rows
 
 
-def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, address, output: str) -> None:
+def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, address, output: str,
+                   phases: dict) -> None:
     info, actors = figures["info"], figures["actors"]
     total = RunStats()
     for entry in actors.values():
@@ -144,11 +153,26 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
     _echo(f"batches: {total.batches}; padding: {100 * total.padding_share:.1f}% of processed tokens; "
           f"prefix: {total.prefix_tokens} tokens run once per actor, {total.prefix_reused} reused; "
           f"fallbacks: {total.fallbacks}; duplicates: {total.reused} rows took the scores of an identical row "
-          "of their block")
+          f"scored earlier by their actor; run through the model: {total.scored - total.reused}")
+    t0 = phases["submitted"]
+    _echo(f"phases: ray.init {phases['ray_init']:.2f} s; from submitting the Dataset (0 s) to the last row "
+          f"written {phases['finished'] - t0:.2f} s")
     for key, entry in sorted(actors.items()):
         s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
         _echo(f"  actor {key}: {s.items} rows in {entry['calls']} blocks, busy {s.seconds:.2f} s, "
-              f"{s.items_per_s:.1f} items/s, padding {100 * s.padding_share:.1f}%")
+              f"{s.items_per_s:.1f} items/s, padding {100 * s.padding_share:.1f}%, "
+              f"run through the model {s.scored - s.reused}; {_actor_phases(entry, t0)}")
     _echo("verify: not run under --ray (each actor runs the same fast path; check a sample with "
           "`slmclassify verify`)")
     _echo(f"wrote {output}")
+
+
+def _actor_phases(entry: dict, t0: float) -> str:
+    """When an actor's phases ended, in seconds after the Dataset was submitted (`actors.py`)."""
+    p, blocks = entry.get("phases") or {}, entry.get("blocks") or []
+    names = (("process", "process started"), ("imports", "imports done"), ("load", "model loaded"),
+             ("classifier", "classifier ready"))
+    parts = [f"{label} {p[k] - t0:.2f}" for k, label in names if k in p]
+    if blocks:
+        parts += [f"first block began {blocks[0][0] - t0:.2f}", f"last block ended {blocks[-1][1] - t0:.2f}"]
+    return "at " + ", ".join(parts) + " s"
