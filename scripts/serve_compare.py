@@ -1,7 +1,7 @@
 """The service's targets, measured side by side in one run (issue 11):
 
   offline   Classifier.classify on the tickets, in this process
-  batched   `slmclassify serve` with micro-batching (default --max-wait-ms)
+  batched   `slmclassify serve` with micro-batching (default --max-wait-ms, printed)
   off       the same server with micro-batching off (--max-wait-ms 0 --max-batch-rows 1)
   wait N    (with --max-wait-sweep) the server at other --max-wait-ms values
   overload  a server with a small queue (--max-queue 16) under 4x the clients: 200s and 503s only
@@ -10,7 +10,8 @@ Every server is a subprocess on an ephemeral 127.0.0.1 port with the embedded mo
 article's task; every round runs offline and each server, one after another (the order rotates every round), on
 the same tickets (each sent once, by --concurrency clients), so the machine's drift hits every
 side alike. Every response is checked against offline results (|Δ probability| ≤ 1e-4, same label).
-Prints a table and one JSON line last.
+The 1-minute load average is printed next to every figure (the machine may be shared). Prints a
+table and one JSON line last.
 
     .venv/bin/python scripts/serve_compare.py --n 32 --rounds 5
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 from slmclassify.serve.loadtest import LoadReport, report_lines, run_load
+from slmclassify.serve.settings import DEFAULT_MAX_WAIT_MS
 from slmclassify.workload import ARTICLE_TASK, article_tickets
 
 TASK_FILE = Path(__file__).with_name("article.toml")
@@ -83,23 +86,26 @@ def main() -> None:
     for server in servers:
         server.wait()
     runs: dict[str, list[LoadReport]] = {s.name: [] for s in servers}
-    offline_rates = []
+    offline_rates, loads = [], []
     try:
         expected = [result_json(x) for x in clf.classify(texts)]
         for r in range(args.rounds):
             # the order of the sides rotates every round, so a periodic load elsewhere hits each alike
             sides = [None, *servers]
             for server in sides[r % len(sides):] + sides[: r % len(sides)]:
+                load = os.getloadavg()[0]  # other processes on the machine, next to every figure
+                loads.append(load)
                 if server is None:
                     results = clf.classify(texts)
                     offline_rates.append(clf.stats.items_per_s)
-                    print(f"round {r + 1}: offline {offline_rates[-1]:.2f} items/s", file=sys.stderr)
+                    print(f"round {r + 1}: offline {offline_rates[-1]:.2f} items/s (load average {load:.1f})",
+                          file=sys.stderr)
                     continue
                 report = run_load(server.url, "article", texts, concurrency=args.concurrency, duration=600,
                                   max_requests=len(texts), expected=expected, tolerance=1e-4,
                                   label=f"{server.name} r{r + 1}", timeout=660)
                 runs[server.name].append(report)
-                print(report.row(), file=sys.stderr)
+                print(f"{report.row()}  load average {load:.1f}", file=sys.stderr)
         for server in servers:
             server.stop()
         overload = Server("overload", "--max-queue", "16", "--request-timeout", "60")
@@ -116,6 +122,8 @@ def main() -> None:
     rate = {name: sum(x.items_per_s for x in reports) / len(reports) for name, reports in runs.items()}
     every = [x for reports in runs.values() for x in reports] + [burst]
     print("\n".join(report_lines(every)[:-1]))
+    print(f"default --max-wait-ms {DEFAULT_MAX_WAIT_MS:g}; {os.cpu_count()} CPUs; 1-min load average "
+          f"{min(loads):.1f}-{max(loads):.1f} during the rounds")
     print(f"offline classify: {offline:.2f} items/s (mean of {len(offline_rates)} rounds)")
     for name in runs:
         print(f"{name}: {rate[name]:.2f} items/s = {rate[name] / offline:.2f}x offline, "
@@ -127,6 +135,7 @@ def main() -> None:
     summary = {"offline_items_per_s": offline, "items_per_s": rate,
                "batched_vs_off": rate["batched"] / rate["off"], "batched_vs_offline": rate["batched"] / offline,
                "lost": lost, "mismatched": bad, "overload_statuses": burst.statuses,
+               "max_wait_ms": DEFAULT_MAX_WAIT_MS, "load_average": [min(loads), max(loads)],
                "runs": [x.to_json() for x in every]}
     line = json.dumps(summary)
     if args.json_path:

@@ -19,7 +19,7 @@ from slmclassify import Classifier, EngineSettings, Task  # noqa: E402
 from slmclassify.serve import ServeSettings  # noqa: E402
 from slmclassify.serve.adapter import TaskRunner  # noqa: E402
 from slmclassify.serve.app import create_app  # noqa: E402
-from slmclassify.serve.scheduler import Scheduler, Ticket  # noqa: E402
+from slmclassify.serve.scheduler import POOL_BUDGETS, Scheduler, Ticket, batch_wait  # noqa: E402
 from slmclassify.serve.server import bind, build_service, make_server  # noqa: E402
 
 TASK = Task(labels=("billing", "technical", "account"), user_template="Ticket: {text}")
@@ -98,7 +98,7 @@ def test_concurrent_requests_are_batched_together_and_split_back(llama_loaded):
     """Requests arriving within max_wait share engine batches; each gets its own texts' results, in order."""
     want, _ = offline(llama_loaded, TEXTS)
     requests = [TEXTS[i:i + k] for i, k in ((0, 1), (1, 3), (4, 1), (5, 4), (3, 1), (8, 1), (7, 1), (2, 2))]
-    with running(llama_loaded, max_wait_ms=1500) as (url, _app):
+    with running(llama_loaded, max_wait_ms=4000) as (url, _app):
         with ThreadPoolExecutor(len(requests)) as pool:
             answers = list(pool.map(lambda texts: post(url, {"task": "support", "texts": texts}), requests))
         batches = metric(url, "slmclassify_batch_rows_count")
@@ -140,6 +140,56 @@ def test_scheduler_scores_equal_offline_however_requests_are_grouped(llama_loade
             np.testing.assert_allclose(ticket.scores, want[idx], atol=1e-4, equal_nan=True)
     finally:
         scheduler.stop(WAIT)
+
+
+def test_batch_wait_keeps_the_pool_open_while_requests_arrive():
+    """The idle engine waits a gap after the latest arrival, at most max_wait in all, never when full."""
+    wait = dict(max_wait=0.1, gap=0.025, full=False)
+    idle_since = 0.0
+    # a lone request on an idle engine waits one gap, not max_wait
+    assert batch_wait(10.0, first=10.0, last=10.0, free_since=idle_since, **wait) == pytest.approx(0.025)
+    # each arrival keeps the pool open for another gap ...
+    assert batch_wait(10.03, first=10.0, last=10.02, free_since=idle_since, **wait) == pytest.approx(0.015)
+    # ... until max_wait after the first
+    assert batch_wait(10.09, first=10.0, last=10.09, free_since=idle_since, **wait) == pytest.approx(0.01)
+    assert batch_wait(10.1, first=10.0, last=10.1, free_since=idle_since, **wait) <= 0
+    assert batch_wait(10.0, first=10.0, last=10.0, free_since=idle_since, **{**wait, "full": True}) == 0
+    # batching off: never waits
+    assert batch_wait(10.0, first=10.0, last=10.0, free_since=idle_since, max_wait=0.0, gap=0.0, full=False) <= 0
+
+
+def test_batch_wait_counts_from_the_engine_becoming_free():
+    """Regression (issue 11): a ticket that arrived while the engine was busy used to be taken the
+    moment the engine finished, alone or with a few others, because its own max_wait had passed;
+    the clients the pool's last batch just answered sent their next requests a few ms later and
+    waited a whole pool for the next one. Now the engine waits one gap after it became free."""
+    wait = dict(max_wait=0.1, gap=0.025, full=False)
+    busy_until = 20.0
+    assert batch_wait(busy_until, first=15.0, last=18.0, free_since=busy_until, **wait) == pytest.approx(0.025)
+    # a returning client arrives 10 ms later: another gap from it
+    assert batch_wait(20.01, first=15.0, last=20.01, free_since=busy_until, **wait) == pytest.approx(0.025)
+    # at most max_wait after the engine became free
+    assert batch_wait(20.1, first=15.0, last=20.1, free_since=busy_until, **wait) <= 0
+
+
+def test_scheduler_waits_for_returning_clients_until_the_pool_is_full(llama_loaded):
+    """Wired into the scheduler: tickets queued while the engine ran wait one gap after it is free;
+    a pool of POOL_BUDGETS token budgets is taken at once."""
+    runner = TaskRunner("support", Classifier(TASK, model=llama_loaded, settings=EngineSettings(token_budget=48)))
+    scheduler = Scheduler(max_wait_ms=100, max_queue_items=1000)
+    old = Ticket(runner, runner.encode([TEXTS[0]]), enqueued=5.0)  # queued while the engine was busy
+    scheduler.submit(old)
+    scheduler._free_since = 9.0  # the engine finished its last pool at t = 9 s
+    assert scheduler._wait_left(9.0) == pytest.approx(0.025)  # max_wait / 4
+    assert scheduler._wait_left(9.03) <= 0  # no one came back within the gap
+    back = Ticket(runner, runner.encode([TEXTS[1]]), enqueued=9.02)
+    scheduler.submit(back)
+    assert scheduler._wait_left(9.03) == pytest.approx(0.015)
+    while scheduler._queue[-1].tokens and sum(t.tokens for t in scheduler._queue) < POOL_BUDGETS * 48:
+        scheduler.submit(Ticket(runner, runner.encode([TEXTS[4]]), enqueued=9.03))
+    assert scheduler._wait_left(9.03) == 0  # full: no reason to wait
+    pool = scheduler._next_pool()
+    assert pool[:2] == [old, back] and scheduler.queued_items == 0
 
 
 def test_cancelled_ticket_is_dropped_before_it_runs(llama_loaded):
@@ -193,7 +243,7 @@ def test_api_key_compared_and_healthz_open(llama_loaded):
 
 
 def test_full_queue_answers_503_with_retry_after(llama_loaded):
-    with running(llama_loaded, max_queue_items=3, max_wait_ms=3000) as (url, app):
+    with running(llama_loaded, max_queue_items=3, max_wait_ms=12000) as (url, app):
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(post, url, {"task": "support", "texts": TEXTS[:3]})
             wait_for(lambda: app.state.scheduler.queued_items == 3, "the first request to be queued")
@@ -206,11 +256,11 @@ def test_full_queue_answers_503_with_retry_after(llama_loaded):
 
 
 def test_timeout_and_disconnect_drop_pending_texts(llama_loaded):
-    with running(llama_loaded, max_wait_ms=4000, request_timeout_s=0.5) as (url, _app):
+    with running(llama_loaded, max_wait_ms=12000, request_timeout_s=0.5) as (url, _app):
         late = post(url, {"task": "support", "texts": TEXTS[:2]})
         assert late.status_code == 504 and "--request-timeout" in late.json()["error"]
         assert metric(url, "slmclassify_items_dropped_total") == 2
-    with running(llama_loaded, max_wait_ms=4000) as (url, app):
+    with running(llama_loaded, max_wait_ms=12000) as (url, app):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/classify", json={"task": "support", "texts": TEXTS[:3]}, timeout=0.5)
         wait_for(lambda: metric(url, "slmclassify_items_dropped_total") == 3, "the texts to be dropped")

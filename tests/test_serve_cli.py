@@ -28,7 +28,7 @@ def test_sigterm_drains_accepted_requests_then_exits(tmp_path, llama_dir):
     task.write_text(TASK_TOML)
     proc = subprocess.Popen(
         [sys.executable, "-c", "from slmclassify.cli import main; main()", "serve", "--task", f"support={task}",
-         "--model", str(llama_dir), "--port", "0", "--max-wait-ms", "3000"],
+         "--model", str(llama_dir), "--port", "0", "--max-wait-ms", "12000"],
         stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     listening = threading.Event()
@@ -48,7 +48,7 @@ def test_sigterm_drains_accepted_requests_then_exits(tmp_path, llama_dir):
             pending = [pool.submit(httpx.post, f"{url}/v1/classify", json={"task": "support", "texts": t},
                                    timeout=WAIT) for t in texts]
             deadline = time.monotonic() + WAIT
-            while _queued(url) < 7:  # all accepted and waiting for their batch (max-wait 3 s)
+            while _queued(url) < 7:  # all accepted and waiting for their batch (gap 3 s)
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             proc.send_signal(signal.SIGTERM)

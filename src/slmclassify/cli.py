@@ -444,7 +444,8 @@ def _named_tasks(specs) -> dict:
 @click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8080, show_default=True, help="0 picks a free port (logged).")
-@click.option("--max-wait-ms", type=float, default=None, help="Longest wait for a batch to fill [default: 5].")
+@click.option("--max-wait-ms", type=float, default=None, help="Longest the idle engine waits for requests to join a batch; "
+              "less once arrivals pause for a quarter of it [default: 50].")
 @click.option("--token-budget", type=int, help="Max rows × padded tokens per engine batch.")
 @click.option("--max-batch-rows", type=int, help="Max rows per engine batch (1 turns batching off).")
 @click.option("--max-text-tokens", type=int, default=512, show_default=True,

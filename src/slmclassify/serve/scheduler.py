@@ -2,8 +2,9 @@
 together, sorted by length, in token-budget batches.
 
     handlers (event loop)                     worker thread
-    encode → submit(ticket) ──► queue ──►  wait ≤ max_wait after the oldest ticket arrived,
-                                           or until waiting tokens fill the token budget
+    encode → submit(ticket) ──► queue ──►  idle engine: wait while requests keep arriving
+                                           (gap ≤ max_wait/4), at most max_wait, or until
+                                           the pool is full (POOL_BUDGETS token budgets)
                                            take tickets of the oldest one's task (FIFO)
                                            all their texts → plan_batches (longest first)
     future ◄── results in request order ◄── per batch: score, write rows back to their tickets
@@ -31,6 +32,27 @@ from .adapter import EncodedRequest, TaskRunner
 # One cycle takes up to this many token budgets of texts: sorting a larger pool than one batch
 # cuts padding, while keeping the pool small keeps the wait of texts that arrive meanwhile short.
 POOL_BUDGETS = 4
+# The idle engine stops waiting for a pool to grow once no request has arrived for max_wait / this:
+# a lone request on a quiet server waits a quarter of max_wait, a burst keeps the pool open.
+ARRIVAL_GAP_SHARE = 4
+
+
+def batch_wait(now: float, *, first: float, last: float, free_since: float, max_wait: float, gap: float,
+               full: bool) -> float:
+    """Seconds the idle engine should still wait before taking a pool (≤ 0: take it now).
+
+    first, last: arrival times of the oldest and newest waiting tickets of the pool's task;
+    free_since: when the engine finished its previous pool. The wait starts when the engine could
+    have taken the oldest ticket (its arrival, or the engine becoming free if it was busy) and
+    lasts at most `max_wait`; it ends sooner once no ticket has arrived for `gap` seconds since
+    then, or once the pool is full. Measuring from the engine becoming free, not from the oldest
+    arrival, is what lets the clients answered by the last batch of a pool, whose next requests
+    arrive a few ms after it, join the next pool instead of waiting a whole pool for the one after.
+    """
+    if full:
+        return 0.0
+    start = max(first, free_since)
+    return min(start + max_wait, max(last, free_since) + gap) - now
 
 
 class QueueFull(Exception):
@@ -71,6 +93,8 @@ class Scheduler:
 
     def __init__(self, max_wait_ms: float, max_queue_items: int, metrics=None):
         self.max_wait = max_wait_ms / 1000
+        self.arrival_gap = self.max_wait / ARRIVAL_GAP_SHARE
+        self._free_since = time.monotonic()  # when the engine last finished a pool (or started)
         self.max_queue_items = max_queue_items
         self.metrics = metrics
         self._queue: deque[Ticket] = deque()
@@ -130,27 +154,23 @@ class Scheduler:
             if pool is None:
                 return
             self._run_pool(pool)
+            self._free_since = time.monotonic()
 
     def _next_pool(self) -> list[Ticket] | None:
-        """Wait for tickets, then for the batch to fill or the oldest ticket's wait to end."""
+        """Wait for tickets, then while `batch_wait` says more are likely to join; take the pool."""
         with self._cond:
-            while not self._queue:
+            while True:
+                if not self._queue:
+                    if self._stopping:
+                        return None
+                    self._cond.wait()
+                    continue
                 if self._stopping:
-                    return None
-                self._cond.wait()
-            first = self._queue[0]
-            runner = first.runner
-            limit = runner.token_budget or runner.max_rows
-            while not self._stopping and self._queue and self._queue[0] is first:
-                left = first.enqueued + self.max_wait - time.monotonic()
-                waiting = [t for t in self._queue if t.runner is runner]
-                filled = (sum(t.tokens for t in waiting) >= runner.token_budget if runner.token_budget
-                          else sum(t.size for t in waiting) >= runner.max_rows)
-                if left <= 0 or filled:
+                    break
+                left = self._wait_left(time.monotonic())
+                if left <= 0:
                     break
                 self._cond.wait(left)
-            if not self._queue or (self._queue[0] is not first and not self._stopping):
-                return []  # the ticket waited for was cancelled: wait for the next one afresh
             runner = self._queue[0].runner
             limit = runner.token_budget or runner.max_rows
             pool, taken = [], 0
@@ -169,6 +189,15 @@ class Scheduler:
             for ticket in pool:
                 self.metrics.queue_wait.observe(now - ticket.enqueued)
         return pool
+
+    def _wait_left(self, now: float) -> float:
+        """Seconds to keep waiting for the oldest ticket's task's pool to grow (≤ 0: take it now)."""
+        runner = self._queue[0].runner
+        waiting = [t for t in self._queue if t.runner is runner]
+        size = sum(t.tokens for t in waiting) if runner.token_budget else sum(t.size for t in waiting)
+        return batch_wait(now, first=waiting[0].enqueued, last=max(t.enqueued for t in waiting),
+                          free_since=self._free_since, max_wait=self.max_wait, gap=self.arrival_gap,
+                          full=size >= POOL_BUDGETS * (runner.token_budget or runner.max_rows))
 
     def _run_pool(self, pool: list[Ticket]) -> None:
         """Run every text of the pool's tickets, sorted by length, and resolve each ticket."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..errors import TaskError
 
-DEFAULT_MAX_WAIT_MS = 5.0
+DEFAULT_MAX_WAIT_MS = 50.0
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,8 @@ class ServeSettings:
     """How the service admits, queues and batches requests (engine batch shape: EngineSettings)."""
 
     max_wait_ms: float = DEFAULT_MAX_WAIT_MS
-    """How long the first waiting request may wait for others to join its batch (0: never wait)."""
+    """Longest the idle engine waits for more requests to join a pool (0: never wait); it stops sooner
+    once no request has arrived for a quarter of this (scheduler.batch_wait)."""
     max_texts: int = 64
     """Most texts in one request (more: 413)."""
     max_body_bytes: int = 1 << 20
