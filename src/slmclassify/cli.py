@@ -41,9 +41,12 @@ def main() -> None:
 def cli() -> None:
     """Label texts with a small local language model: constrained scoring, a prefix KV cache
     and length-bucketed batching, checked against the per-item path."""
-    from . import loading
+    from .interrupts import exit_at_once_while_starting
 
-    loading.set_threads()  # once per process, from its CPU affinity; the library never does
+    with exit_at_once_while_starting():  # torch's start-up cannot be interrupted by an exception
+        from . import loading
+
+        loading.set_threads()  # once per process, from its CPU affinity; the library never does
 
 
 def task_options(fn):

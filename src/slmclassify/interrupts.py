@@ -4,9 +4,13 @@ purpose (no torch): the CLI installs the handler before anything heavy is import
 
 from __future__ import annotations
 
+import os
 import signal
+from contextlib import contextmanager
 
 from .errors import SlmClassifyError
+
+STARTING_MESSAGE = b"slmclassify: interrupted; no output written\n"
 
 
 class Interrupted(SlmClassifyError):
@@ -31,3 +35,22 @@ terminate_as_interrupt.received = False
 def handle_sigterm():
     """Install the SIGTERM handler; returns the previous one."""
     return signal.signal(signal.SIGTERM, terminate_as_interrupt)
+
+
+def exit_at_once(signum, frame):
+    """While torch starts: one line and exit. A KeyboardInterrupt raised while torch's C++ start-up
+    is calling into Python cannot unwind through it (pybind11 aborts the process, exit -6)."""
+    os.write(2, STARTING_MESSAGE)
+    os._exit(143 if signum == signal.SIGTERM else 130)
+
+
+@contextmanager
+def exit_at_once_while_starting():
+    """Ctrl-C and SIGTERM exit at once inside the block (nothing has been written yet), then the
+    handlers before it are back."""
+    previous = {sig: signal.signal(sig, exit_at_once) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
