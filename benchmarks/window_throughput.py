@@ -4,12 +4,13 @@ distinct article tickets (no duplicates: what the window itself costs). Embedded
 
 usage: python benchmarks/window_throughput.py [ROUNDS]   -> a table, then one JSON line
 """
-import json, platform, sys, time
+import json, sys, time
 
 import numpy as np
 import torch
 
 from slmclassify import Classifier, EngineSettings, load_model
+from slmclassify.backends.choice import cpu_name
 from slmclassify.workload import ARTICLE_TASK, article_tickets
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
@@ -41,7 +42,7 @@ for r in range(rounds):
                                      max_dscore=float(np.abs(scores - reference[wname]).max()),
                                      same_labels=int((scores.argmax(1) == reference[wname].argmax(1)).sum()))
             print(f"round {r + 1} {wname:<13} {way:<22} {time.perf_counter() - start:7.1f} s", file=sys.stderr, flush=True)
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+cpu = cpu_name()
 print(f"{cpu}, {torch.get_num_threads()} threads; {rounds} rounds interleaved; embedded SmolLM2-135M, first-token scoring")
 print(f"{'workload':<13} {'way':<22} {'items/s':>8} {'vs whole':>9} {'pad%':>6} {'reused':>7} {'same':>8} {'max|Δ|':>8}")
 rows = []

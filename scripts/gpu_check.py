@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from slmclassify import Classifier, EngineSettings  # noqa: E402
+from slmclassify.backends.choice import cpu_name  # noqa: E402
 from slmclassify.bench import run_bench  # noqa: E402
 from slmclassify.loading import cache_root, wrap_model  # noqa: E402
 from slmclassify.precision import agreement  # noqa: E402
@@ -85,7 +85,7 @@ def main() -> None:
     texts = article_tickets(args.n)
     task = ARTICLE_TASK.with_overrides(mode="first")
     settings = EngineSettings(token_budget=args.budget, max_rows=args.rows)
-    gpu = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU smoke run ({platform.processor() or 'cpu'})"
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU smoke run ({cpu_name()})"
     print(f"# {gpu}; torch {torch.__version__}, transformers {transformers.__version__}; "
           f"{args.n} article tickets; token budget {args.budget}, {args.rows} rows", flush=True)
     summary = []

@@ -110,15 +110,11 @@ class BenchReport:
 def machine_info() -> dict:
     import transformers
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from .backends.choice import cpu_name
+
     return {
         "date": time.strftime("%Y-%m-%d"),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

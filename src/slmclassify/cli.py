@@ -14,13 +14,13 @@ from .task import DEVICES, MODES, PRECISIONS, Task, build_task, parse_labels
 
 def main() -> None:
     """Console-script entry point."""
-    from .interrupts import Interrupted, handle_sigterm, terminate_as_interrupt
+    from .interrupts import NOTHING_WRITTEN, Interrupted, handle_sigterm, terminate_as_interrupt
 
     handle_sigterm()
     try:
         cli.main(standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("slmclassify: interrupted; no output written", err=True)
+        click.echo(NOTHING_WRITTEN, err=True)
         sys.exit(143 if terminate_as_interrupt.received else 130)
     except Interrupted as exc:
         click.echo(f"slmclassify: {exc}", err=True)

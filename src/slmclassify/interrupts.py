@@ -10,7 +10,8 @@ from contextlib import contextmanager
 
 from .errors import SlmClassifyError
 
-STARTING_MESSAGE = b"slmclassify: interrupted; no output written\n"
+NOTHING_WRITTEN = "slmclassify: interrupted; no output written"
+"""The CLI's last line when Ctrl-C or SIGTERM come before any output was written."""
 
 
 class Interrupted(SlmClassifyError):
@@ -40,7 +41,7 @@ def handle_sigterm():
 def exit_at_once(signum, frame):
     """While torch starts: one line and exit. A KeyboardInterrupt raised while torch's C++ start-up
     is calling into Python cannot unwind through it (pybind11 aborts the process, exit -6)."""
-    os.write(2, STARTING_MESSAGE)
+    os.write(2, f"{NOTHING_WRITTEN}\n".encode())
     os._exit(143 if signum == signal.SIGTERM else 130)
 
 

@@ -33,17 +33,19 @@ MIN_COPY_SPEEDUP = 1.1
 """How much faster than `mm` a float32 kernel that copies the weights must be to be chosen."""
 
 
+def cpu_name() -> str:
+    """The processor's model name (/proc/cpuinfo; the platform's words elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None)
+    except OSError:
+        name = None
+    return name or platform.processor() or platform.machine()
+
+
 def machine_key(device: torch.device) -> str:
     """What the measurement depends on besides the model: the processor, threads and torch."""
-    if device.type == "cuda":
-        chip = torch.cuda.get_device_name(device)
-    else:
-        chip = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as fh:
-                chip = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), chip)
-        except OSError:
-            pass
+    chip = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}"
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -56,14 +55,6 @@ def _grab(patterns: dict, text: str) -> dict:
         match = re.search(pattern, text, re.MULTILINE)
         found[name] = float(match.group(1)) if match else None
     return found
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), platform.machine())
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def _load() -> str:
@@ -141,7 +132,9 @@ def main(n_items, rounds, actors, block_rows, model):
         row.update(_compare(folder / "one.csv", folder / "ray.csv", task.labels))
         rows.append(row)
 
-    cpu = _cpu_name()
+    from ..backends.choice import cpu_name
+
+    cpu = cpu_name()
     click.echo(f"{n_items} article tickets, {model or 'embedded SmolLM2-135M'}, {cpu}, {os.cpu_count()} cores; "
                f"one process (2 torch threads) vs a local Ray ({actors} actors × 1 CPU, blocks of {block_rows} rows)")
     click.echo("end to end = the whole CLI command; in process: single = model load + scoring, "
