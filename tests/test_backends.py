@@ -168,7 +168,8 @@ def test_auto_never_tries_a_precision_that_is_not_faster(llama_dir):
     _plant_rates(llama_dir, {"mm": 50.0, "onednn": 40.0, "int8-onednn": 10.0, "int8-x86": 10.0,
                              "int8-fbgemm": 10.0, "bf16": 1.0, "fp16": 1.0})
     clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
-    assert clf.loaded.auto_decision == {"precision": "fp32", "tried": {}}
+    assert clf.loaded.auto_decision == {"precision": "fp32", "tried": {}, "sample": "200 article tickets",
+                                        "cached": False}
 
 
 def test_bf16_is_not_a_candidate_without_native_support(monkeypatch):

@@ -243,8 +243,10 @@ def peak_rss_mb() -> float:
 
 
 def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: EngineSettings | None = None,
-              gguf_path: str | None = None, log=print) -> BenchReport:
-    """Run every configuration on `texts` and return the report (rows in table order)."""
+              gguf_path: str | None = None, log=print, precision_sample: list[str] | None = None) -> BenchReport:
+    """Run every configuration on `texts` and return the report (rows in table order).
+
+    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets)."""
     from .run import engine_line
 
     # No item-token cap: the article's loop (a) runs every item whole, and every row must see the same tokens.
@@ -252,7 +254,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     report = BenchReport(machine=machine_info())
     device = loaded.backend.device
     hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
-    probe = Classifier(task, model=loaded, settings=settings)
+    probe = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
     report.engine = engine_line(loaded)
     log(f"engine: {report.engine}")
     prompts = [probe.renderer.render(t) for t in texts]

@@ -116,7 +116,12 @@ class Classifier:
         task: Task,
         model: str | LoadedModel | None = None,
         settings: EngineSettings | None = None,
+        precision_sample: Iterable[str | None] | None = None,
     ):
+        """`precision_sample`: texts of the data to classify, for `--precision auto`'s check (its first
+        200 distinct non-empty texts, see `precision.verification_sample`; an iterator is consumed that
+        far, so not the one to classify); None: article tickets. Only the first Classifier of a model
+        loaded with precision auto on a CPU makes that check."""
         self.task = task
         self.settings = settings or EngineSettings()
         self.loaded = (model if isinstance(model, LoadedModel)
@@ -142,7 +147,7 @@ class Classifier:
         if self.loaded.auto_precision:  # --precision auto on a CPU: decided once per model
             from .precision import settle_auto
 
-            settle_auto(self)
+            settle_auto(self, precision_sample)
         self.bias = self.content_free_prior() if task.calibrate else None
 
     def content_free_prior(self) -> np.ndarray:

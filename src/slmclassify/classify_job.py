@@ -13,6 +13,7 @@ against the per-item path are kept as a small pool spread over the prompt length
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import signal
 import time
@@ -102,9 +103,18 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
         identity["input"] = input_fingerprint(input_path)
     saved = _saved_run(checkpoint, identity, resume, restart)
 
+    done = saved["rows_done"] if saved is not None else 0
+    if settings.precision == "auto" or getattr(model, "auto_precision", False):
+        sample, chunks = _read_ahead(reader, settings.window, done)
+    else:
+        sample, chunks = None, reader.chunks(settings.window, skip_rows=done)
     started = time.perf_counter()
-    classifier = Classifier(task, model=model, settings=settings)
+    classifier = Classifier(task, model=model, settings=settings, precision_sample=sample)
     load_seconds = time.perf_counter() - started
+    if classifier.loaded.auto_decision is not None:
+        from .precision import describe
+
+        _echo(f"precision auto: {describe(classifier.loaded.auto_decision)}")
     if use_head:
         from .head.apply import check, window_results
 
@@ -118,6 +128,10 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     if saved is not None and saved.get("model") != identity["model"]:
         reader.close()
         raise refuse_resume(checkpoint, "the model changed")
+    identity["precision"] = classifier.loaded.backend.precision  # what --precision auto picked, too
+    if saved is not None and saved.get("precision", identity["precision"]) != identity["precision"]:
+        reader.close()
+        raise refuse_resume(checkpoint, f"the precision changed ({saved['precision']} → {identity['precision']})")
 
     state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
     schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
@@ -126,7 +140,7 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
     previous = handle_sigterm()
     try:
-        for start, frame in reader.chunks(settings.window, skip_rows=state.rows):
+        for start, frame in chunks:
             texts = reader.texts(frame)
             if use_head:
                 window = classifier.score_window(texts, start, taps=head.taps)
@@ -155,6 +169,35 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     report = state.verify(classifier) if probes > 0 else None
     return JobOutcome(classifier, load_seconds, report, state.stats.reused, state.resumed_at,
                       state.gold if gold_column is not None else None)
+
+
+def _read_ahead(reader, window: int, skip_rows: int):
+    """(`--precision auto`'s sample of the input, the chunks to run): the sample is read ahead
+    (`precision.input_sample`: a bounded number of rows) and the chunks read for it are held and
+    yielded first, so every row after `skip_rows` still comes once and in order. The sample starts at
+    row 0 even when resuming: the same file gets the same check, hence the same (cached) precision."""
+    from .precision import input_sample
+
+    chunks = reader.chunks(window)
+    held: list = []
+
+    def texts():
+        for start, frame in chunks:
+            held.append((start, frame))
+            yield from reader.texts(frame)
+
+    sample = input_sample(texts())
+    return sample, _after(itertools.chain(held, chunks), skip_rows)
+
+
+def _after(chunks, skip_rows: int):
+    """The (start, frame) chunks from row `skip_rows` on."""
+    for start, frame in chunks:
+        if start + len(frame) <= skip_rows:
+            continue
+        if start < skip_rows:
+            frame, start = frame.iloc[skip_rows - start:], skip_rows
+        yield start, frame
 
 
 def _saved_run(checkpoint, identity, resume, restart) -> dict | None:

@@ -73,7 +73,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     states = []
 
     def run(config_task: Task, taps=()) -> tuple[Classifier, np.ndarray, float]:
-        clf = Classifier(config_task, model=loaded, settings=settings)
+        clf = Classifier(config_task, model=loaded, settings=settings, precision_sample=texts)
         if taps:
             from .head.apply import check
 
@@ -95,6 +95,10 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
 
     clf, scores, seconds = run(task, head.taps if use_head else ())
     _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
+    if loaded.auto_decision is not None:
+        from .precision import describe
+
+        _echo(f"precision auto: {describe(loaded.auto_decision)}")
     _echo(f"system turn: {task.system!r}" if task.system is not None else f"instruction: {task.instruction!r}")
     _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
     _echo("label tokens (after the chat template):")

@@ -46,8 +46,9 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
                  fmt=None, errors="strict", probes=16, tolerance=1e-3) -> VerifyReport:
     """Run probe items through both paths; print and return the comparison."""
     frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors)
-    classifier = Classifier(task, model=model, settings=settings)
-    encoded = classifier.encode(texts_of(frame, text_column))
+    texts = texts_of(frame, text_column)
+    classifier = Classifier(task, model=model, settings=settings, precision_sample=texts)
+    encoded = classifier.encode(texts)
     indices = pick_probes(encoded, probes)
     probe_items = encoded.subset(indices)
     fast = classifier.score(probe_items)  # the probes batched together: padded rows, the prefix cache
@@ -89,10 +90,10 @@ def engine_line(loaded) -> str:
     if rates.get("rates"):
         measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
         line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({'cached' if rates.get('cached') else 'measured now'})"
-    decision = loaded.auto_decision
-    if decision is not None:
-        tried = "; ".join(f"{p} {t['agree']}/{t['n']} agree" for p, t in decision["tried"].items()) or "none faster"
-        line += f"; precision auto: {decision['precision']} ({tried})"
+    if loaded.auto_decision is not None:
+        from .precision import describe
+
+        line += f"; precision auto: {describe(loaded.auto_decision)}"
     return line
 
 

@@ -28,10 +28,17 @@ class SweepPoint:
 
 
 def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_caps,
-              max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS, log=print) -> list[SweepPoint]:
+              max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS, log=print,
+              precision_sample: list[str] | None = None) -> list[SweepPoint]:
     """Score `texts` once per (budget, row cap), items cut at `max_text_tokens` (None: no cap);
-    the first run also warms the model up."""
-    clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens))
+    the first run also warms the model up. `precision_sample`: the user's texts for `--precision
+    auto`'s check (None: article tickets)."""
+    clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens),
+                     precision_sample=precision_sample)
+    if loaded.auto_decision is not None:
+        from .precision import describe
+
+        log(f"precision auto: {describe(loaded.auto_decision)}")
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
     points = []

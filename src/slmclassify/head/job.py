@@ -46,7 +46,11 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
                          f"{folds}-fold cross-validation needs at least {folds} per label (or pass --folds)")
 
     loaded = load_model(model, settings.device, settings.precision)
-    clf = Classifier(task, model=loaded, settings=settings)
+    clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts)
+    if loaded.auto_decision is not None:
+        from ..precision import describe
+
+        _echo(f"precision auto: {describe(loaded.auto_decision)}")
     taps = taps or default_taps(loaded.model.config.num_hidden_layers)
     bad = [t for t in taps if not 1 <= t <= loaded.model.config.num_hidden_layers]
     if bad:
