@@ -260,3 +260,24 @@ def test_every_command_with_data_checks_it(run_main, monkeypatch, tmp_path, llam
     assert code == 0, err
     assert len(calls) == 1 and calls[0][:30] == texts
     assert "precision auto: fp32 (no low precision runs faster than float32 here)" in out + err
+
+
+def test_ray_driver_samples_the_files_in_order_and_actors_check_it(tmp_path, llama_dir, monkeypatch):
+    pytest.importorskip("ray")
+    from slmclassify import EngineSettings
+    from slmclassify.ray.actors import ClassifierActor
+    from slmclassify.ray.job import first_texts
+
+    own = _texts(150, seed=8) + _texts(150, seed=9)
+    for part, texts in (("a", own[:150]), ("b", own[150:])):
+        with open(tmp_path / f"{part}.csv", "w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows([["text"], *([t] for t in texts)])
+    sample = first_texts([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")], "text")
+    assert sample == prec.input_sample(own) and len(sample) == 200 and sample[150:] == own[150:200]
+
+    calls = []
+    monkeypatch.setattr(prec, "_decide", lambda classifier, texts, log=None: calls.append(list(texts))
+                        or {"precision": "fp32", "tried": {}})
+    ClassifierActor(TASK, str(llama_dir), EngineSettings(precision="auto"), "text", "", threads=1,
+                    precision_sample=sample)
+    assert calls == [sample]

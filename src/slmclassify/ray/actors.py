@@ -64,7 +64,7 @@ class ClassifierActor:
     """Adds the result columns to each batch (a pyarrow Table) of a Dataset; see the module docstring."""
 
     def __init__(self, task, model, settings, text_column: str, result_prefix: str, threads: int,
-                 errors: str = "strict", board=None):
+                 errors: str = "strict", board=None, precision_sample: list[str] | None = None):
         phases = {"imports_began": time.time()}
         try:
             import psutil  # a Ray dependency
@@ -84,7 +84,7 @@ class ClassifierActor:
         torch.set_num_threads(threads)  # before load_model: the GEMM measurement it reuses is keyed by threads
         loaded = load_model(model, settings.device, settings.precision)
         phases["load"] = time.time()
-        self.classifier = Classifier(task, model=loaded, settings=settings)
+        self.classifier = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
         phases["classifier"] = time.time()
         self.known: dict = {}
         self.text_column, self.errors, self.board = text_column, errors, board

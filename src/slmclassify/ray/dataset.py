@@ -77,11 +77,12 @@ class RayRun:
 
 def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, settings: EngineSettings | None = None,
                      ray_settings: RaySettings | None = None, text_column: str = "text",
-                     result_prefix: str = "", errors: str = "strict") -> RayRun:
+                     result_prefix: str = "", errors: str = "strict", precision_sample: list[str] | None = None) -> RayRun:
     """Add the result columns to every row of `dataset`, in input order, on a pool of actors.
 
     `model` is what `load_model` takes (None: the embedded model; a path must exist on every node).
     Needs `ray.init()` (or a running cluster) first. Returns lazily; consume `run.dataset`.
+    `precision_sample`: texts of the input for `--precision auto`'s check (`Classifier`), the same on every actor.
     """
     settings = settings or EngineSettings()
     rs = ray_settings or RaySettings()
@@ -99,7 +100,8 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
     classified = _cut(dataset, rs.block_rows, rs.actors).map_batches(
         ClassifierActor,
         fn_constructor_kwargs=dict(task=task, model=model, settings=settings, text_column=text_column,
-                                   result_prefix=result_prefix, threads=rs.threads, errors=errors, board=board),
+                                   result_prefix=result_prefix, threads=rs.threads, errors=errors, board=board,
+                                   precision_sample=precision_sample),
         batch_size=rs.block_rows,
         batch_format="pyarrow",
         zero_copy_batch=True,

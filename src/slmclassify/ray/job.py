@@ -51,8 +51,10 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = progress
     dataset = _read(in_fmt, files, errors)
+    sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
     run = classify_dataset(dataset, task, model=model, settings=settings, ray_settings=ray_settings,
-                           text_column=text_column, result_prefix=result_prefix, errors=errors)
+                           text_column=text_column, result_prefix=result_prefix, errors=errors,
+                           precision_sample=sample)
     submitted = time.time()
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -74,6 +76,24 @@ def pq_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path).metadata.num_rows
+
+
+def first_texts(files: list[str], text_column: str, errors: str = "strict") -> list[str]:
+    """`--precision auto`'s sample of the input (`precision.input_sample`), read on the driver from
+    the first rows of the files in order, so every actor checks the same texts."""
+    from ..io.readers import open_table
+    from ..precision import input_sample
+
+    def texts():
+        for path in files:
+            reader = open_table(path, text_column, errors=errors)
+            try:
+                for _, frame in reader.chunks(1024):
+                    yield from reader.texts(frame)
+            finally:
+                reader.close()
+
+    return input_sample(texts())
 
 
 def _input_files(path: str) -> tuple[str, list[str]]:
