@@ -10,8 +10,7 @@ sorts and batches by length within it. Torch gets as many threads as the actor h
 Duplicates: the actors of a run share the scores of the items they ran through the board
 (`sharing.py`): an item identical to one any actor has run (or is running) is not run again, so
 each distinct item is run once in total, as in a single process (which scores each distinct item
-of a 1024-row window once). An actor built without a board keeps its own scores instead (up to
-`KNOWN_ITEMS`), which only helps within that actor.
+of a 1024-row window once).
 
 The board is one small actor (no CPU reserved) that each classifier actor tells, after every
 batch, what it did: the driver reads it for the per-actor figures of the summary, and tests read
@@ -31,10 +30,6 @@ import time
 import ray
 
 from .sharing import Pace, SharedScores, score_block
-
-KNOWN_ITEMS = 20_000
-"""Without a board: distinct items whose scores an actor keeps for its later blocks (then it starts over)."""
-
 
 @ray.remote(num_cpus=0)
 class RunBoard:
@@ -75,7 +70,7 @@ class ClassifierActor:
     """Adds the result columns to each batch (a pyarrow Table) of a Dataset; see the module docstring."""
 
     def __init__(self, task, model, settings, text_column: str, result_prefix: str, threads: int,
-                 errors: str = "strict", board=None):
+                 board, errors: str = "strict"):
         phases = {"imports_began": time.time()}
         try:
             import psutil  # a Ray dependency
@@ -97,21 +92,19 @@ class ClassifierActor:
         phases["load"] = time.time()
         self.classifier = Classifier(task, model=loaded, settings=settings)
         phases["classifier"] = time.time()
-        self.known: dict = {}
         self.pace = Pace()
         self.text_column, self.errors, self.board = text_column, errors, board
         self.fields = result_arrow_fields(task.labels, result_prefix)
         self.prefix = result_prefix
         self.total = RunStats(prefix_tokens=len(self.classifier.prefix_ids))
         self.key = f"{socket.gethostname()}:{os.getpid()}"
-        if board is not None:
-            c = self.classifier
-            board.register.remote(self.key, {
-                "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
-                "calibrated": c.bias is not None, "threads": threads,
-                "load_seconds": time.perf_counter() - started, "phases": phases,
-                "labels": [line.strip() for line in describe_labels(loaded.tokenizer, task.labels, c.label_tokens)],
-            })
+        c = self.classifier
+        board.register.remote(self.key, {
+            "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
+            "calibrated": c.bias is not None, "threads": threads,
+            "load_seconds": time.perf_counter() - started, "phases": phases,
+            "labels": [line.strip() for line in describe_labels(loaded.tokenizer, task.labels, c.label_tokens)],
+        })
 
     def __call__(self, batch):
         import pandas as pd
@@ -124,24 +117,15 @@ class ClassifierActor:
         column = batch.column(self.text_column).to_pylist()
         texts = texts_of(pd.DataFrame({self.text_column: column}, dtype=object), self.text_column,
                          errors=self.errors)
-        waited = 0.0
-        if self.board is None:
-            if len(self.known) > KNOWN_ITEMS:
-                self.known.clear()
-            results = self.classifier.score_window(texts, known=self.known).results
-            self.total.add(self.classifier.stats)
-        else:
-            block = score_block(self.classifier, texts, self._exchange, self.pace)
-            results, waited = block.results, block.waited
-            self.total.add(block.stats)
-        frame = result_frame(results, self.classifier.task.labels, self.prefix)
+        block = score_block(self.classifier, texts, self._exchange, self.pace)
+        self.total.add(block.stats)
+        frame = result_frame(block.results, self.classifier.task.labels, self.prefix)
         results = pa.Table.from_pandas(frame, schema=pa.schema(self.fields), preserve_index=False)
         for field, values in zip(self.fields, results.columns):
             batch = batch.append_column(field, values)
-        if self.board is not None:
-            # waited for, so the driver's figures are complete once the last row is out
-            ray.get(self.board.report.remote(self.key, dataclasses.asdict(self.total),
-                                             (began, time.time(), batch.num_rows, waited)))
+        # waited for, so the driver's figures are complete once the last row is out
+        ray.get(self.board.report.remote(self.key, dataclasses.asdict(self.total),
+                                         (began, time.time(), batch.num_rows, block.waited)))
         return batch
 
     def _exchange(self, publish: dict, want: list, take: list, lease_s: float):
