@@ -18,8 +18,9 @@ key is free again and the next actor that needs it runs it itself. So a killed a
 at most one lease of waiting and loses nothing; the only double work is a lease that ran out on a
 live, slow owner (both results agree within float rounding; the first one published is kept).
 
-Memory: at most `SHARED_ITEMS` published keys (digest + L float64 scores, ≈ 0.3 KB each); past
-that the oldest are forgotten, and a later duplicate of a forgotten item is simply run again.
+Memory: at most `SHARED_ITEMS` published keys (digest + L float64 scores: 24.4 MB for 100,000 items
+of a 3-label task, measured with tracemalloc); past that the oldest are forgotten, and a later
+duplicate of a forgotten item is simply run again.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 from ..results import RunStats, make_results
 
 SHARED_ITEMS = 100_000
-"""Distinct items whose scores the board keeps (≈ 30 MB); the oldest are forgotten past this."""
+"""Distinct items whose scores the board keeps (24 MB with 3 labels); the oldest are forgotten past this."""
 LEASE_MIN_S = 5.0
 """Shortest lease on a batch being run: what a dead actor's batch can cost the others in waiting."""
 LEASE_FACTOR = 4.0
