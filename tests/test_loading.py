@@ -196,6 +196,17 @@ def _cache_entry() -> Path:
     return entry
 
 
+def test_a_converted_gguf_loads_without_reading_the_gguf_metadata(fake_gguf, monkeypatch):
+    """Regression: every load parsed the GGUF's metadata for its architecture (5.7 s for the embedded
+    model on a busy 2-core machine, each Ray actor too); a converted entry is checked through its config."""
+    gguf, calls = fake_gguf
+    load_model(str(gguf))
+    read = []
+    monkeypatch.setattr(loading, "_gguf_architecture", lambda path: read.append(path) or "llama")
+    load_model(str(gguf))
+    assert read == [] and len(calls) == 1
+
+
 @pytest.mark.parametrize("damage", ["corrupt weights", "truncated tokenizer", "missing manifest"])
 def test_damaged_conversion_cache_is_rebuilt(fake_gguf, damage):
     gguf, calls = fake_gguf

@@ -116,6 +116,26 @@ def test_killed_actor_is_restarted_and_no_row_is_lost_or_doubled(local_ray, llam
     _assert_same(frame, single_process(n), n)
 
 
+def test_duplicates_in_blocks_of_different_actors_are_run_once_in_total(local_ray, llama_dir, llama_loaded):
+    """Regression: a text in blocks of two actors was run through the model by both (the article's 600
+    tickets: 335 distinct texts, 427 runs); the actors now share their scores through the board."""
+    distinct = [t for t in dict.fromkeys(_texts(40, seed=11)) if t][:30]
+    rng = np.random.default_rng(2)
+    texts = [distinct[i] for _ in range(12) for i in rng.permutation(len(distinct))]  # 12 blocks of the same 30
+    n = len(texts)
+    ds = ray.data.from_items([{"row": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=4)
+    run = classify_dataset(ds, TASK, model=str(llama_dir), ray_settings=RaySettings(actors=2, block_rows=30))
+    run.dataset.context.wait_for_min_actors_s = 300  # both actors up before the first block: both get blocks
+    frame = run.dataset.to_pandas()
+    figures = run.figures()
+    working = [e["stats"] for e in figures["actors"].values() if e["calls"]]
+    assert len(working) == 2, figures["actors"]
+    assert sum(s["scored"] - s["reused"] for s in working) == len(distinct)  # without sharing: 2 × 30
+    assert sum(s["items"] for s in working) == n
+    assert figures["shared"]["kept"] == len(distinct)
+    _assert_same(frame, Classifier(TASK, model=llama_loaded).classify(texts), n)
+
+
 def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     texts = _texts(300, seed=3)
     pd.DataFrame({"id": [f"{i:05d}" for i in range(300)], "text": texts}).to_csv(tmp_path / "in.csv", index=False)

@@ -237,11 +237,14 @@ def _load_gguf(path: Path):
     """
     from filelock import FileLock
 
-    check_architecture(_gguf_architecture(path), str(path))  # before the de-quantising
     cached = cache_root() / f"gguf-{_file_hash(path)}-v{_CACHE_FORMAT}"
     cached.parent.mkdir(parents=True, exist_ok=True)
+    _import_model_code(cached)
     with FileLock(f"{cached}.lock"):
         if not _complete(cached):
+            # before the de-quantising; not on every load: reading the GGUF metadata took 3-6 s on 2
+            # cores (a converted entry's config passes check_config when it is loaded)
+            check_architecture(_gguf_architecture(path), str(path))
             _convert_gguf(path, cached)
             return _load_pretrained(str(cached), local_only=True)
         try:
@@ -249,6 +252,21 @@ def _load_gguf(path: Path):
         except ModelLoadError:
             _convert_gguf(path, cached)  # damaged in place (same sizes): rebuild once
             return _load_pretrained(str(cached), local_only=True)
+
+
+def _import_model_code(folder: Path) -> None:
+    """Import transformers and the model's modeling code before the cache lock is taken: under the
+    lock, a second process loading the same model (a Ray actor) waited for the first one's imports
+    (4-6 s on 2 cores). Nothing is read but the config; the load under the lock reports any error."""
+    if not _complete(folder):
+        return
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+        AutoModelForCausalLM._model_mapping[type(config)]  # imports the architecture's modeling module
+    except (OSError, ValueError, KeyError):
+        return
 
 
 def _gguf_architecture(path: Path) -> str | None:

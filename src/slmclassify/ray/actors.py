@@ -1,14 +1,16 @@
-"""The Ray actors: one `ClassifierActor` per worker slot, and a `StatsBoard` that collects figures.
+"""The Ray actors: one `ClassifierActor` per worker slot, and a `RunBoard` that collects figures
+and shares scores between them.
 
 A `ClassifierActor` is the callable class given to `Dataset.map_batches`: Ray builds it once per
 actor process, so the model is loaded, the prefix cache computed and the calibration prior
-measured once, then every batch (a block of rows) goes through `Classifier.score_window`, which
+measured once, then every batch (a block of rows) is scored by `sharing.score_block`, which
 sorts and batches by length within it. Torch gets as many threads as the actor has CPUs
 (its share of the machine, not `os.cpu_count()`).
 
-Duplicates: an actor keeps the raw scores of the items it scored (up to `KNOWN_ITEMS`), so an
-item identical to one of an earlier block of the same actor is not scored again (the single-process
-run scores each distinct item of a 1024-row window once; blocks are smaller than that).
+Duplicates: the actors of a run share the scores of the items they ran through the board
+(`sharing.py`): an item identical to one any actor has run (or is running) is not run again, so
+each distinct item is run once in total, as in a single process (which scores each distinct item
+of a 1024-row window once).
 
 The board is one small actor (no CPU reserved) that each classifier actor tells, after every
 batch, what it did: the driver reads it for the per-actor figures of the summary, and tests read
@@ -27,24 +29,27 @@ import time
 
 import ray
 
-KNOWN_ITEMS = 20_000
-"""Distinct items whose scores an actor keeps to reuse for duplicates in later blocks (then it starts over)."""
-
+from .sharing import Pace, SharedScores, score_block
 
 @ray.remote(num_cpus=0)
-class StatsBoard:
-    """Run figures per actor process, keyed `host:pid`."""
+class RunBoard:
+    """Run figures per actor process, keyed `host:pid`, and the scores the actors share."""
 
     def __init__(self) -> None:
         self.actors: dict[str, dict] = {}
         self.info: dict = {}
+        self.shared = SharedScores()
+
+    def exchange(self, owner: str, publish: dict, want: list, take: list, lease_s: float):
+        """`SharedScores.exchange`: one round trip per engine batch of an actor."""
+        return self.shared.exchange(owner, publish, want, take, lease_s)
 
     def register(self, key: str, info: dict) -> None:
         entry = self._entry(key)
         entry["phases"] = info.pop("phases")
         self.info = info
 
-    def report(self, key: str, stats: dict, call: tuple[float, float, int]) -> None:
+    def report(self, key: str, stats: dict, call: tuple[float, float, int, float]) -> None:
         entry = self._entry(key)
         entry["calls"] += 1
         entry["stats"] = stats
@@ -52,8 +57,9 @@ class StatsBoard:
 
     def snapshot(self) -> dict:
         """{"info": what the model and task look like, "actors": {key: {"calls", "stats", "started",
-        "phases": {name: time.time()}, "blocks": [(began, ended, rows)]}}}."""
-        return {"info": self.info, "actors": self.actors}
+        "phases": {name: time.time()}, "blocks": [(began, ended, rows, seconds waiting for others)]}},
+        "shared": `SharedScores.figures()`}."""
+        return {"info": self.info, "actors": self.actors, "shared": self.shared.figures()}
 
     def _entry(self, key: str) -> dict:
         return self.actors.setdefault(key, {"started": time.time(), "stats": None, "calls": 0, "phases": {},
@@ -64,7 +70,7 @@ class ClassifierActor:
     """Adds the result columns to each batch (a pyarrow Table) of a Dataset; see the module docstring."""
 
     def __init__(self, task, model, settings, text_column: str, result_prefix: str, threads: int,
-                 errors: str = "strict", board=None, precision_sample: list[str] | None = None):
+                 board, errors: str = "strict", precision_sample: list[str] | None = None):
         phases = {"imports_began": time.time()}
         try:
             import psutil  # a Ray dependency
@@ -86,20 +92,19 @@ class ClassifierActor:
         phases["load"] = time.time()
         self.classifier = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
         phases["classifier"] = time.time()
-        self.known: dict = {}
+        self.pace = Pace()
         self.text_column, self.errors, self.board = text_column, errors, board
         self.fields = result_arrow_fields(task.labels, result_prefix)
         self.prefix = result_prefix
         self.total = RunStats(prefix_tokens=len(self.classifier.prefix_ids))
         self.key = f"{socket.gethostname()}:{os.getpid()}"
-        if board is not None:
-            c = self.classifier
-            board.register.remote(self.key, {
-                "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
-                "calibrated": c.bias is not None, "threads": threads,
-                "load_seconds": time.perf_counter() - started, "phases": phases,
-                "labels": [line.strip() for line in describe_labels(loaded.tokenizer, task.labels, c.label_tokens)],
-            })
+        c = self.classifier
+        board.register.remote(self.key, {
+            "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
+            "calibrated": c.bias is not None, "threads": threads,
+            "load_seconds": time.perf_counter() - started, "phases": phases,
+            "labels": [line.strip() for line in describe_labels(loaded.tokenizer, task.labels, c.label_tokens)],
+        })
 
     def __call__(self, batch):
         import pandas as pd
@@ -112,16 +117,16 @@ class ClassifierActor:
         column = batch.column(self.text_column).to_pylist()
         texts = texts_of(pd.DataFrame({self.text_column: column}, dtype=object), self.text_column,
                          errors=self.errors)
-        if len(self.known) > KNOWN_ITEMS:
-            self.known.clear()
-        window = self.classifier.score_window(texts, known=self.known)
-        self.total.add(self.classifier.stats)
-        frame = result_frame(window.results, self.classifier.task.labels, self.prefix)
+        block = score_block(self.classifier, texts, self._exchange, self.pace)
+        self.total.add(block.stats)
+        frame = result_frame(block.results, self.classifier.task.labels, self.prefix)
         results = pa.Table.from_pandas(frame, schema=pa.schema(self.fields), preserve_index=False)
         for field, values in zip(self.fields, results.columns):
             batch = batch.append_column(field, values)
-        if self.board is not None:
-            # waited for, so the driver's figures are complete once the last row is out
-            ray.get(self.board.report.remote(self.key, dataclasses.asdict(self.total),
-                                             (began, time.time(), batch.num_rows)))
+        # waited for, so the driver's figures are complete once the last row is out
+        ray.get(self.board.report.remote(self.key, dataclasses.asdict(self.total),
+                                         (began, time.time(), batch.num_rows, block.waited)))
         return batch
+
+    def _exchange(self, publish: dict, want: list, take: list, lease_s: float):
+        return ray.get(self.board.exchange.remote(self.key, publish, want, take, lease_s))

@@ -13,8 +13,8 @@ The in-process figures come from each run's own summary: the single process's mo
 scoring seconds; Ray's `ray.init`, the time from submitting the Dataset to the last row written,
 each actor's start-up phases, rows and busy seconds. Both sides' "run through the model" count
 the distinct items each scored (the single process scores identical texts of a 1024-row window
-once; a Ray actor those of its own blocks). The outputs are compared row by row: labels, order
-(the id column) and max |Δp|. Prints a table per round, the load average before each run, and one
+once; the Ray actors share their scores, so each distinct text is run once in total). The outputs
+are compared row by row: labels, order (the id column) and max |Δp|. Prints a table per round, the load average before each run, and one
 JSON line last.
 """
 
@@ -45,8 +45,8 @@ _RAY = {
     "scored_by_model": r"run through the model: (\d+)$",
     "load_s": r"\(loaded in ([\d.]+) s per actor\)",
 }
-_ACTOR = re.compile(r"^  actor (\S+): (\d+) rows in (\d+) blocks, busy ([\d.]+) s.*run through the model (\d+); "
-                    r"at (.*) s$", re.MULTILINE)
+_ACTOR = re.compile(r"^  actor (\S+): (\d+) rows in (\d+) blocks, busy ([\d.]+) s.*run through the model (\d+), "
+                    r"waited ([\d.]+) s .*; at (.*) s$", re.MULTILINE)
 
 
 def _grab(patterns: dict, text: str) -> dict:
@@ -121,8 +121,10 @@ def main(n_items, rounds, actors, block_rows, model):
             else:
                 found = _grab(_RAY, err)
                 row.update({f"ray_{k}" if not k.startswith("ray_") else k: v for k, v in found.items()})
-                row["ray_actors"] = [dict(zip(("key", "rows", "blocks", "busy_s", "scored_by_model", "phases"),
-                                              (m[0], int(m[1]), int(m[2]), float(m[3]), int(m[4]), m[5])))
+                row["ray_actors"] = [dict(zip(("key", "rows", "blocks", "busy_s", "scored_by_model", "waited_s",
+                                               "phases"),
+                                              (m[0], int(m[1]), int(m[2]), float(m[3]), int(m[4]), float(m[5]),
+                                               m[6])))
                                      for m in _ACTOR.findall(err)]
                 row["ray_scored_by_model"] = int(row.pop("ray_scored_by_model"))
             click.echo(f"round {r + 1} {side}: {wall:.1f} s end to end (load average before: {load})", err=True)
@@ -152,7 +154,8 @@ def main(n_items, rounds, actors, block_rows, model):
                    f"ray: ray.init {row['ray_init_s']:.1f} s, actor load {row['ray_load_s']:.1f} s")
         for actor in row["ray_actors"]:
             click.echo(f"      actor {actor['key']}: {actor['rows']} rows in {actor['blocks']} blocks, busy "
-                       f"{actor['busy_s']:.1f} s, {actor['scored_by_model']} run through the model; "
+                       f"{actor['busy_s']:.1f} s, {actor['scored_by_model']} run through the model, waited "
+                   f"{actor['waited_s']:.1f} s for others; "
                        f"at {actor['phases']} s")
     click.echo(json.dumps({"n": n_items, "actors": actors, "block_rows": block_rows, "cpu": cpu,
                            "cores": os.cpu_count(), "rounds": rows}))

@@ -26,7 +26,7 @@ from ..classifier import EngineSettings
 from ..errors import InputError, TaskError
 from ..results import result_columns
 from ..task import Task
-from .actors import ClassifierActor, StatsBoard
+from .actors import ClassifierActor, RunBoard
 
 DEFAULT_BLOCK_ROWS = 256
 
@@ -96,7 +96,7 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
         if clash:
             raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
                              "so the results do not overwrite it")
-    board = StatsBoard.remote()
+    board = RunBoard.remote()
     classified = _cut(dataset, rs.block_rows, rs.actors).map_batches(
         ClassifierActor,
         fn_constructor_kwargs=dict(task=task, model=model, settings=settings, text_column=text_column,

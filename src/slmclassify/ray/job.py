@@ -22,6 +22,7 @@ from ..io.formats import FORMATS, check_output, table_format
 from ..results import RunStats
 from ..task import Task
 from .dataset import RaySettings, classify_dataset
+from .sharing import SHARED_ITEMS
 
 
 def _echo(message: str = "") -> None:
@@ -173,7 +174,11 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
     _echo(f"batches: {total.batches}; padding: {100 * total.padding_share:.1f}% of processed tokens; "
           f"prefix: {total.prefix_tokens} tokens run once per actor, {total.prefix_reused} reused; "
           f"fallbacks: {total.fallbacks}; duplicates: {total.reused} rows took the scores of an identical row "
-          f"scored earlier by their actor; run through the model: {total.scored - total.reused}")
+          f"run by any actor; run through the model: {total.scored - total.reused}")
+    shared = figures.get("shared")
+    if shared:
+        _echo(f"shared scores: {shared['kept']} distinct items kept on the board, {shared['forgotten']} forgotten "
+              f"(at most {SHARED_ITEMS:,})")
     t0 = phases["submitted"]
     _echo(f"phases: ray.init {phases['ray_init']:.2f} s; from submitting the Dataset (0 s) to the last row "
           f"written {phases['finished'] - t0:.2f} s")
@@ -181,10 +186,16 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
         s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
         _echo(f"  actor {key}: {s.items} rows in {entry['calls']} blocks, busy {s.seconds:.2f} s, "
               f"{s.items_per_s:.1f} items/s, padding {100 * s.padding_share:.1f}%, "
-              f"run through the model {s.scored - s.reused}; {_actor_phases(entry, t0)}")
+              f"run through the model {s.scored - s.reused}, waited {_waited(entry):.2f} s for items other "
+              f"actors were running; {_actor_phases(entry, t0)}")
     _echo("verify: not run under --ray (each actor runs the same fast path; check a sample with "
           "`slmclassify verify`)")
     _echo(f"wrote {output}")
+
+
+def _waited(entry: dict) -> float:
+    """Seconds the actor waited, at the end of its blocks, for items other actors were running."""
+    return sum(call[3] for call in entry.get("blocks") or () if len(call) > 3)
 
 
 def _actor_phases(entry: dict, t0: float) -> str:
