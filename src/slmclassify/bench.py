@@ -375,20 +375,26 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
 def _interleaved_with(base: Classifier, other: Classifier, encoded, device: torch.device) -> tuple[float, np.ndarray]:
     """(items/s of `other` over `base`, other's [n, L] scores), the two timed batch by batch.
 
-    The batches are `base`'s token-budget plan over the scored items, planned once; each is
-    scored by both classifiers in turn (its items as one `score` call, which plans them as the
-    same single batch), the order alternating, so that drift in the machine's speed hits both.
+    The batches are those `base.score` makes (the items with and without the cached prefix
+    apart, each group planned by `plan_batches`), planned once; each is scored by both
+    classifiers in turn (its items as one `score` call, which plans them as the same single
+    batch), the order alternating, so that drift in the machine's speed hits both.
     """
     from .batching import plan_batches
 
     scored = encoded.scored
-    plan = plan_batches(np.array([len(encoded.suffix(i)) for i in scored]), base.settings.token_budget,
-                        base.settings.max_rows, sort=base.settings.sort)
+    batches = []  # input indices of each batch's items
+    for cached in (True, False):
+        group = scored[encoded.cached[scored] == cached] if len(scored) else scored
+        lengths = np.array([len(encoded.suffix(i)) for i in group])
+        batches += [[int(i) for i in group[positions]] for positions in
+                    plan_batches(lengths, base.settings.token_budget, base.settings.max_rows, sort=base.settings.sort)]
     scores = np.full((len(encoded), len(base.task.labels)), np.nan)
     seconds = {id(base): 0.0, id(other): 0.0}
-    other.score(encoded.subset([int(scored[p]) for p in plan[-1]]))  # warm-up of the other kernels
-    for k, positions in enumerate(plan):
-        items = encoded.subset([int(scored[p]) for p in positions])
+    if batches:
+        other.score(encoded.subset(batches[-1]))  # warm-up of the other kernels
+    for k, rows in enumerate(batches):
+        items = encoded.subset(rows)
         for clf in ((base, other) if k % 2 else (other, base)):
             _sync(device)
             start = time.perf_counter()
@@ -396,7 +402,7 @@ def _interleaved_with(base: Classifier, other: Classifier, encoded, device: torc
             _sync(device)
             seconds[id(clf)] += time.perf_counter() - start
             if clf is other:
-                scores[scored[positions]] = batch_scores
+                scores[rows] = batch_scores
     return seconds[id(base)] / seconds[id(other)], scores
 
 
