@@ -69,6 +69,13 @@ def test_bench_report_schema(llama_loaded):
             assert row["max_abs_diff"] < 1e-3
     ours = data["rows"][3]
     assert ours["peak_rss_mb"] > 0
+    # (g) timed interleaved with (d): its speed-up over (a) is (g over d) x (d over a), its seconds
+    # d's over (g over d), so that no row timed at another moment enters the ratio.
+    for row in data["rows"][7:]:
+        assert row["vs_d"] > 0 and row["padding"] == ours["padding"]
+        assert row["seconds"] == pytest.approx(ours["seconds"] / row["vs_d"])
+        assert row["speedup"] == pytest.approx(row["vs_d"] * ours["speedup"])
+    assert all(row["vs_d"] is None for row in data["rows"][:7])
     # The roofline's inputs, recomputed: useful tokens are every item's prompt after the shared prefix.
     from slmclassify import Classifier
 

@@ -169,3 +169,23 @@ def test_prefix_computed_once_per_run(tiny_loaded, monkeypatch):
     clf.classify(random_texts(4, seed=3))
     assert calls == []  # computed in __init__, reused by every batch of every call
     assert clf.stats.batches >= 2
+
+
+@pytest.mark.parametrize("mode", ["first", "full"])
+@pytest.mark.parametrize("inline", [True, False])
+def test_inline_and_merged_prefix_attention_equal_reference(tiny_loaded, monkeypatch, mode, inline):
+    """Rows wide enough take the prefix's keys inline (one causal kernel call; with trie nodes, one
+    masked call), narrower ones attend to it apart and merge by log-sum-exp: both must give the
+    reference's scores, for item queries, node queries (full mode) and the last layer's reads."""
+    from slmclassify import engine
+
+    monkeypatch.setattr(engine, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))
+    labels = ("billing", "technical", "account") if mode == "first" else ("billing", "technical", "account", "accounting")
+    clf = Classifier(Task(labels=labels, mode=mode, user_template="Ticket: {text}\nCategory:"), model=tiny_loaded,
+                     settings=EngineSettings(token_budget=300, max_rows=4))
+    columns = []
+    original = type(clf.engine)._layout
+    monkeypatch.setattr(type(clf.engine), "_layout",
+                        lambda self, *a: columns.append(original(self, *a).prefix_cols) or original(self, *a))
+    assert_matches_reference(clf, random_texts(11, seed=21))
+    assert columns and set(columns) == ({clf.prefix.length} if inline else {0})

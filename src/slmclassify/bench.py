@@ -10,7 +10,11 @@ Configurations (same model, same threads, same items):
   f  llama.cpp on the same GGUF, item by item with its prompt prefix reused (if llama-cpp-python
      is importable and the model is a GGUF)
   g  ours in the other precisions this machine runs natively (CPU: int8, bf16 where native;
-     agreement is with (a), float32)
+     agreement is with (a), float32). Each is timed interleaved with (d) on the same batches
+     (d's batches planned once; each batch scored by d and by g in turn, the order alternating),
+     so that its speed-up is (g over d, interleaved) x (d over a, interleaved) and a machine whose
+     speed drifts between rows cannot move it; its seconds are d's seconds / (g over d), i.e.
+     what g would have taken at the speed the machine had during (d)
   h  on CUDA: the best plain-transformers configurations (sorted token-budget batches, with and
      without a prefix cache; `backends.hf_plain`)
 On CUDA the Hugging Face rows (a, b, c, h) run in bfloat16, as a user would run them there.
@@ -55,6 +59,8 @@ class BenchRow:
     """Largest |Δ label log-probability| against (a)."""
     roofline: float | None = None
     """Achieved share of the measured float32 matmul rate (ours only)."""
+    vs_d: float | None = None
+    """items/s over (d), timed interleaved with it batch by batch on the same batches (g rows)."""
     peak_rss_mb: float | None = None
 
     @property
@@ -335,9 +341,15 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
          replace(settings, token_budget=None, max_rows=32))
     ours("e ours - unsorted", "prefix cache, token budget, input order", replace(settings, sort=False))
 
+    d_seconds = report.rows[3].seconds
     for precision in _other_precisions(loaded):
         other = _with_precision(loaded, precision)
-        ours(f"g ours {precision}", f"as d, {other.backend.describe()}", settings, model=other)
+        low = Classifier(task, model=other, settings=settings)
+        ratio, scores = _interleaved_with(clf, low, encoded, device)
+        seconds = d_seconds / ratio  # g at the machine speed of the (d) run
+        add(f"g ours {precision}", f"as d, {other.backend.describe()}; {ratio:.2f}x d, timed interleaved with d",
+            seconds, scores, padding=report.rows[3].padding, roofline=share(seconds))  # d's batches
+        report.rows[-1].vs_d = ratio
 
     if device.type == "cuda":
         from .backends.hf_plain import token_budget_scores
@@ -360,6 +372,40 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         else:
             log("  f llama.cpp: skipped (llama-cpp-python is not installed)")
     return report
+
+
+def _interleaved_with(base: Classifier, other: Classifier, encoded, device: torch.device) -> tuple[float, np.ndarray]:
+    """(items/s of `other` over `base`, other's [n, L] scores), the two timed batch by batch.
+
+    The batches are those `base.score` makes (the items with and without the cached prefix
+    apart, each group planned by `plan_batches`), planned once; each is scored by both
+    classifiers in turn (its items as one `score` call, which plans them as the same single
+    batch), the order alternating, so that drift in the machine's speed hits both.
+    """
+    from .batching import plan_batches
+
+    scored = encoded.scored
+    batches = []  # input indices of each batch's items
+    for cached in (True, False):
+        group = scored[encoded.cached[scored] == cached] if len(scored) else scored
+        lengths = np.array([len(encoded.suffix(i)) for i in group])
+        batches += [[int(i) for i in group[positions]] for positions in
+                    plan_batches(lengths, base.settings.token_budget, base.settings.max_rows, sort=base.settings.sort)]
+    scores = np.full((len(encoded), len(base.task.labels)), np.nan)
+    seconds = {id(base): 0.0, id(other): 0.0}
+    if batches:
+        other.score(encoded.subset(batches[-1]))  # warm-up of the other kernels
+    for k, rows in enumerate(batches):
+        items = encoded.subset(rows)
+        for clf in ((base, other) if k % 2 else (other, base)):
+            _sync(device)
+            start = time.perf_counter()
+            batch_scores = clf.score(items)
+            _sync(device)
+            seconds[id(clf)] += time.perf_counter() - start
+            if clf is other:
+                scores[rows] = batch_scores
+    return seconds[id(base)] / seconds[id(other)], scores
 
 
 def _sync(device: torch.device) -> None:
