@@ -106,7 +106,9 @@ class Int8Linear(LinearOp):
         reduce_range=False: full 8-bit activations; safe with VNNI/AMX and with the onednn engine."""
         return torch.ops.quantized.linear_dynamic(x, packed, False)
 
-    def __call__(self, x):
+    def _scaled(self, x: torch.Tensor):
+        """(x @ w computed in int8 without the row scales [N, out], the row scales [N, 1], the
+        outlier channels' float32 part [N, k] or None), for x [N, in] (see `__call__`)."""
         # The kernel quantises its input with one scale for the whole tensor, so one token with
         # large activations (the chat template's special tokens have them) would leave every other
         # token of the batch a few levels of 8 bits. Each row is scaled to max |x| = 1 first and
@@ -116,17 +118,28 @@ class Int8Linear(LinearOp):
         own = self.inv_in is not None
         if own:
             x = x * self.inv_in  # [N, in] smoothed (a new tensor)
-        rest = x
+        outlying = None
         if self.outliers is not None:
             outlying = x.index_select(1, self.outliers)  # [N, k]
-            rest = x.index_fill_(1, self.outliers, 0.0) if own else x.index_fill(1, self.outliers, 0.0)
+            x = x.index_fill_(1, self.outliers, 0.0) if own else x.index_fill(1, self.outliers, 0.0)
             own = True
-        scale = torch.linalg.vector_norm(rest, ord=float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)
-        rest = rest.div_(scale) if own else rest / scale
-        out = self._matmul(rest, self.packed).mul_(scale)
-        if self.outliers is not None:
+        scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)
+        x = x.div_(scale) if own else x / scale
+        return self._matmul(x, self.packed), scale, outlying
+
+    def __call__(self, x):
+        out, scale, outlying = self._scaled(x)
+        out.mul_(scale)
+        if outlying is not None:
             out.addmm_(outlying, self.outlier_weight)
         return out if self.bias is None else out.add_(self.bias)
+
+    def add_(self, h, x):
+        out, scale, outlying = self._scaled(x)
+        h.addcmul_(out, scale)  # one pass over the output instead of scaling it, then adding
+        if outlying is not None:
+            h.addmm_(outlying, self.outlier_weight)
+        return h if self.bias is None else h.add_(self.bias)
 
 
 class Int8X86Linear(Int8Linear):
