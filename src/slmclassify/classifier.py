@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .activation_ranges import ranges_for
 from .batching import collate, plan_batches
 from .calibration import CONTENT_FREE, adjust, prior_from_scores
 from .config_check import context_limit
@@ -135,7 +136,7 @@ class Classifier:
         )
         self.trie = build_trie(task.labels, sequences, mode)
         if self.loaded.engine is None:  # re-arranging the weights once per model, not per classifier
-            self.loaded.engine = Engine(self.loaded.model, self.loaded.backend)
+            self.loaded.engine = Engine(self.loaded.model, self.loaded.backend, ranges=ranges_for(tokenizer))
         self.engine = self.loaded.engine
         self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
         self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None

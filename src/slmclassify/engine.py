@@ -38,6 +38,7 @@ on its device, and the residual stream, the norms and the output layer stay in f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 
 from .backends import Backend
 from .backends.gemm import LinearOp
+from .backends.smoothing import plan_layer
 from .batching import Batch
 from .config_check import check_config, head_dim
 from .labels import LabelTrie
@@ -176,7 +178,11 @@ def _interleave_into(out: torch.Tensor, weight: torch.Tensor, head_dim: int) -> 
 class Engine:
     """Scores label tries for batches of items, reusing one prefix cache."""
 
-    def __init__(self, model: torch.nn.Module, backend: Backend | None = None):
+    def __init__(self, model: torch.nn.Module, backend: Backend | None = None,
+                 ranges: Callable[[Engine], list[dict[str, torch.Tensor]]] | None = None):
+        """`ranges` (int8 backends): given this engine computing in float32, each layer's max |x| per
+        input channel of its ops {"qkv", "o", "gate_up", "down"} (`activation_ranges.py`), from
+        which the int8 ops are smoothed (`backends/smoothing.py`). Without it int8 is not smoothed."""
         self.backend = backend or Backend(device=model.device, precision="fp32", gemm="mm")
         self.device, self.dtype = self.backend.device, self.backend.dtype
         base = model.model
@@ -197,17 +203,31 @@ class Engine:
         with torch.inference_mode():
             before = model(input_ids=probe, logits_to_keep=1).logits
         with torch.no_grad():
-            shared: list[torch.Tensor | None] = []  # the [in, out] tensors the modules' weights view
-            self.layers = [self._arrange(layer, shared) for layer in base.layers]
+            arranged = [self._arrange(layer) for layer in base.layers]
         with torch.inference_mode():
             after = model(input_ids=probe, logits_to_keep=1).logits
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
         # SmolLM2-135M, whose logits reach ~30); a wrong arrangement moves them by units.
         assert torch.allclose(after, before, rtol=1e-3, atol=1e-3), float((after - before).abs().max())
+        plans = [None] * len(arranged)
+        if ranges is not None and self.backend.smooths:  # record in float32 first, on the same tensors
+            exact = Backend(device=self.device, precision="fp32", gemm="mm")
+            self.layers = [self._ops(weights, exact) for weights in arranged]
+            plans = [plan_layer(r, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0],
+                                self.n_heads, self.n_kv, self.head_dim)
+                     for r, w in zip(ranges(self), arranged)]
+        self.layers = [self._ops(weights, self.backend, plan) for weights, plan in zip(arranged, plans)]
 
-    def _arrange(self, layer: torch.nn.Module, shared: list) -> _Layer:
-        """Arrange one layer's weights [in, out], sharing them with the module (see `_share`);
-        the shared tensors are appended to `shared`."""
+    @staticmethod
+    def _ops(weights: dict, backend: Backend, plan: dict | None = None) -> _Layer:
+        """One layer's linear ops from its arranged weights (`_arrange`), smoothed by `plan` (int8)."""
+        plan = plan or {}
+        ops = {name: backend.linear(*weights[name], smooth=plan.get(name)) for name in ("qkv", "o", "gate_up", "down")}
+        return _Layer(**ops, eps=weights["eps"])
+
+    def _arrange(self, layer: torch.nn.Module) -> dict:
+        """Arrange one layer's weights [in, out], sharing them with the module (see `_share`):
+        {"qkv", "o", "gate_up", "down": (weight [in, out], bias or None), "eps": float}."""
         attn, mlp = layer.self_attn, layer.mlp
         rotated = (self.n_heads + self.n_kv) * self.head_dim
         order = self._rotary_order().to(attn.q_proj.weight.device)
@@ -228,12 +248,9 @@ class Engine:
         gate_up, gate_up_bias = _shared_in_out(mlp.gate_proj, mlp.up_proj, norm=post.weight)
         post.weight = torch.nn.Parameter(torch.ones_like(post.weight), requires_grad=False)
         down, down_bias = _shared_in_out(mlp.down_proj)
-        shared += [qkv, qkv_bias, o, o_bias, gate_up, gate_up_bias, down, down_bias]
-        linear = self.backend.linear  # the backend's kernel (mm uses these very tensors, others copy)
-        return _Layer(
-            qkv=linear(qkv, qkv_bias), o=linear(o, o_bias), gate_up=linear(gate_up, gate_up_bias),
-            down=linear(down, down_bias), eps=layer.input_layernorm.variance_epsilon,
-        )
+        # the backend's kernel (mm computes with these very tensors, others copy them)
+        return {"qkv": (qkv, qkv_bias), "o": (o, o_bias), "gate_up": (gate_up, gate_up_bias),
+                "down": (down, down_bias), "eps": layer.input_layernorm.variance_epsilon}
 
     def _rotary_order(self) -> torch.Tensor:
         """Row order of the concatenated q/k weights: each head's rows from halves (i, i + D/2)

@@ -135,6 +135,17 @@ class Labelled:
         return Labelled(self.texts[:limit], self.gold[:limit], self.labels, self.instruction)
 
 
+def gold_indices(data: Labelled, labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """([n] index in `labels` of each item's first gold label, -1 where it is not one of them;
+    [n, L] bool: every label that counts as correct, the `accepted` of `Evaluation`)."""
+    index = {label: i for i, label in enumerate(labels)}
+    gold = np.array([index.get(names[0], -1) for names in data.gold], dtype=np.int64)
+    accepted = np.zeros((len(data.texts), len(labels)), dtype=bool)  # [n, L]
+    for row, names in enumerate(data.gold):
+        accepted[row, [index[name] for name in names if name in index]] = True
+    return gold, accepted
+
+
 def read_labelled(path: str, text_column: str, label_column: str) -> Labelled:
     """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table."""
     from .tables import read_table, texts_of

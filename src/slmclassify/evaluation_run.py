@@ -12,7 +12,7 @@ import numpy as np
 from .calibration import adjust, fit_temperature
 from .classifier import Classifier, EngineSettings
 from .errors import InputError, TaskError
-from .evaluate import Evaluation, format_report, read_labelled, write_plots
+from .evaluate import Evaluation, format_report, gold_indices, read_labelled, write_plots
 from .labels import build_trie, describe_labels
 from .loading import LoadedModel, load_model
 from .results import softmax
@@ -57,12 +57,8 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         if missing:
             raise InputError(f"{path}: row {row} has gold label {missing[0]!r}, which is not in the label set "
                              f"{list(checked)}")
-    index = {label: i for i, label in enumerate(task.labels)}
     # zero-shot figures (modes, temperature) index the task's labels (-1: a label only the head has)
-    gold = np.array([index.get(names[0], -1) for names in data.gold])
-    accepted = np.zeros((len(texts), len(task.labels)), dtype=bool)  # [n, L]
-    for row, names in enumerate(data.gold):
-        accepted[row, [index[name] for name in names if name in index]] = True
+    gold, accepted = gold_indices(data, task.labels)
     head_gold = np.array([head.labels.index(names[0]) for names in data.gold]) if use_head else None
     if use_head and (gold < 0).any() and (compare_modes or fit_temperature):
         raise TaskError("--compare-modes and --fit-temperature score the task's labels, and some gold labels "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .activation_ranges import ranges_for
 from .backends.choice import make_backend, machine_key, model_key, speedup
 from .backends.choice import _read, _write
 from .backends.device import cpu_native
@@ -217,5 +218,6 @@ def _use(classifier, precision: str) -> None:
     loaded = classifier.loaded
     backend, _ = make_backend(loaded.model.config, loaded.backend.device, precision, cache_root())
     loaded.backend = backend
-    loaded.engine = classifier.engine = Engine(loaded.model, backend)
+    ranges = ranges_for(loaded.tokenizer)
+    loaded.engine = classifier.engine = Engine(loaded.model, backend, ranges=ranges)
     classifier.prefix = classifier.engine.prefill(classifier.prefix_ids) if classifier.prefix_ids else None

@@ -42,9 +42,18 @@ class Backend:
         """Precision of the attention's q/k/v and of the mask."""
         return DTYPES[self.precision]
 
-    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> gemm.LinearOp:
-        """A linear op computing x @ weight (+ bias) for `weight` [in, out] in float32."""
-        return gemm.KERNELS[self.gemm](weight, bias, self.dtype)
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None, smooth=None) -> gemm.LinearOp:
+        """A linear op computing x @ weight (+ bias) for `weight` [in, out] in float32. `smooth` (a
+        `smoothing.Smoothing`, int8 kernels only) rescales it: the op then computes
+        (x @ weight + bias) / smooth.cols for inputs already divided upstream (see `smoothing.py`)."""
+        if smooth is None:
+            return gemm.KERNELS[self.gemm](weight, bias, self.dtype)
+        return gemm.KERNELS[self.gemm](weight, bias, self.dtype, smooth)
+
+    @property
+    def smooths(self) -> bool:
+        """Whether this backend's linear ops take activation smoothing (the int8 kernels)."""
+        return self.gemm.startswith("int8")
 
     def attend(self, q, k, v, mask, causal: bool = True):
         """(out [B, Q, H, D], lse [B, Q, H] float32) for q [B, H, Q, D]; see `attention.attend_cpu`."""
@@ -85,6 +94,15 @@ def _cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
+"""The CPU flags that decide low-precision matmul speed (what a figure's machine line should name)."""
+
+
+def matmul_flags() -> list[str]:
+    """The `MATMUL_FLAGS` this CPU has (/proc/cpuinfo; empty elsewhere)."""
+    return [flag for flag in MATMUL_FLAGS if flag in _cpu_flags()]
 
 
 def cpu_native(precision: str) -> bool:

@@ -4,7 +4,8 @@
     mm           float32 `torch.mm` on the weight itself (MKL on CPU, cuBLAS on CUDA); no copy
     onednn       float32 oneDNN with the weight re-packed once into its blocked layout (a copy)
     int8-<eng>   dynamic int8 quantisation (PyTorch's quantized engine <eng>: onednn, x86, fbgemm):
-                 weights quantised once per output channel, activations per token per call; output float32
+                 weights quantised once per output channel, activations per token per call; output float32;
+                 optionally smoothed (SmoothQuant scales, float32 outlier channels: `smoothing.py`)
     bf16, fp16   the weight cast once; inputs cast per call; output in that precision
 
 `add_(h, x)` adds the product into the float32 residual stream in place.
@@ -17,6 +18,8 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
+
+from .smoothing import Smoothing
 
 
 class LinearOp:
@@ -58,12 +61,34 @@ class OneDnnLinear(LinearOp):
 
 
 class Int8Linear(LinearOp):
-    """Dynamic int8: the weight quantised symmetrically per output channel, activations per token per call."""
+    """Dynamic int8: the weight quantised symmetrically per output channel, activations per token per call.
+
+    With a `smoothing.Smoothing`: the weight's rows scaled by s (and columns divided by the next op's
+    s) before quantising, the input multiplied by 1/s, outlier input channels in float32 apart.
+    """
 
     engine = "onednn"
 
-    def __init__(self, weight, bias, dtype):
-        w = weight.t().contiguous().float()  # [out, in]
+    def __init__(self, weight, bias, dtype, smooth=None):
+        w = weight.float()  # [in, out]
+        bias = None if bias is None else bias.float()
+        self.inv_in = self.outliers = self.outlier_weight = None
+        if smooth is not None:
+            w = w * smooth.rows[:, None]
+            if smooth.cols is not None:
+                w = w / smooth.cols[None]
+                bias = None if bias is None else bias / smooth.cols
+            self.inv_in = smooth.inv_in
+            if smooth.outliers is not None:
+                self.outliers = smooth.outliers
+                self.outlier_weight = w[smooth.outliers].contiguous()  # [k, out] float32
+                w = w.index_fill(0, smooth.outliers, 0.0)  # their int8 part is zero (and sets no scale)
+        self.packed = self._pack(w.t().contiguous())
+        self.bias = bias
+        self.out_features = weight.shape[1]
+
+    def _pack(self, w: torch.Tensor):
+        """The [out, in] weight quantised per output channel and packed for `_matmul`."""
         scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         previous = torch.backends.quantized.engine
@@ -72,23 +97,49 @@ class Int8Linear(LinearOp):
             with warnings.catch_warnings():  # quantized tensors are deprecated but still the only CPU int8 path
                 warnings.simplefilter("ignore")
                 q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-                self.packed = torch.ops.quantized.linear_prepack(q, None)  # bias added after the row scales
+                return torch.ops.quantized.linear_prepack(q, None)  # bias added after the row scales
         finally:
             torch.backends.quantized.engine = previous
-        self.bias = None if bias is None else bias.float()
-        self.out_features = weight.shape[1]
 
-    def __call__(self, x):
+    def _matmul(self, x: torch.Tensor, packed) -> torch.Tensor:
+        """x [N, in] with every |x| <= 1 → x @ w, activations quantised with one scale for all of x.
+        reduce_range=False: full 8-bit activations; safe with VNNI/AMX and with the onednn engine."""
+        return torch.ops.quantized.linear_dynamic(x, packed, False)
+
+    def _scaled(self, x: torch.Tensor):
+        """(x @ w computed in int8 without the row scales [N, out], the row scales [N, 1], the
+        outlier channels' float32 part [N, k] or None), for x [N, in] (see `__call__`)."""
         # The kernel quantises its input with one scale for the whole tensor, so one token with
         # large activations (the chat template's special tokens have them) would leave every other
         # token of the batch a few levels of 8 bits. Each row is scaled to max |x| = 1 first and
         # the output row scaled back (x @ w is linear in each row): per-token quantisation, which
         # also keeps an item's result nearly independent of what it is batched with.
-        # reduce_range=False: full 8-bit activations; safe with VNNI/AMX and with the onednn engine.
         x = x.float()
+        own = self.inv_in is not None
+        if own:
+            x = x * self.inv_in  # [N, in] smoothed (a new tensor)
+        outlying = None
+        if self.outliers is not None:
+            outlying = x.index_select(1, self.outliers)  # [N, k]
+            x = x.index_fill_(1, self.outliers, 0.0) if own else x.index_fill(1, self.outliers, 0.0)
+            own = True
         scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)
-        out = torch.ops.quantized.linear_dynamic(x / scale, self.packed, False).mul_(scale)
+        x = x.div_(scale) if own else x / scale
+        return self._matmul(x, self.packed), scale, outlying
+
+    def __call__(self, x):
+        out, scale, outlying = self._scaled(x)
+        out.mul_(scale)
+        if outlying is not None:
+            out.addmm_(outlying, self.outlier_weight)
         return out if self.bias is None else out.add_(self.bias)
+
+    def add_(self, h, x):
+        out, scale, outlying = self._scaled(x)
+        h.addcmul_(out, scale)  # one pass over the output instead of scaling it, then adding
+        if outlying is not None:
+            h.addmm_(outlying, self.outlier_weight)
+        return h if self.bias is None else h.add_(self.bias)
 
 
 class Int8X86Linear(Int8Linear):
@@ -136,8 +187,11 @@ def int8_engine() -> str | None:
 
 
 def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_of: Callable[[str], torch.dtype],
-                 rows: int = 1024, budget_s: float = 2.0) -> dict[str, float]:
+                 rows: int = 1024, budget_s: float = 2.0, smoothed: Sequence[bool] = ()) -> dict[str, float]:
     """GFLOP/s of each kernel on `weights` ([in, out] each, the model's own shapes) at `rows` tokens.
+
+    `smoothed[i]`: int8 ops of weight i divide their input by smoothing scales, as the engine's
+    qkv and gate_up ops do (`smoothing.py`), so that int8 is timed with that multiply.
 
     The kernels run interleaved, round after round, so that a machine shared with other work
     slows them alike; each kernel's best round counts. Stops after `budget_s` seconds (building
@@ -145,7 +199,8 @@ def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_
     """
     start = time.perf_counter()
     device = weights[0].device
-    ops = {name: [KERNELS[name](w, None, dtype_of(name)) for w in weights] for name in kernels}
+    ops = {name: [_timed_op(name, w, dtype_of(name), i < len(smoothed) and smoothed[i]) for i, w in enumerate(weights)]
+           for name in kernels}
     xs = [torch.randn(rows, w.shape[0], device=device) for w in weights]
     flops = sum(2 * rows * w.shape[0] * w.shape[1] for w in weights)
     best = {name: float("inf") for name in kernels}
@@ -165,3 +220,10 @@ def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_
         if rounds >= 50:
             break
     return {name: flops / seconds / 1e9 for name, seconds in best.items()}
+
+
+def _timed_op(name: str, weight: torch.Tensor, dtype: torch.dtype, smoothed: bool) -> LinearOp:
+    if not (name.startswith("int8") and smoothed):
+        return KERNELS[name](weight, None, dtype)
+    ones = torch.ones(weight.shape[0])
+    return KERNELS[name](weight, None, dtype, Smoothing(rows=ones, inv_in=ones))

@@ -1,0 +1,124 @@
+"""Activation ranges for int8 smoothing: each linear op's max |x| per input channel, recorded by
+the float32 engine over fixed calibration prompts, once per model, and cached.
+
+The prompts are the article's first `N_PROMPTS` tickets rendered with the article's task through
+the model's own chat template, each followed by its label, each run alone through `Engine.prefill`:
+the same text in the same batches on every run, so the ranges are identical for the same model
+whatever is classified later, and in what order. The maximum over tokens does not depend on the
+order in which prompts run. Recording costs a few seconds of float32 compute, so the result is
+kept in the user cache (`<cache>/activation-ranges-<fingerprint>.pt`), keyed by a fingerprint of
+the arranged weights and the calibration's version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .engine import Engine
+from .loading import cache_root
+
+N_PROMPTS = 32
+VERSION = "1"
+"""Bump when the prompts or the recording change: cached ranges of other versions are not used."""
+OPS = ("qkv", "o", "gate_up", "down")
+
+
+def calibration_prompts(tokenizer) -> list[list[int]]:
+    """Token ids of the calibration prompts: article tickets in the article's task, each with its label."""
+    from .prompts import PromptRenderer
+    from .workload import ARTICLE_TASK, article_tickets
+
+    renderer = PromptRenderer(tokenizer, ARTICLE_TASK)
+    labels = ARTICLE_TASK.labels
+    texts = [renderer.render(t) + labels[i % len(labels)] for i, t in enumerate(article_tickets(N_PROMPTS))]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+class _Recorder:
+    """A linear op that also keeps the running max |x| per input channel of what it is given."""
+
+    def __init__(self, op):
+        self.op, self.max = op, None
+
+    def _see(self, x: torch.Tensor) -> None:
+        seen = x.detach().abs().amax(0).float()  # [in]
+        self.max = seen if self.max is None else torch.maximum(self.max, seen)
+
+    def __call__(self, x):
+        self._see(x)
+        return self.op(x)
+
+    def add_(self, h, x):
+        self._see(x)
+        return self.op.add_(h, x)
+
+
+def record(engine: Engine, prompts: list[list[int]]) -> list[dict[str, torch.Tensor]]:
+    """Per layer {op: [in] max |x|} over every token of `prompts`, each run alone through the engine."""
+    layers = engine.layers
+    recorders = [{name: _Recorder(getattr(layer, name)) for name in OPS} for layer in layers]
+    engine.layers = [dataclasses.replace(layer, **rec) for layer, rec in zip(layers, recorders)]
+    try:
+        for ids in prompts:
+            engine.prefill(list(ids))
+    finally:
+        engine.layers = layers
+    return [{name: rec[name].max.cpu() for name in OPS} for rec in recorders]
+
+
+def fingerprint(engine: Engine) -> str:
+    """A short hash of the engine's arranged float32 weights (a strided sample of every tensor)
+    and their shapes: different models, or the same model's shapes with other weights, differ."""
+    digest = hashlib.sha256(VERSION.encode())
+    for layer in engine.layers:
+        for name in OPS:
+            w = getattr(layer, name).weight  # the exact `mm` ops hold the arranged [in, out] weight
+            digest.update(repr(tuple(w.shape)).encode())
+            digest.update(w.reshape(-1)[::97].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
+def ranges_for(tokenizer, cache_dir: Path | None = None) -> Callable[[Engine], list[dict[str, torch.Tensor]]]:
+    """The `ranges` argument of `Engine` for a model with this tokenizer: read from the cache, or
+    recorded (and cached) when this model was not calibrated before. `cache_dir` None: the user cache."""
+
+    def ranges(engine: Engine) -> list[dict[str, torch.Tensor]]:
+        folder = Path(cache_dir) if cache_dir is not None else cache_root()
+        path = folder / f"activation-ranges-{fingerprint(engine)}.pt"
+        cached = _read(path, len(engine.layers))
+        if cached is not None:
+            return cached
+        found = record(engine, calibration_prompts(tokenizer))
+        _write(path, found)
+        return found
+
+    return ranges
+
+
+def _read(path: Path, n_layers: int) -> list[dict[str, torch.Tensor]] | None:
+    try:
+        data = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError):
+        return None
+    if not isinstance(data, list) or len(data) != n_layers or not all(set(d) == set(OPS) for d in data):
+        return None
+    return data
+
+
+def _write(path: Path, ranges: list[dict[str, torch.Tensor]]) -> None:
+    """Atomic write; a cache folder that cannot be written only costs recording again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".activation-ranges-")
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(ranges, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass

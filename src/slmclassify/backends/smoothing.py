@@ -1,0 +1,95 @@
+"""Int8 outlier handling: SmoothQuant scales and float32 outlier channels for each linear op of a
+layer, from the activation ranges the float32 engine recorded (`activation_ranges.py`).
+
+A few input channels of a transformer's linear layers carry activations tens of times larger
+than the rest, in every token. Quantising a token with one scale then leaves the ordinary
+channels a few levels of 8 bits. SmoothQuant (Xiao et al. 2022) divides input channel j by
+
+    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)
+
+and multiplies the weight's input row j by it: x @ W = (x / s) @ (s W) exactly, while the
+quantised activations x / s are flat and the weight takes a share of the range. The division
+is folded where it is free:
+
+    qkv      input = the RMSNorm output: divided inside the op (one multiply per element)
+    o        input = attention output = softmax-weighted v: v's output columns of the qkv
+             weight are divided by s (one s per kv head and dimension, shared by the query heads
+             that read that kv head), so the attention already hands o its input divided
+    gate_up  input = the RMSNorm output: divided inside the op
+    down     input = act(gate) * up: up's output columns of the gate_up weight are divided
+
+Per-output-channel weight quantisation is invariant to scaling a weight column, so the folding
+into the producer's columns costs it no precision. Input channels that stay outliers after
+smoothing (max > `OUTLIER_RATIO` x the median channel's) are computed in float32 apart
+(LLM.int8(), Dettmers et al. 2022): on SmolLM2-135M with alpha 0.5 that is ~5 channels per layer of
+down's 1536, ~2 of qkv's 576, fewer elsewhere. Everything here is exact in real arithmetic: only the
+quantisation differs from float32 (tested with quantisation replaced by identity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ALPHA = 0.5
+"""SmoothQuant's migration strength: the share of the activations' range (in log scale) moved into the
+weights; 0.5 splits it evenly (0.75 and 0.9 were no better here, see README)."""
+OUTLIER_RATIO: float | None = 4.0
+"""Input channels whose smoothed max |x| exceeds this times the median channel's stay float32; None: none."""
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    """How one int8 op rescales its weight and input (see the module docstring)."""
+
+    rows: torch.Tensor
+    """[in] the weight's input rows are multiplied by this (s)."""
+    inv_in: torch.Tensor | None
+    """[in] the op multiplies its input by this (1 / s); None where the producer already divided it."""
+    cols: torch.Tensor | None = None
+    """[out] the weight's output columns (and bias) are divided by this: the next op's s, folded in."""
+    outliers: torch.Tensor | None = None
+    """[k] input channels computed in float32 apart; None: none."""
+
+
+def scales(act_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
+    """[in] SmoothQuant scales from each input channel's max |x| and its weight row's max |w|."""
+    act = act_max.float().clamp_min(1e-5)
+    w = w_max.float().clamp_min(1e-5)
+    return (act.pow(alpha) / w.pow(1 - alpha)).clamp_min(1e-5)
+
+
+def plan_layer(ranges: dict[str, torch.Tensor], qkv: torch.Tensor, o: torch.Tensor, gate_up: torch.Tensor,
+               down: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
+               alpha: float | None = None, outlier_ratio: float | None = None) -> dict[str, Smoothing]:
+    """The four ops' `Smoothing` of one layer from its ranges ({"qkv", "o", "gate_up", "down"}: [in]
+    max |x| each, as the float32 engine saw them) and its float32 weights ([in, out] each)."""
+    alpha = ALPHA if alpha is None else alpha
+    outlier_ratio = OUTLIER_RATIO if outlier_ratio is None else outlier_ratio
+    group, D = n_heads // n_kv, head_dim
+    # o: one s per (kv head, dim), the max over the query heads that read it
+    act_o = ranges["o"].float().view(n_kv, group, D).amax(1)  # [H_kv, D]
+    w_o = o.abs().amax(1).view(n_kv, group, D).amax(1)  # [H_kv, D]
+    s_v = scales(act_o, w_o, alpha).reshape(-1)  # [H_kv D]
+    s_o = s_v.view(n_kv, 1, D).expand(n_kv, group, D).reshape(-1)  # [H D]
+    rotated = qkv.shape[1] - n_kv * D
+    qkv_cols = torch.cat([torch.ones(rotated), s_v])
+    inter = down.shape[0]
+    s_down = scales(ranges["down"], down.abs().amax(1), alpha)  # [I]
+    gate_up_cols = torch.cat([torch.ones(gate_up.shape[1] - inter), s_down])
+    s_qkv = scales(ranges["qkv"], (qkv / qkv_cols[None]).abs().amax(1), alpha)  # [hidden]
+    s_gate_up = scales(ranges["gate_up"], (gate_up / gate_up_cols[None]).abs().amax(1), alpha)  # [hidden]
+    plan = {
+        "qkv": Smoothing(rows=s_qkv, inv_in=1 / s_qkv, cols=qkv_cols),
+        "o": Smoothing(rows=s_o, inv_in=None),
+        "gate_up": Smoothing(rows=s_gate_up, inv_in=1 / s_gate_up, cols=gate_up_cols),
+        "down": Smoothing(rows=s_down, inv_in=None),
+    }
+    if outlier_ratio is not None:
+        for name, smooth in plan.items():
+            flat = ranges[name].float() / smooth.rows  # [in] max |x / s|
+            outliers = (flat > outlier_ratio * flat.median()).nonzero().squeeze(1)
+            if len(outliers):
+                plan[name] = Smoothing(smooth.rows, smooth.inv_in, smooth.cols, outliers)
+    return plan
