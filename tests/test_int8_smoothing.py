@@ -120,3 +120,20 @@ def test_other_weights_are_calibrated_apart(tiny_model_dir):
     with torch.no_grad():
         loaded.model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
     assert activation_ranges.fingerprint(Engine(loaded.model)) != before
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_calibration_prior_is_measured_in_float32(tiny_model_dir, precision):
+    """The content-free prior is the float32 engine's in every precision (same weights, no copy),
+    while items are still scored in the low precision."""
+    if precision == "bf16" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no bf16 CPU kernels")
+    fp32 = Classifier(TASK, model=load_model(str(tiny_model_dir), device="cpu"))
+    low = Classifier(TASK, model=load_model(str(tiny_model_dir), device="cpu", precision=precision))
+    assert low.engine.backend.precision == precision and low.engine.exact() is not low.engine
+    assert np.abs(low.bias - fp32.bias).max() <= 1e-5, (low.bias, fp32.bias)
+    encoded = low.encode(random_texts(6, seed=3))
+    assert not np.allclose(low.score(encoded), fp32.score(encoded), atol=1e-6)  # items: low precision
+    assert fp32.engine.exact() is fp32.engine
+    exact_ops = low.engine.exact().layers[0]
+    assert exact_ops.qkv.weight.dtype == torch.float32 and low.engine.layers[0].qkv is not exact_ops.qkv

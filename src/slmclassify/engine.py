@@ -38,6 +38,8 @@ on its device, and the residual stream, the norms and the output layer stay in f
 
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -217,6 +219,21 @@ class Engine:
                                 self.n_heads, self.n_kv, self.head_dim)
                      for r, w in zip(ranges(self), arranged)]
         self.layers = [self._ops(weights, self.backend, plan) for weights, plan in zip(arranged, plans)]
+        # A low-precision engine keeps the arranged float32 weights (shared with the model's modules,
+        # except the interleaved q/k copy) so that `exact()` can compute in float32 without arranging again.
+        self._arranged = arranged if self.backend.precision != "fp32" else None
+
+    def exact(self) -> Engine:
+        """This engine computing in float32 with the exact `mm` kernel, on the same weights (no copy):
+        itself when it already is; for a low precision, what calibration is measured with."""
+        if self._arranged is None:
+            return self
+        exact = copy.copy(self)
+        exact.backend = Backend(device=self.device, precision="fp32", gemm="mm")
+        exact.dtype = exact.backend.dtype
+        exact.layers = [self._ops(weights, exact.backend) for weights in self._arranged]
+        exact._arranged = None
+        return exact
 
     @staticmethod
     def _ops(weights: dict, backend: Backend, plan: dict | None = None) -> _Layer:
