@@ -278,6 +278,13 @@ def test_ray_driver_samples_the_files_in_order_and_actors_check_it(tmp_path, lla
     calls = []
     monkeypatch.setattr(prec, "_decide", lambda classifier, texts, log=None: calls.append(list(texts))
                         or {"precision": "fp32", "tried": {}})
+    registered = []
+
+    class Board:  # stands in for the run's RunBoard actor: only `register` is called while building
+        class register:
+            remote = staticmethod(lambda key, info: registered.append(key))
+
     ClassifierActor(TASK, str(llama_dir), EngineSettings(precision="auto"), "text", "", threads=1,
-                    precision_sample=sample)
+                    board=Board(), precision_sample=sample)
+    assert len(registered) == 1
     assert calls == [sample]
