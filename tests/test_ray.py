@@ -197,20 +197,3 @@ def test_a_single_block_is_cut_into_blocks_of_block_rows_in_order(local_ray):
     # the demo's case: 300 rows, blocks of 256 (Ray's non-strict cut left a block of 1.5 × rows whole)
     assert _cut(ray.data.from_items([{"row": i} for i in range(300)], override_num_blocks=1), 256, 2
                 ).materialize().num_blocks() == 2
-
-
-def test_known_scores_are_reused_across_windows(llama_loaded):
-    """An actor keeps the scores of the items it scored: identical items of a later block are not
-    run through the model again, and take exactly the scores computed the first time."""
-    clf = Classifier(TASK, model=llama_loaded)
-    texts = _texts(60, seed=5)
-    known: dict = {}
-    first = clf.score_window(texts[:40], known=known)
-    assert len(known) == 40 - first.encoded.status.count("empty") - clf.stats.reused
-    second = clf.score_window(texts[20:60], known=known)
-    fresh = Classifier(TASK, model=llama_loaded).score_window(texts[20:60])
-    repeated = [k for k in range(20) if first.encoded.status[20 + k] != "empty"]
-    np.testing.assert_array_equal(second.scores[repeated], first.scores[[20 + k for k in repeated]])
-    np.testing.assert_allclose(second.scores, fresh.scores, atol=1e-4, rtol=0)
-    assert clf.stats.reused >= len(repeated)
-    assert [r.label for r in second.results] == [r.label for r in fresh.results]

@@ -220,41 +220,16 @@ class Classifier:
             yield window
 
     def score_window(self, texts: list[str], start: int = 0, progress: Callable[[int], None] | None = None,
-                     taps: tuple[int, ...] = (), known: dict[bytes, np.ndarray] | None = None) -> ScoredWindow:
+                     taps: tuple[int, ...] = ()) -> ScoredWindow:
         """Encode and score one window; identical items (same token ids) are scored once.
 
         With `taps`, the window also carries the hidden states of those layers (see `score`).
-        `known` (item key → raw scores, e.g. a Ray actor's over all its blocks): items found there
-        are not scored again, and the items scored now are added to it (not with `taps`).
         """
-        if taps and known is not None:
-            raise TaskError("score_window: known scores cannot be combined with taps (states are not kept)")
         began = time.perf_counter()
         encoded = self.encode(texts)
         scored = encoded.scored
-        first: dict[bytes, int] = {}
-        source = np.empty(len(scored), dtype=np.int64)  # position in `unique` of each scored item
-        unique: list[int] = []
-        for k, i in enumerate(scored):
-            j = first.setdefault(encoded.key(i), len(unique))
-            if j == len(unique):
-                unique.append(int(i))
-            source[k] = j
-        keys = list(first)  # keys[j] is the key of unique[j] (dicts keep insertion order)
-        todo = [j for j, key in enumerate(keys) if known is None or key not in known]
-        if len(todo) == len(unique):
-            unique_scores = self.score(encoded.subset(unique), progress, taps=taps)  # [u, L]
-        else:
-            unique_scores = np.empty((len(unique), len(self.task.labels)), dtype=np.float64)
-            if todo:
-                unique_scores[todo] = self.score(encoded.subset([unique[j] for j in todo]), progress)
-            else:
-                self.stats = RunStats(items=0, prefix_tokens=len(self.prefix_ids))
-            for j, key in enumerate(keys):
-                if key in known:
-                    unique_scores[j] = known[key]
-        if known is not None:
-            known.update((keys[j], unique_scores[j].copy()) for j in todo)
+        unique, source, _ = encoded.distinct()
+        unique_scores = self.score(encoded.subset(unique), progress, taps=taps)  # [u, L]
         states = None
         if taps:
             unique_scores, unique_states = unique_scores
@@ -262,7 +237,7 @@ class Classifier:
             states[scored] = unique_states[source]
         scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
         scores[scored] = unique_scores[source]
-        reused = len(scored) - len(todo)
+        reused = len(scored) - len(unique)
         if progress is not None and reused:
             progress(reused)
         stats = self.stats

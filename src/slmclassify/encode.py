@@ -109,6 +109,21 @@ class EncodedItems:
         """Identity of item i's scoring input: equal keys give equal scores (duplicates)."""
         return (b"c" if self.cached[i] else b"f") + self.own(i).tobytes()
 
+    def distinct(self) -> tuple[list[int], np.ndarray, list[bytes]]:
+        """The scored items once each: (unique, source, keys). `unique` lists the first item of each
+        distinct key in input order, `source[k]` is the position in `unique` of the k-th scored item
+        (`scored[k]`), `keys[j]` the key of `unique[j]`."""
+        scored = self.scored
+        first: dict[bytes, int] = {}
+        source = np.empty(len(scored), dtype=np.int64)
+        unique: list[int] = []
+        for k, i in enumerate(scored):
+            j = first.setdefault(self.key(i), len(unique))
+            if j == len(unique):
+                unique.append(int(i))
+            source[k] = j
+        return unique, source, list(first)  # dicts keep insertion order
+
     @property
     def fallbacks(self) -> int:
         """Scored items whose prompt does not start with the prefix tokens."""

@@ -147,15 +147,8 @@ def score_block(classifier, texts: list[str], exchange: Exchange, pace: Pace) ->
     began = time.perf_counter()
     encoded = classifier.encode(texts)
     scored = encoded.scored
-    first: dict[bytes, int] = {}
-    source = np.empty(len(scored), dtype=np.int64)  # position in `unique` of each scored item
-    unique: list[int] = []
-    for k, i in enumerate(scored):
-        j = first.setdefault(encoded.key(i), len(unique))
-        if j == len(unique):
-            unique.append(int(i))
-        source[k] = j
-    keys = [digest(key) for key in first]  # keys[j] is the board's key of unique[j]
+    unique, source, item_keys = encoded.distinct()
+    keys = [digest(key) for key in item_keys]  # keys[j] is the board's key of unique[j]
     lengths = np.array([len(encoded.own(i)) for i in unique], dtype=np.int64)
     unique_scores = np.full((len(unique), len(classifier.task.labels)), np.nan)
     remaining = [int(j) for j in np.argsort(-lengths, kind="stable")]  # longest first, as plan_batches
