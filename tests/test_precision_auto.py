@@ -131,6 +131,15 @@ def test_the_cached_decision_is_keyed_by_the_sample(llama_dir, checked, int8_agr
     assert checked[1:] == [_texts(200, seed=2), _texts(200, seed=1)]
 
 
+def test_a_decision_made_with_another_gate_or_kernels_is_made_again(llama_dir, checked, int8_agrees, monkeypatch):
+    Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    monkeypatch.setattr(prec, "MIN_AGREEMENT", 0.999)
+    Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    monkeypatch.setattr(prec, "CHECK_VERSION", prec.CHECK_VERSION + 1)
+    Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    assert len(checked) == 3
+
+
 def test_input_sample_reads_only_as_far_as_it_needs():
     read = []
 
