@@ -219,11 +219,17 @@ def _interrupt_until_done(args, target, signals, rng, env, deadline=900):
         assert time.monotonic() - started < deadline
 
 
+KILL_ROWS = 12_000
+
+
 def test_kill_and_resume_is_byte_identical(tmp_path, llama_dir):
     """Kill a run at 10 random moments with SIGKILL, and twice each with SIGINT and SIGTERM, resuming
     each time: the output equals an uninterrupted run's byte for byte; every row once, in order.
     (One run of 16 processes: most of the time is process start-up, so the signals share it.)"""
-    src = make_input(tmp_path / "in.csv", 3000, seed=1)
+    # Long enough that 16 interrupted runs cannot finish it: each runs at least one 32-row chunk plus
+    # up to 80 ms more, and the tiny model scores ~6,000 rows/s on one quiet core (3,000 rows ran out
+    # with 7 signals unsent on a quiet machine).
+    src = make_input(tmp_path / "in.csv", KILL_ROWS, seed=1)
     env = _env(tmp_path)
     base = [*_command(), "classify", str(src), "--labels", LABELS, "--model", str(llama_dir),
             "--window", "32", "--quiet", "--no-verify", "--no-calibrate"]
@@ -238,5 +244,5 @@ def test_kill_and_resume_is_byte_identical(tmp_path, llama_dir):
     assert target.read_bytes() == whole.read_bytes()
     with open(target, newline="", encoding="utf-8") as fh:
         ids = [row["id"] for row in csv.DictReader(fh)]
-    assert ids == [f"{i:05d}" for i in range(3000)]
+    assert ids == [f"{i:05d}" for i in range(KILL_ROWS)]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["in.csv", "out.csv", "whole.csv"]
