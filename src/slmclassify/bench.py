@@ -377,20 +377,11 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
 def _interleaved_with(base: Classifier, other: Classifier, encoded, device: torch.device) -> tuple[float, np.ndarray]:
     """(items/s of `other` over `base`, other's [n, L] scores), the two timed batch by batch.
 
-    The batches are those `base.score` makes (the items with and without the cached prefix
-    apart, each group planned by `plan_batches`), planned once; each is scored by both
-    classifiers in turn (its items as one `score` call, which plans them as the same single
+    The batches are those `base.score` makes (`Classifier.plan`), planned once; each is scored by
+    both classifiers in turn (its items as one `score` call, which plans them as the same single
     batch), the order alternating, so that drift in the machine's speed hits both.
     """
-    from .batching import plan_batches
-
-    scored = encoded.scored
-    batches = []  # input indices of each batch's items
-    for cached in (True, False):
-        group = scored[encoded.cached[scored] == cached] if len(scored) else scored
-        lengths = np.array([len(encoded.suffix(i)) for i in group])
-        batches += [[int(i) for i in group[positions]] for positions in
-                    plan_batches(lengths, base.settings.token_budget, base.settings.max_rows, sort=base.settings.sort)]
+    batches = [rows for _, rows in base.plan(encoded)]  # input indices of each batch's items
     scores = np.full((len(encoded), len(base.task.labels)), np.nan)
     seconds = {id(base): 0.0, id(other): 0.0}
     if batches:

@@ -260,35 +260,39 @@ class Classifier:
         scores = np.full((len(encoded), n_labels), np.nan, dtype=np.float64)
         states = np.full((len(encoded), len(taps) * self.loaded.model.config.hidden_size), np.nan, np.float32)
         stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
+        for cached, rows in self.plan(encoded):
+            batch = collate([encoded.suffix(i) for i in rows], rows, self.loaded.tokenizer.pad_token_id, cached)
+            batch_scores = self.engine.score(batch, self.prefix, self.trie, taps=taps)  # [B, L]
+            if taps:
+                batch_scores, batch_states = batch_scores
+                states[batch.rows] = batch_states.flatten(1).numpy()
+            scores[batch.rows] = batch_scores.double().numpy()
+            stats.batches += 1
+            stats.real_tokens += batch.real_tokens
+            stats.processed_tokens += batch.padded_tokens
+            if cached:
+                stats.prefix_reused += len(self.prefix_ids) * len(rows)
+            if progress is not None:
+                progress(len(rows))
+        stats.scored = len(encoded.scored)
+        stats.seconds = time.perf_counter() - start
+        self.stats = stats
+        return (scores, states) if taps else scores
+
+    def plan(self, encoded: EncodedItems) -> list[tuple[bool, np.ndarray]]:
+        """The engine batches `score` runs, in order: (cached, [b] item indices) each. The items
+        that continue the cached prefix and those that do not (`fallbacks`) are batched apart, each
+        group by `plan_batches` on the lengths the engine runs."""
         scored = encoded.scored
+        batches = []
         for cached in (True, False):
             group = scored[encoded.cached[scored] == cached] if len(scored) else scored
             if not len(group):
                 continue
-            suffixes = [encoded.suffix(i) for i in group]
-            plan = plan_batches(
-                np.array([len(s) for s in suffixes]), self.settings.token_budget,
-                self.settings.max_rows, sort=self.settings.sort,
-            )
-            for positions in plan:
-                batch = collate([suffixes[p] for p in positions], group[positions],
-                                self.loaded.tokenizer.pad_token_id, cached)
-                batch_scores = self.engine.score(batch, self.prefix, self.trie, taps=taps)  # [B, L]
-                if taps:
-                    batch_scores, batch_states = batch_scores
-                    states[batch.rows] = batch_states.flatten(1).numpy()
-                scores[batch.rows] = batch_scores.double().numpy()
-                stats.batches += 1
-                stats.real_tokens += batch.real_tokens
-                stats.processed_tokens += batch.padded_tokens
-                if cached:
-                    stats.prefix_reused += len(self.prefix_ids) * len(positions)
-                if progress is not None:
-                    progress(len(positions))
-        stats.scored = len(scored)
-        stats.seconds = time.perf_counter() - start
-        self.stats = stats
-        return (scores, states) if taps else scores
+            lengths = np.array([len(encoded.own(i)) for i in group])
+            plan = plan_batches(lengths, self.settings.token_budget, self.settings.max_rows, sort=self.settings.sort)
+            batches += [(cached, group[positions]) for positions in plan]
+        return batches
 
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""

@@ -31,6 +31,7 @@ from .io.checkpoint import Checkpoint, changed, digest, input_fingerprint, refus
 from .io.formats import check_output
 from .io.readers import open_table
 from .io.writers import ChunkWriter, ipc_to_parquet, parquet_schema, write_error
+from .precision import auto_line
 from .progress import Progress
 from .results import RunStats, result_arrow_fields, result_columns, result_frame
 from .task import Task
@@ -111,10 +112,8 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     started = time.perf_counter()
     classifier = Classifier(task, model=model, settings=settings, precision_sample=sample)
     load_seconds = time.perf_counter() - started
-    if classifier.loaded.auto_decision is not None:
-        from .precision import describe
-
-        _echo(f"precision auto: {describe(classifier.loaded.auto_decision)}")
+    if line := auto_line(classifier.loaded):
+        _echo(line)
     if use_head:
         from .head.apply import check, window_results
 

@@ -82,7 +82,7 @@ def device_options() -> list:
         click.option("--device", type=click.Choice(DEVICES), help="Where the model runs (default auto: CUDA if available)."),
         click.option("--precision", type=click.Choice(PRECISIONS),
                      help="fp32 (CPU default), bf16 (CUDA default), fp16, int8 (CPU), or auto: a low precision "
-                          "only if it is faster here and agrees with fp32 on >= 99% of 200 items of the input."),
+                          "only if it is faster here and agrees with fp32 on >= 99.5% of 200 items of the input."),
     ]
 
 

@@ -211,17 +211,15 @@ class Engine:
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
         # SmolLM2-135M, whose logits reach ~30); a wrong arrangement moves them by units.
         assert torch.allclose(after, before, rtol=1e-3, atol=1e-3), float((after - before).abs().max())
-        plans = [None] * len(arranged)
-        if ranges is not None and self.backend.smooths:  # record in float32 first, on the same tensors
-            exact = Backend(device=self.device, precision="fp32", gemm="mm")
-            self.layers = [self._ops(weights, exact) for weights in arranged]
-            plans = [plan_layer(r, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0],
-                                self.n_heads, self.n_kv, self.head_dim)
-                     for r, w in zip(ranges(self), arranged)]
-        self.layers = [self._ops(weights, self.backend, plan) for weights, plan in zip(arranged, plans)]
         # A low-precision engine keeps the arranged float32 weights (shared with the model's modules,
         # except the interleaved q/k copy) so that `exact()` can compute in float32 without arranging again.
         self._arranged = arranged if self.backend.precision != "fp32" else None
+        plans = [None] * len(arranged)
+        if ranges is not None and self.backend.smooths:  # recorded in float32, on the same tensors
+            plans = [plan_layer(r, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0],
+                                self.n_heads, self.n_kv, self.head_dim)
+                     for r, w in zip(ranges(self.exact()), arranged)]
+        self.layers = [self._ops(weights, self.backend, plan) for weights, plan in zip(arranged, plans)]
 
     def exact(self) -> Engine:
         """This engine computing in float32 with the exact `mm` kernel, on the same weights (no copy):

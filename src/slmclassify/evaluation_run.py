@@ -15,6 +15,7 @@ from .errors import InputError, TaskError
 from .evaluate import Evaluation, format_report, gold_indices, read_labelled, write_plots
 from .labels import build_trie, describe_labels
 from .loading import LoadedModel, load_model
+from .precision import auto_line
 from .results import softmax
 from .task import Example, Task, build_task
 from .tuning import write_task_settings
@@ -91,10 +92,8 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
 
     clf, scores, seconds = run(task, head.taps if use_head else ())
     _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
-    if loaded.auto_decision is not None:
-        from .precision import describe
-
-        _echo(f"precision auto: {describe(loaded.auto_decision)}")
+    if line := auto_line(loaded):
+        _echo(line)
     _echo(f"system turn: {task.system!r}" if task.system is not None else f"instruction: {task.instruction!r}")
     _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
     _echo("label tokens (after the chat template):")

@@ -179,6 +179,11 @@ def settle_auto(classifier, texts: Iterable | None = None, log=None) -> str:
     return decided["precision"]
 
 
+def auto_line(loaded) -> str | None:
+    """The line every command prints for a model loaded with `--precision auto` once decided; None otherwise."""
+    return None if loaded.auto_decision is None else f"precision auto: {describe(loaded.auto_decision)}"
+
+
 def describe(decision: dict) -> str:
     """`--precision auto`'s decision in words: the precision, the sample and each agreement checked."""
     checks = "; ".join(f"{p} {t['agree']}/{t['n']} agree with fp32 (max |Δ probability| {t['max_prob_diff']:.1e})"

@@ -9,6 +9,7 @@ from .classifier import Classifier, EngineSettings
 from .errors import VerificationError
 from .labels import describe_labels
 from .classify_job import run_classify
+from .precision import auto_line
 from .tables import read_table, texts_of
 from .task import Task
 from .verify import VerifyReport, compare, pick_probes
@@ -90,10 +91,8 @@ def engine_line(loaded) -> str:
     if rates.get("rates"):
         measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
         line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({'cached' if rates.get('cached') else 'measured now'})"
-    if loaded.auto_decision is not None:
-        from .precision import describe
-
-        line += f"; precision auto: {describe(loaded.auto_decision)}"
+    if auto := auto_line(loaded):
+        line += f"; {auto}"
     return line
 
 

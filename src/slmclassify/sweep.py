@@ -13,6 +13,7 @@ from .bench import peak_rss_mb, reset_peak_rss
 from .classifier import DEFAULT_MAX_TEXT_TOKENS, Classifier, EngineSettings
 from .errors import SlmClassifyError
 from .loading import LoadedModel
+from .precision import auto_line
 from .task import Task
 
 
@@ -35,10 +36,8 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
     auto`'s check (None: article tickets)."""
     clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens),
                      precision_sample=precision_sample)
-    if loaded.auto_decision is not None:
-        from .precision import describe
-
-        log(f"precision auto: {describe(loaded.auto_decision)}")
+    if line := auto_line(loaded):
+        log(line)
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
     points = []

@@ -14,6 +14,7 @@ from ..classifier import Classifier, EngineSettings
 from ..evaluate import Evaluation, read_labelled
 from ..errors import InputError
 from ..loading import load_model
+from ..precision import auto_line
 from ..results import softmax
 from ..task import Task
 from .apply import text_hashes
@@ -47,10 +48,8 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
 
     loaded = load_model(model, settings.device, settings.precision)
     clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts)
-    if loaded.auto_decision is not None:
-        from ..precision import describe
-
-        _echo(f"precision auto: {describe(loaded.auto_decision)}")
+    if line := auto_line(loaded):
+        _echo(line)
     taps = taps or default_taps(loaded.model.config.num_hidden_layers)
     bad = [t for t in taps if not 1 <= t <= loaded.model.config.num_hidden_layers]
     if bad:

@@ -31,6 +31,7 @@ import ray
 
 from .sharing import Pace, SharedScores, score_block
 
+
 @ray.remote(num_cpus=0)
 class RunBoard:
     """Run figures per actor process, keyed `host:pid`, and the scores the actors share."""

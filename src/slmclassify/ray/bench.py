@@ -155,7 +155,7 @@ def main(n_items, rounds, actors, block_rows, model):
         for actor in row["ray_actors"]:
             click.echo(f"      actor {actor['key']}: {actor['rows']} rows in {actor['blocks']} blocks, busy "
                        f"{actor['busy_s']:.1f} s, {actor['scored_by_model']} run through the model, waited "
-                   f"{actor['waited_s']:.1f} s for others; "
+                       f"{actor['waited_s']:.1f} s for others; "
                        f"at {actor['phases']} s")
     click.echo(json.dumps({"n": n_items, "actors": actors, "block_rows": block_rows, "cpu": cpu,
                            "cores": os.cpu_count(), "rounds": rows}))
