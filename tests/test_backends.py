@@ -4,6 +4,7 @@ and the CUDA kernels (skipped without a GPU)."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -172,6 +173,39 @@ def test_auto_never_tries_a_precision_that_is_not_faster(llama_dir):
                                         "cached": False}
 
 
+@pytest.mark.parametrize("cap, left", [
+    (None, {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"}),
+    ("ALL", {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"}),
+    ("avx2", {"avx2", "fma"}),
+    ("AVX512_CORE_VNNI", {"avx2", "avx512f", "avx512_vnni", "fma"}),
+    ("AVX512_CORE_AMX", {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"}),
+])
+def test_onednn_isa_cap_hides_the_flags_above_it(cap, left):
+    """Under ONEDNN_MAX_CPU_ISA=AVX2 an AVX-512 machine's bf16 matmuls crawl (~1 GFLOP/s, measured):
+    bf16 must then not count as native, so neither auto nor bench tries it."""
+    from slmclassify.backends import device
+
+    flags = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"})
+    assert flags - device._above_isa_cap(flags, cap) == left
+
+
+def test_cpu_native_follows_the_isa_cap(monkeypatch):
+    from slmclassify.backends import device
+
+    flags = "fpu avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile"
+    monkeypatch.setattr(device, "open", lambda *a, **k: io.StringIO(f"processor : 0\nflags\t\t: {flags}\n"),
+                        raising=False)  # the module's /proc/cpuinfo
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    device._cpu_flags.cache_clear()
+    try:
+        assert not device.cpu_native("bf16") and device.matmul_flags() == ["avx2"]
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        device._cpu_flags.cache_clear()
+        assert device.cpu_native("bf16")
+    finally:
+        device._cpu_flags.cache_clear()
+
+
 def test_bf16_is_not_a_candidate_without_native_support(monkeypatch):
     from slmclassify.backends import device
 
@@ -271,3 +305,13 @@ def test_float32_prefers_mm_unless_a_copying_kernel_is_clearly_faster():
     assert fp32_choice({"mm": 10.0, "onednn": 9.0}, cpu) == "mm"
     if torch.backends.mkldnn.is_available():
         assert fp32_choice({"mm": 10.0, "onednn": 10.0 * MIN_COPY_SPEEDUP}, cpu) == "onednn"
+
+
+def test_machine_key_names_the_isa_cap(monkeypatch):
+    """A GEMM choice or precision decision measured with every instruction is not reused under a cap."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    full = machine_key(torch.device("cpu"))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert machine_key(torch.device("cpu")) != full and "ONEDNN_MAX_CPU_ISA=AVX2" in machine_key(torch.device("cpu"))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert machine_key(torch.device("cpu")) == full

@@ -44,8 +44,12 @@ def cpu_name() -> str:
 
 
 def machine_key(device: torch.device) -> str:
-    """What the measurement depends on besides the model: the processor, threads and torch."""
+    """What the measurement depends on besides the model: the processor (and the instruction set
+    oneDNN is limited to, `ONEDNN_MAX_CPU_ISA`), threads and torch."""
     chip = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if device.type == "cpu" and cap not in ("", "ALL", "DEFAULT"):
+        chip += f" (ONEDNN_MAX_CPU_ISA={cap})"
     return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}"
 
 

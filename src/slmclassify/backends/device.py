@@ -8,6 +8,7 @@ are quantised per call).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -86,14 +87,43 @@ def check_precision(precision: str | None) -> str | None:
 
 @lru_cache(maxsize=1)
 def _cpu_flags() -> frozenset[str]:
+    """This CPU's flags (/proc/cpuinfo), less those above the instruction set oneDNN is limited to
+    (`ONEDNN_MAX_CPU_ISA`, see `_above_isa_cap`)."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    flags = frozenset(line.split(":", 1)[1].split())
+                    return flags - _above_isa_cap(flags, os.environ.get("ONEDNN_MAX_CPU_ISA"))
     except OSError:
         pass
     return frozenset()
+
+
+_ISA_LEVELS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16")
+"""oneDNN's `ONEDNN_MAX_CPU_ISA` values, lowest first (its older names map onto them below)."""
+_ISA_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX512_CORE_AMX": "AVX10_1_512_AMX",
+                "AVX512_CORE_AMX_FP16": "AVX10_1_512_AMX_FP16"}
+_FLAG_ISA = {"avx2": "AVX2", "avx_vnni": "AVX2_VNNI", "avx512_vnni": "AVX512_CORE_VNNI",
+             "avx512_bf16": "AVX512_CORE_BF16", "avx512_fp16": "AVX10_1_512", "amx_tile": "AVX10_1_512_AMX",
+             "amx_int8": "AVX10_1_512_AMX", "amx_bf16": "AVX10_1_512_AMX", "amx_fp16": "AVX10_1_512_AMX_FP16"}
+
+
+def _above_isa_cap(flags: frozenset[str], cap: str | None) -> frozenset[str]:
+    """The flags oneDNN may not use under `ONEDNN_MAX_CPU_ISA=cap` (e.g. AVX2 on an AVX-512 machine:
+    its bf16 matmuls then crawl at ~1 GFLOP/s, as on a CPU without AVX512-BF16)."""
+    cap = _ISA_ALIASES.get((cap or "").upper(), (cap or "").upper())
+    if cap not in _ISA_LEVELS:  # unset, ALL, DEFAULT or unknown: no limit
+        return frozenset()
+    limit = _ISA_LEVELS.index(cap)
+
+    def level(flag: str) -> int:
+        if flag in _FLAG_ISA:
+            return _ISA_LEVELS.index(_FLAG_ISA[flag])
+        return _ISA_LEVELS.index("AVX512_CORE") if flag.startswith("avx512") else -1
+
+    return frozenset(f for f in flags if level(f) > limit)
 
 
 MATMUL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
