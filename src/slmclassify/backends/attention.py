@@ -10,6 +10,7 @@ causal=False, no mask at all. Scores are scaled by 1/sqrt(D), as in Llama and Qw
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 
@@ -18,9 +19,47 @@ import torch
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
+# Causal attention over at least twice this many queries runs in blocks of this many queries, each
+# against the keys up to its last query. The CPU kernel computes every key block it is handed in full
+# (its key blocks are 512 wide) and masks afterwards, so one causal call over W < 512 keys costs W^2
+# products where the triangle needs W^2/2; blocks of b queries cost about W^2/2 + W b/2. On the
+# engine's shapes (9 heads, 3 KV heads, D 64, W 73-451; 2-core Xeon, AVX-512, shared) blocks of 32
+# took 1.22x less time than one call (1 thread; 1.26x with 2), 48/64/96/128 1.18/1.20/1.16/1.11x;
+# at W 39 two blocks were 0.95x.
+CAUSAL_BLOCK = 32
+
+
 def attend_cpu(q, k, v, mask, causal: bool = True):
+    Q = q.shape[2]
+    if mask is None and causal and Q >= 2 * CAUSAL_BLOCK and k.shape[2] == Q:
+        return _causal_blocks(q, k, v, CAUSAL_BLOCK)
     out, lse = _CPU_FLASH(q, k, v, 0.0, causal and mask is None, attn_mask=mask)
     return out.transpose(1, 2), lse.transpose(1, 2)
+
+
+def _causal_blocks(q, k, v, block: int):
+    """Causal attention (queries and keys aligned at the start) one block of queries at a time:
+    the first block is plain causal, each later one sees keys 0 .. its end through the rows of an
+    additive upper-triangular mask (the keys before the block all visible)."""
+    Q = q.shape[2]
+    above = _above_diagonal(Q, q.dtype, q.device)  # [Q, Q]
+    outs, lses = [], []
+    for start in range(0, Q, block):
+        end = min(Q, start + block)
+        if start == 0:
+            out, lse = _CPU_FLASH(q[:, :, :end], k[:, :, :end], v[:, :, :end], 0.0, True)
+        else:
+            out, lse = _CPU_FLASH(q[:, :, start:end], k[:, :, :end], v[:, :, :end], 0.0, False,
+                                  attn_mask=above[None, None, start:end, :end])
+        outs.append(out.transpose(1, 2))  # [B, b, H, D]
+        lses.append(lse.transpose(1, 2))  # [B, b, H]
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=1)
+
+
+@lru_cache(maxsize=8)
+def _above_diagonal(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[n, n] additive mask: -inf above the diagonal (a key after the query), 0 elsewhere."""
+    return torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu_(1)
 
 
 def attend_cuda(q, k, v, mask, causal: bool = True):
