@@ -69,6 +69,32 @@ def test_attention_kernel_matches_math(tiny_model_dir):
         torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("n", [64, 71, 100])
+def test_causal_attention_in_query_blocks_matches_math(monkeypatch, n, masked):
+    """Causal attention over >= 2 blocks of queries runs block by block (each against the keys up to
+    its end, through the rows of an upper-triangular mask, or of the caller's mask when it says the
+    mask is `lower`): the same output and log-sum-exp as one call, with a last block shorter than
+    the others (71, 100) and from strided q/k/v as the engine passes them (views of one
+    [B, W, H + 2 H_kv, D] tensor)."""
+    torch.manual_seed(0)
+    heads = torch.randn(3, n, 6 + 2 * 2, 16).transpose(1, 2)  # [B, H + 2 H_kv, W, D]
+    q, k, v = heads[:, :6], heads[:, 6:8], heads[:, 8:]
+    mask = None
+    if masked:  # random holes below the diagonal, every key after its query hidden, the diagonal kept
+        hidden = (torch.rand(3, 1, n, n) < 0.3) | torch.ones(n, n, dtype=torch.bool).triu(1)
+        mask = torch.zeros(3, 1, n, n).masked_fill_(hidden & ~torch.eye(n, dtype=torch.bool), float("-inf"))
+    assert n >= 2 * attention.CAUSAL_BLOCK
+    calls = []
+    original = attention._CPU_FLASH
+    monkeypatch.setattr(attention, "_CPU_FLASH", lambda *a, **kw: calls.append(a[0].shape[2]) or original(*a, **kw))
+    out, lse = attention.attend_cpu(q, k, v, mask, lower=masked)
+    assert calls == [min(attention.CAUSAL_BLOCK, n - s) for s in range(0, n, attention.CAUSAL_BLOCK)]
+    ref_out, ref_lse = attention.attend_math(q, k, v, mask, True)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")
 def test_int8_quantises_activations_per_token():
     """One token with large activations (as the chat template's special tokens have) must not

@@ -189,3 +189,25 @@ def test_inline_and_merged_prefix_attention_equal_reference(tiny_loaded, monkeyp
                         lambda self, *a: columns.append(original(self, *a).prefix_cols) or original(self, *a))
     assert_matches_reference(clf, random_texts(11, seed=21))
     assert columns and set(columns) == ({clf.prefix.length} if inline else {0})
+
+
+@pytest.mark.parametrize("mode", ["first", "full"])
+@pytest.mark.parametrize("inline", [True, False])
+def test_causal_attention_in_query_blocks_equals_reference(tiny_loaded, monkeypatch, inline, mode):
+    """Row attention runs in blocks of queries (`attention.CAUSAL_BLOCK`; 4 here, so every row of 8
+    or more columns takes them, the inline prefix's dummy queries included), causal without trie
+    nodes, with the trie mask's rows (full mode): the scores must stay the reference's."""
+    from slmclassify import engine
+    from slmclassify.backends import attention
+
+    monkeypatch.setattr(engine, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))
+    monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)
+    blocked = []
+    original = attention._causal_blocks
+    monkeypatch.setattr(attention, "_causal_blocks", lambda q, *a: blocked.append(q.shape[2]) or original(q, *a))
+    labels = ("billing", "technical", "account") if mode == "first" else ("billing", "technical", "account", "accounting")
+    clf = Classifier(Task(labels=labels, mode=mode, user_template="Ticket: {text}\nCategory:"),
+                     model=tiny_loaded, settings=EngineSettings(token_budget=300, max_rows=4))
+    assert (clf.trie.n_nodes > 0) == (mode == "full")
+    assert_matches_reference(clf, random_texts(11, seed=22))
+    assert blocked and min(blocked) >= 8

@@ -180,3 +180,21 @@ def test_sharing_weights_leaves_the_reference_model_unchanged(tiny_tokenizer, na
         Engine(model)
         after = model(input_ids=ids).logits
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["first", "full"])
+@pytest.mark.parametrize("name", ["smollm2-360m", "qwen2.5-untied", "qwen2-head_dim-24", "llama-attention-and-mlp-bias"])
+def test_causal_attention_in_query_blocks_is_exact(loaded_configs, monkeypatch, name, mode):
+    """Row attention in blocks of 4 queries (`attention.CAUSAL_BLOCK`), causal or with the trie mask's
+    rows (full mode): exact on both architectures, with grouped-query attention, q/k/v biases and a
+    head width that is not a power of two."""
+    from slmclassify.backends import attention
+
+    monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)
+    blocked = []
+    original = attention._causal_blocks
+    monkeypatch.setattr(attention, "_causal_blocks", lambda q, *a: blocked.append(q.shape[2]) or original(q, *a))
+    clf = Classifier(Task(labels=_labels(mode), mode=mode, user_template="Ticket: {text}"), model=loaded_configs(name),
+                     settings=EngineSettings(token_budget=300, max_rows=4))
+    assert_matches_reference(clf, random_texts(7, seed=17, max_words=50))
+    assert blocked

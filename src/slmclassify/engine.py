@@ -60,7 +60,9 @@ _LOGITS_CHUNK = 1 << 24
 # own keys (the prefix copied into each row, C dummy queries in front); shorter rows call the
 # kernel twice and merge. Interleaved on SmolLM2's attention shapes (9 heads, 3 KV heads, D 64,
 # prefix 28; 2-core Xeon, shared): one call 1.06-1.24x faster for rows of 53-423 tokens, 0.91x
-# at 31 (the dummy queries' P^2/2 products are then a large share).
+# at 31 (the dummy queries' P^2/2 products are then a large share). Re-checked with causal attention
+# in query blocks (`attention.CAUSAL_BLOCK`), engine A/B on the batches of rows 22-39 wide: inline
+# 0.92-0.98x of merged, so the threshold stays.
 _INLINE_PREFIX_RATIO = 1.5
 
 
@@ -109,7 +111,8 @@ class _Layout:
     index: torch.Tensor  # [N] flat positions (into B*W) of the real tokens in the padded layout, row-major
     read: torch.Tensor  # [B, 1+T] packed indices of each row's last item token and its trie nodes
     positions: torch.Tensor  # [N] rotary position of each real token
-    mask: torch.Tensor | None  # [B, 1, W, W] additive (0 = may attend, -inf = may not); None = causal
+    mask: torch.Tensor | None  # [B, 1, W, W] additive (0 = may attend, -inf = may not); None = causal. Never
+    #                            lets a query see a later column (trie parents precede their children)
     read_mask: torch.Tensor  # [B, 1, 1+T, W] the mask's rows at the read positions
     prefix_cols: int = 0  # C: the prefix's keys/values copied into each row's first C columns (0: merged apart)
 
@@ -423,7 +426,7 @@ class Engine:
             out, lse = attend(q.view(layout.B, -1, H, D).transpose(1, 2), k, v, mask=layout.read_mask)
             out, lse = out.reshape(-1, H, D), lse.reshape(-1, H)  # [R, H, D], [R, H]
         else:
-            out, lse = attend(heads[:, :H], k, v, mask=layout.mask)
+            out, lse = attend(heads[:, :H], k, v, mask=layout.mask, lower=True)
             out = out.reshape(-1, H, D).index_select(0, layout.index)  # [N, H, D]
             if past is not None:
                 lse = lse.reshape(-1, H).index_select(0, layout.index)  # [N, H]

@@ -56,10 +56,11 @@ class Backend:
         """Whether this backend's linear ops take activation smoothing (the int8 kernels)."""
         return self.gemm.startswith("int8")
 
-    def attend(self, q, k, v, mask, causal: bool = True):
-        """(out [B, Q, H, D], lse [B, Q, H] float32) for q [B, H, Q, D]; see `attention.attend_cpu`."""
+    def attend(self, q, k, v, mask, causal: bool = True, lower: bool = False):
+        """(out [B, Q, H, D], lse [B, Q, H] float32) for q [B, H, Q, D]; see `attention` (`lower`: the
+        mask hides every key after its query)."""
         kernel = attention.attend_cuda if self.device.type == "cuda" else attention.attend_cpu
-        return kernel(q, k, v, mask, causal)
+        return kernel(q, k, v, mask, causal, lower=lower)
 
     def describe(self) -> str:
         return f"{self.device.type} {self.precision} ({self.gemm} GEMM)"
