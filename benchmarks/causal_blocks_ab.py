@@ -15,7 +15,6 @@ import torch
 from slmclassify import Classifier, load_model
 from slmclassify.backends import attention
 from slmclassify.backends.choice import cpu_name
-from slmclassify.batching import collate, plan_batches
 from slmclassify.workload import ARTICLE_TASK, article_tickets
 
 n, rounds, threads = (int(a) for a in (sys.argv[1:] + ["600", "1", "1"][len(sys.argv) - 1 :])[:3])
@@ -24,10 +23,7 @@ clock = time.process_time if threads == 1 else time.perf_counter
 loaded = load_model(None, "cpu", "fp32")
 clf = Classifier(ARTICLE_TASK, model=loaded)
 encoded = clf.encode(article_tickets(600)[:n])
-suffixes = [encoded.suffix(i) for i in encoded.scored]
-plan = plan_batches(np.array([len(s) for s in suffixes]), clf.settings.token_budget, clf.settings.max_rows)
-batches = [collate([suffixes[p] for p in pos], encoded.scored[pos], loaded.tokenizer.pad_token_id, True)
-           for pos in plan]
+batches = list(clf.batches(encoded))  # the batches `Classifier.score` runs
 ways = {"one call": 10**9, "blocks": attention.CAUSAL_BLOCK}
 best = {w: np.full(len(batches), np.inf) for w in ways}
 max_diff = 0.0

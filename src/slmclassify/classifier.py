@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .activation_ranges import ranges_for
-from .batching import collate, plan_batches
+from .batching import Batch, collate, plan_batches
 from .calibration import CONTENT_FREE, adjust, prior_from_scores
 from .config_check import context_limit
 from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items
@@ -260,8 +260,7 @@ class Classifier:
         scores = np.full((len(encoded), n_labels), np.nan, dtype=np.float64)
         states = np.full((len(encoded), len(taps) * self.loaded.model.config.hidden_size), np.nan, np.float32)
         stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
-        for cached, rows in self.plan(encoded):
-            batch = collate([encoded.suffix(i) for i in rows], rows, self.loaded.tokenizer.pad_token_id, cached)
+        for batch in self.batches(encoded):
             batch_scores = self.engine.score(batch, self.prefix, self.trie, taps=taps)  # [B, L]
             if taps:
                 batch_scores, batch_states = batch_scores
@@ -270,10 +269,10 @@ class Classifier:
             stats.batches += 1
             stats.real_tokens += batch.real_tokens
             stats.processed_tokens += batch.padded_tokens
-            if cached:
-                stats.prefix_reused += len(self.prefix_ids) * len(rows)
+            if batch.cached:
+                stats.prefix_reused += len(self.prefix_ids) * len(batch.rows)
             if progress is not None:
-                progress(len(rows))
+                progress(len(batch.rows))
         stats.scored = len(encoded.scored)
         stats.seconds = time.perf_counter() - start
         self.stats = stats
@@ -293,6 +292,12 @@ class Classifier:
             plan = plan_batches(lengths, self.settings.token_budget, self.settings.max_rows, sort=self.settings.sort)
             batches += [(cached, group[positions]) for positions in plan]
         return batches
+
+    def batches(self, encoded: EncodedItems) -> Iterator[Batch]:
+        """The batches of `plan`, left-padded, as the engine runs them."""
+        pad = self.loaded.tokenizer.pad_token_id
+        for cached, rows in self.plan(encoded):
+            yield collate([encoded.suffix(i) for i in rows], rows, pad, cached)
 
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""
