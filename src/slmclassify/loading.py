@@ -109,7 +109,8 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
     faster here and agrees with fp32, see `precision.py`). The Hugging Face model itself stays
     float32 on the device: it is the reference path.
     """
-    from .backends.device import check_precision, resolve_device
+    from .backends.device import resolve_device
+    from .settings import check_precision
 
     device = resolve_device(device)
     precision = check_precision(precision)
@@ -127,7 +128,8 @@ def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None 
     shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`.
     A model whose weights are memory-mapped (transformers' default `from_pretrained`) keeps the
     file's pages resident next to the engine's arranged copies; `load_model` reads without a map."""
-    from .backends.device import check_precision, resolve_device
+    from .backends.device import resolve_device
+    from .settings import check_precision
 
     check_architecture(model.config.model_type, name)
     device = resolve_device(device)

@@ -22,7 +22,7 @@ import dataclasses
 
 import ray
 
-from ..classifier import EngineSettings
+from ..settings import EngineSettings
 from ..errors import InputError, TaskError
 from ..results import result_columns
 from ..task import Task

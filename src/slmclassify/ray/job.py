@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 import ray
 
-from ..classifier import EngineSettings
+from ..settings import EngineSettings
 from ..errors import InputError
 from ..io.formats import FORMATS, check_output, table_format
 from ..results import RunStats
