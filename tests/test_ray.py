@@ -149,6 +149,13 @@ def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     assert on_ray.exit_code == 0, on_ray.output
     assert "items: 300 (" in on_ray.output and "padding:" in on_ray.output
     assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
+    from slmclassify.ray.bench import _ACTOR, _RAY, _grab
+
+    found = _grab(_RAY, on_ray.output)  # the bench reads every figure it prints from this summary
+    assert None not in found.values(), found
+    assert 0 <= found["ray_init_s"] < found["driver_to_submit_s"], found  # Ray is up already here: 0 s
+    assert len(_ACTOR.findall(on_ray.output)) == on_ray.output.count("  actor ")
+    assert "__init__ began" in on_ray.output and "imports done" in on_ray.output
     one = pd.read_csv(tmp_path / "one.csv", dtype={"id": str})
     got = pd.read_csv(tmp_path / "ray.csv", dtype={"id": str})
     assert list(got.columns) == list(one.columns)
