@@ -31,8 +31,6 @@ from .loading import LoadedModel, load_model
 from .prompts import PromptRenderer
 from .reference import reference_scores
 from .results import Result, RunStats, make_results
-from .task import Task
-
 from .settings import (  # noqa: F401  (re-exported: `from slmclassify.classifier import EngineSettings`)
     DEFAULT_MAX_ROWS,
     DEFAULT_MAX_TEXT_TOKENS,
@@ -40,6 +38,7 @@ from .settings import (  # noqa: F401  (re-exported: `from slmclassify.classifie
     DEFAULT_WINDOW,
     EngineSettings,
 )
+from .task import Task
 
 
 @dataclass(frozen=True)
