@@ -263,3 +263,49 @@ def test_two_processes_share_the_conversion_cache(tmp_path, llama_dir):
     stdout = "".join(out for out, _ in outputs)
     assert stdout.count("converted") == 1, outputs
     assert stdout.count("loaded llama") == 2
+
+
+import threading
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+
+def _hold_lock(path: Path, mode: int, hold: threading.Event, done: threading.Event) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        hold.set()
+        done.wait(60)
+    finally:
+        os.close(fd)
+
+
+def _load_in_thread(gguf: Path) -> threading.Thread:
+    loader = threading.Thread(target=load_model, args=(str(gguf),), daemon=True)
+    loader.start()
+    return loader
+
+
+@pytest.mark.skipif(fcntl is None, reason="flock(2) only")
+def test_loads_of_a_converted_gguf_share_the_cache_lock(fake_gguf):
+    """Regression: a load held the cache entry's lock exclusively, so the second actor of a Ray run
+    waited for the first one's load (1.6-1.9 s on 2 cores). Loads now share it; a (re)build holds it alone."""
+    gguf, calls = fake_gguf
+    load_model(str(gguf))  # converted
+    lock = Path(f"{_cache_entry()}.lock")
+    for mode, loads in ((fcntl.LOCK_SH, True), (fcntl.LOCK_EX, False)):  # another loader; a conversion
+        hold, done = threading.Event(), threading.Event()
+        holder = threading.Thread(target=_hold_lock, args=(lock, mode, hold, done), daemon=True)
+        holder.start()
+        assert hold.wait(30)
+        loader = _load_in_thread(gguf)
+        loader.join(30 if loads else 2)
+        assert loader.is_alive() is not loads, mode
+        done.set()
+        holder.join(30)
+        loader.join(30)
+        assert not loader.is_alive()
+    assert len(calls) == 1

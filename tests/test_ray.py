@@ -149,6 +149,13 @@ def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     assert on_ray.exit_code == 0, on_ray.output
     assert "items: 300 (" in on_ray.output and "padding:" in on_ray.output
     assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
+    from slmclassify.ray.bench import _ACTOR, _RAY, _grab
+
+    found = _grab(_RAY, on_ray.output)  # the bench reads every figure it prints from this summary
+    assert None not in found.values(), found
+    assert 0 <= found["ray_init_s"] < found["driver_to_submit_s"], found  # Ray is up already here: 0 s
+    assert len(_ACTOR.findall(on_ray.output)) == on_ray.output.count("  actor ")
+    assert "__init__ began" in on_ray.output and "imports done" in on_ray.output
     one = pd.read_csv(tmp_path / "one.csv", dtype={"id": str})
     got = pd.read_csv(tmp_path / "ray.csv", dtype={"id": str})
     assert list(got.columns) == list(one.columns)
@@ -197,3 +204,33 @@ def test_a_single_block_is_cut_into_blocks_of_block_rows_in_order(local_ray):
     # the demo's case: 300 rows, blocks of 256 (Ray's non-strict cut left a block of 1.5 × rows whole)
     assert _cut(ray.data.from_items([{"row": i} for i in range(300)], override_num_blocks=1), 256, 2
                 ).materialize().num_blocks() == 2
+
+
+DRIVER_IMPORTS = """
+import sys
+import slmclassify.ray.job as job
+
+def seen(*args, **kwargs):
+    print("torch" in sys.modules, "transformers" in sys.modules)
+
+job.run_ray_classify = seen
+from slmclassify.cli import main
+main()
+"""
+
+
+def test_the_ray_driver_does_not_import_torch(tmp_path):
+    """Regression: the `--ray` driver imported torch (the CLI's start-up, `EngineSettings` in
+    classifier.py, the head's features) before `ray.init`: 2.5 s on a 2-core machine that every
+    actor waited for. The driver only starts Ray and streams rows; the actors import torch."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in.csv").write_text("text\nhello\n")
+    (tmp_path / "task.toml").write_text('labels = ["a", "b"]\nmax_rows = 4\n')
+    common = [str(tmp_path / "in.csv"), "-o", str(tmp_path / "out.csv"), "--task", str(tmp_path / "task.toml")]
+    for flags in (["--ray"], ["--actors", "2"]):
+        done = subprocess.run([sys.executable, "-c", DRIVER_IMPORTS, "classify", *common, *flags],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["False False"], (flags, done.stdout, done.stderr)  # torch, transformers

@@ -38,9 +38,16 @@ def main() -> None:
 
 @click.group()
 @click.version_option(package_name="slmclassify")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Label texts with a small local language model: constrained scoring, a prefix KV cache
     and length-bucketed batching, checked against the per-item path."""
+    if ctx.invoked_subcommand != "classify":  # classify starts torch itself unless it runs on Ray
+        _start_torch()
+
+
+def _start_torch() -> None:
+    """Import torch and set its threads, once per process, before anything heavy."""
     from .interrupts import exit_at_once_while_starting
 
     with exit_at_once_while_starting():  # torch's start-up cannot be interrupted by an exception
@@ -203,8 +210,9 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
              task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
              token_budget, max_rows, max_tokens, device, precision):
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT, streaming."""
-    from .run import classify_table
-
+    on_ray = bool(use_ray or ray_address or actors is not None)
+    if not on_ray:  # the --ray driver never imports torch (2.5 s before ray.init); its actors do
+        _start_torch()
     if resume and restart:
         raise TaskError("--resume and --restart exclude each other")
     task, head, scorer, head_path = _task_and_head(head_path, scorer, task_file, labels, instruction, system,
@@ -212,12 +220,14 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
     settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
     if window is not None:
         settings = dataclasses.replace(settings, window=window)
-    if use_ray or ray_address or actors is not None:
+    if on_ray:
         if head is not None and scorer != "zero-shot":
             raise TaskError("--ray does not apply a head yet; run without --ray, or with --scorer zero-shot")
         return _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix,
                                 errors, quiet, resume or restart or gold_column, ray_address, actors,
                                 cpus_per_actor, block_rows)
+    from .run import classify_table
+
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
         fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,

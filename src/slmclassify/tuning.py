@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from .classifier import EngineSettings
+from .settings import EngineSettings
 from .task import task_file_settings
 
 KEYS = ("token_budget", "max_rows")

@@ -79,13 +79,6 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return torch.device(name)
 
 
-def check_precision(precision: str | None) -> str | None:
-    """None (the default: fp32 on CPU, bf16 on CUDA) or one of PRECISIONS."""
-    if precision is not None and precision not in PRECISIONS:
-        raise TaskError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return precision
-
-
 @lru_cache(maxsize=1)
 def _cpu_flags() -> frozenset[str]:
     """This CPU's flags (/proc/cpuinfo), less those above the instruction set oneDNN is limited to

@@ -10,7 +10,6 @@ import numpy as np
 
 from ..errors import TaskError
 from ..results import Result, make_results
-from .features import collect
 from .model import Head, model_fingerprint, task_from_record
 
 SCORERS = ("zero-shot", "head", "combined")
@@ -76,6 +75,8 @@ def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarra
 
 def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None) -> tuple[np.ndarray, list[Result]]:
     """(raw label scores [n, L], one Result per item over the head's labels) from one fast-path pass."""
+    from .features import collect  # imports the engine (torch): not on the `--ray` driver's path
+
     scores, calibrated, states = collect(classifier, encoded, head.taps, progress)
     logp = head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer)
     return scores, make_results(head.labels, logp, logp, encoded.status, classifier.task.min_confidence)

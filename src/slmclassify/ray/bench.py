@@ -41,6 +41,7 @@ _SINGLE = {
 }
 _RAY = {
     "ray_init_s": r"^phases: ray\.init ([\d.]+) s",
+    "driver_to_submit_s": r"submitted the Dataset ([\d.]+) s after it started",
     "submit_to_written_s": r"to the last row written ([\d.]+) s",
     "scored_by_model": r"run through the model: (\d+)$",
     "load_s": r"\(loaded in ([\d.]+) s per actor\)",
@@ -55,6 +56,10 @@ def _grab(patterns: dict, text: str) -> dict:
         match = re.search(pattern, text, re.MULTILINE)
         found[name] = float(match.group(1)) if match else None
     return found
+
+
+def _s(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds:.1f} s"
 
 
 def _load() -> str:
@@ -151,7 +156,8 @@ def main(n_items, rounds, actors, block_rows, model):
                    f"{str(row['identical_labels']):>5} {str(row['in_order']):>5} {row['max_dp']:>8.1e}  "
                    f"{row['single_load_avg']} | {row['ray_load_avg']}")
         click.echo(f"      single: model load {row['single_load_s']:.1f} s, scoring {row['single_scoring_s']:.1f} s; "
-                   f"ray: ray.init {row['ray_init_s']:.1f} s, actor load {row['ray_load_s']:.1f} s")
+                   f"ray: driver start to Dataset submitted {_s(row['ray_driver_to_submit_s'])}, "
+                   f"ray.init {row['ray_init_s']:.1f} s of it, actor load {row['ray_load_s']:.1f} s")
         for actor in row["ray_actors"]:
             click.echo(f"      actor {actor['key']}: {actor['rows']} rows in {actor['blocks']} blocks, busy "
                        f"{actor['busy_s']:.1f} s, {actor['scored_by_model']} run through the model, waited "

@@ -22,7 +22,7 @@ import dataclasses
 
 import ray
 
-from ..classifier import EngineSettings
+from ..settings import EngineSettings
 from ..errors import InputError, TaskError
 from ..results import result_columns
 from ..task import Task
@@ -97,7 +97,7 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
             raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
                              "so the results do not overwrite it")
     board = RunBoard.remote()
-    classified = _cut(dataset, rs.block_rows, rs.actors).map_batches(
+    classified = _cut(dataset, rs.block_rows).map_batches(
         ClassifierActor,
         fn_constructor_kwargs=dict(task=task, model=model, settings=settings, text_column=text_column,
                                    result_prefix=result_prefix, threads=rs.threads, errors=errors, board=board,
@@ -117,21 +117,23 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
     return RayRun(classified, board)
 
 
-def _cut(dataset, rows: int, actors: int):
+def _cut(dataset, rows: int, tasks: int = 1):
     """The dataset in blocks of at most `rows` rows, in order (Ray's streaming repartition).
 
     Ray 2.60 runs the cut as tasks that reserve 1 CPU each and takes no argument to change that:
     actors holding every CPU of a small cluster (2 actors × 1 CPU on 2 cores) would starve them
     and the run would hang. So the cut reserves no CPU, as the readers do (`job._read`), and runs
-    at most `actors` tasks at once (it only slices Arrow tables; without a limit, 0-CPU tasks
-    would start a worker process per input block).
+    `tasks` tasks at once, one by default: it only slices Arrow tables (milliseconds a block), while
+    every task running at once may need a Ray worker process of its own, started while the actors
+    start (without a limit, 0-CPU tasks started one per input block; with 2, a 600-row CSV started a
+    second worker for one slice: importing ray and ray.data alone is 1.6 s of CPU).
     """
     from ray.data._internal.compute import TaskPoolStrategy
 
     cut = dataset.repartition(target_num_rows_per_block=rows, strict=True)  # not strict: 1.5 × rows stay whole
     op = cut._logical_plan.dag
     op.ray_remote_args["num_cpus"] = 0
-    object.__setattr__(op, "compute", TaskPoolStrategy(size=actors))  # a frozen dataclass
+    object.__setattr__(op, "compute", TaskPoolStrategy(size=tasks))  # a frozen dataclass
     return cut
 
 

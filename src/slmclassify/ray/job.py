@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 import ray
 
-from ..classifier import EngineSettings
+from ..settings import EngineSettings
 from ..errors import InputError
 from ..io.formats import FORMATS, check_output, table_format
 from ..results import RunStats
@@ -68,9 +68,20 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
             rows = _write_file(run.dataset, output_path, out_fmt)
     seconds = time.perf_counter() - started
     figures = run.figures()
-    phases = {"ray_init": initialised - began, "submitted": submitted, "finished": time.time()}
+    phases = {"ray_init": initialised - began, "began": began, "submitted": submitted, "finished": time.time(),
+              "driver": _process_started()}
     _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
     return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
+
+
+def _process_started() -> float | None:
+    """When this (driver) process started, on `time.time()`'s clock; None where psutil cannot tell."""
+    try:
+        import psutil  # a Ray dependency
+
+        return psutil.Process().create_time()
+    except (ImportError, OSError):
+        return None
 
 
 def pq_rows(path: Path) -> int:
@@ -180,7 +191,10 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
         _echo(f"shared scores: {shared['kept']} distinct items kept on the board, {shared['forgotten']} forgotten "
               f"(at most {SHARED_ITEMS:,})")
     t0 = phases["submitted"]
-    _echo(f"phases: ray.init {phases['ray_init']:.2f} s; from submitting the Dataset (0 s) to the last row "
+    driver = "" if phases["driver"] is None else (
+        f" (began {phases['began'] - phases['driver']:.2f} s after the driver process started, which submitted "
+        f"the Dataset {t0 - phases['driver']:.2f} s after it started)")
+    _echo(f"phases: ray.init {phases['ray_init']:.2f} s{driver}; from submitting the Dataset (0 s) to the last row "
           f"written {phases['finished'] - t0:.2f} s")
     for key, entry in sorted(actors.items()):
         s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
@@ -201,7 +215,8 @@ def _waited(entry: dict) -> float:
 def _actor_phases(entry: dict, t0: float) -> str:
     """When an actor's phases ended, in seconds after the Dataset was submitted (`actors.py`)."""
     p, blocks = entry.get("phases") or {}, entry.get("blocks") or []
-    names = (("process", "process started"), ("imports", "imports done"), ("load", "model loaded"),
+    names = (("process", "process started"), ("imports_began", "__init__ began"), ("imports", "imports done"),
+             ("load", "model loaded"),
              ("classifier", "classifier ready"))
     parts = [f"{label} {p[k] - t0:.2f}" for k, label in names if k in p]
     if blocks:
