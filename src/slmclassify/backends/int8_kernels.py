@@ -125,9 +125,11 @@ def _compiler() -> str | None:
 
 
 def _build(cache_dir: Path | None):
+    if os.environ.get(COMPILER_ENV) == "":
+        return None, f"disabled ({COMPILER_ENV} is empty)"
     cc = _compiler()
     if cc is None:
-        return None, "no C compiler found (set SLMCLASSIFY_CC or install gcc)"
+        return None, f"no C compiler found (install gcc, or name one in {COMPILER_ENV})"
     if cache_dir is None:
         from ..loading import cache_root
 
