@@ -120,3 +120,20 @@ def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monk
         agree += agreement(fast, ref).agree
         worst = max(worst, float(np.abs(fast - ref).max()))
     assert 1e-3 < worst <= 1.5 and agree >= 65, (agree, worst)  # measured 67/72 (Llama), 68/72 (Qwen2)
+
+
+def test_fused_swiglu_is_silu_gate_times_up():
+    """gate_up's one-pass dequantise + silu(gate) * up (its own exp) against the op's output and
+    torch's silu: float32 rounding apart."""
+    torch.manual_seed(2)
+    w, bias, h = torch.randn(48, 2 * 40) * 0.3, torch.randn(2 * 40), torch.randn(11, 48) * 3
+    op = gemm.KERNELS["int8-fused"](w, bias, torch.float32, _smoothing(48, 2 * 40))
+    gate, up = op.normed(h, 1e-6).chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    got = op.normed_swiglu(h, 1e-6)
+    assert got.shape == (11, 40)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    big = torch.tensor([[-200.0, -80.0, -1.0, 0.0, 1.0, 80.0, 200.0]])  # exp's clamps: no inf, no nan
+    acc = torch.cat([big, torch.ones_like(big)], dim=1)
+    out = int8_kernels.swiglu_(op.lib, acc, torch.ones(1), None, None, None)
+    torch.testing.assert_close(out, torch.nn.functional.silu(big), rtol=1e-6, atol=1e-6)

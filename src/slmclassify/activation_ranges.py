@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .backends.gemm import rms_norm
+from .backends.gemm import LinearOp, rms_norm
 from .engine import Engine
 from .loading import cache_root
 
@@ -64,6 +64,8 @@ class _Recorder:
         x = rms_norm(h, eps)
         self._see(x)
         return self.op(x)
+
+    normed_swiglu = LinearOp.normed_swiglu  # through `normed`, which records
 
 
 def record(engine: Engine, prompts: list[list[int]]) -> list[dict[str, torch.Tensor]]:

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from . import int8_kernels
 from .smoothing import Smoothing
@@ -50,6 +51,11 @@ class LinearOp:
     def normed(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """rms_norm(h, eps) @ w (+ bias) for the residual stream h [N, in]."""
         return self(rms_norm(h, eps))
+
+    def normed_swiglu(self, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """silu(gate) * up [N, I] for [gate | up] = rms_norm(h, eps) @ w (+ bias) (gate_up's weight)."""
+        gate, up = self.normed(h, eps).chunk(2, dim=-1)  # [N, I] each
+        return F.silu(gate, inplace=True).mul_(up)
 
 
 class MmLinear(LinearOp):
@@ -217,6 +223,10 @@ class Int8FusedLinear(LinearOp):
     def normed(self, h, eps):
         acc, rscale, values = self._acc(h, eps)
         return int8_kernels.dequantise_(self.lib, acc, acc, rscale, self.bias, values, self.outlier_weight, add=False)
+
+    def normed_swiglu(self, h, eps):
+        acc, rscale, values = self._acc(h, eps)
+        return int8_kernels.swiglu_(self.lib, acc, rscale, self.bias, values, self.outlier_weight)
 
     def add_(self, h, x):
         acc, rscale, values = self._acc(x, None)

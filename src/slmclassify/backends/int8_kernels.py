@@ -10,6 +10,7 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
                 per row (symmetric, per token), the row scales [N] = r (* 1/rms) and the outlier
                 channels' float32 values [N, k] (their `mult` is 0, so they set no scale)
     dequantise  h [N, out] (+)= acc [N, out] * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out])
+    swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
 
 The C source is compiled with the system's `cc` (-O3 -march=native -fopenmp) into the user cache
 folder, once per machine and source; the library is loaded through ctypes. OpenMP resolves to
@@ -33,8 +34,10 @@ import torch
 SOURCE = r"""
 #include <stdint.h>
 #include <math.h>
+#include <string.h>
 
-/* q [n, d] int8 = round(x * mult * 127 / amax) per row, amax = max |x * mult| over the row;
+/* rintf rounds half to even (the default rounding mode) and, unlike roundevenf, vectorises.
+   q [n, d] int8 = round(x * mult * 127 / amax) per row, amax = max |x * mult| over the row;
    rscale [n] = amax / 127 (* 1/rms(x) when eps >= 0); outv [n, k] = x[outl] * outl_mult (* 1/rms). */
 void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const float *mult, float eps,
                    int8_t *q, float *rscale, const int64_t *outl, int64_t k, const float *outl_mult,
@@ -57,9 +60,52 @@ void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const floa
         float s = 127.0f / amax;
         int8_t *qr = q + i * d;
         #pragma omp simd
-        for (int64_t j = 0; j < d; j++) qr[j] = (int8_t)__builtin_roundevenf(xr[j] * mult[j] * s);
+        for (int64_t j = 0; j < d; j++) { int32_t v = (int32_t)__builtin_rintf(xr[j] * mult[j] * s); qr[j] = (int8_t)v; }
         rscale[i] = amax / 127.0f * rfac;
         for (int64_t t = 0; t < k; t++) outv[i * k + t] = xr[outl[t]] * outl_mult[t] * rfac;
+    }
+}
+
+/* exp(x), Cephes' polynomial (relative error ~1e-7) in a form the compiler vectorises. */
+static inline float vexp(float x)
+{
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float f;
+    memcpy(&f, &e, 4);
+    return p * f;
+}
+
+/* acc [n, 2 m] = [gate | up] without row scales: dequantised in place (as dequantise_rows), then
+   act [n, m] (row stride lda; may be acc's first half) = silu(gate) * up. */
+void swiglu_rows(float *act, int64_t lda, float *acc, int64_t n, int64_t m, const float *rscale,
+                 const float *bias, const float *outv, int64_t k, const float *ow, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float *ar = acc + i * 2 * m;
+        float r = rscale[i];
+        #pragma omp simd
+        for (int64_t j = 0; j < 2 * m; j++) ar[j] = ar[j] * r + (bias ? bias[j] : 0.0f);
+        for (int64_t t = 0; t < k; t++) {
+            float v = outv[i * k + t];
+            const float *w = ow + t * 2 * m;
+            #pragma omp simd
+            for (int64_t j = 0; j < 2 * m; j++) ar[j] += v * w[j];
+        }
+        float *out = act + i * lda;
+        #pragma omp simd
+        for (int64_t j = 0; j < m; j++) { float g = ar[j]; out[j] = g / (1.0f + vexp(-g)) * ar[m + j]; }
     }
 }
 
@@ -159,6 +205,8 @@ def _build(cache_dir: Path | None):
     lib.quantise_rows.restype = None
     lib.dequantise_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _I, _P, _C, _C]
     lib.dequantise_rows.restype = None
+    lib.swiglu_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _I, _P, _C]
+    lib.swiglu_rows.restype = None
     return lib, None
 
 
@@ -192,6 +240,18 @@ def dequantise_(lib, out: torch.Tensor, acc: torch.Tensor, rscale: torch.Tensor,
     lib.dequantise_rows(_ptr(out), out.stride(0), _ptr(acc), n, m, _ptr(rscale), _ptr(bias), _ptr(values), k,
                         _ptr(outlier_weight) if k else None, int(add), _threads())
     return out
+
+
+def swiglu_(lib, acc: torch.Tensor, rscale: torch.Tensor, bias: torch.Tensor | None, values: torch.Tensor | None,
+            outlier_weight: torch.Tensor | None) -> torch.Tensor:
+    """silu(gate) * up [N, I] for acc [N, 2I] = [gate | up] without the row scales, written over acc's
+    first half (returned as a view with row stride 2I); acc itself ends up dequantised."""
+    assert acc.dtype == torch.float32 and acc.is_contiguous() and acc.shape[1] % 2 == 0
+    n, m = acc.shape[0], acc.shape[1] // 2
+    k = 0 if values is None else values.shape[1]
+    lib.swiglu_rows(_ptr(acc), 2 * m, _ptr(acc), n, m, _ptr(rscale), _ptr(bias), _ptr(values), k,
+                    _ptr(outlier_weight) if k else None, _threads())
+    return acc[:, :m]
 
 
 THREADS: int | None = None
