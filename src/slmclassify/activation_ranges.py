@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from .backends.gemm import LinearOp, rms_norm
 from .engine import Engine
 from .loading import cache_root
 
@@ -58,6 +59,13 @@ class _Recorder:
     def add_(self, h, x):
         self._see(x)
         return self.op.add_(h, x)
+
+    def normed(self, h, eps):
+        x = rms_norm(h, eps)
+        self._see(x)
+        return self.op(x)
+
+    normed_swiglu = LinearOp.normed_swiglu  # through `normed`, which records
 
 
 def record(engine: Engine, prompts: list[list[int]]) -> list[dict[str, torch.Tensor]]:

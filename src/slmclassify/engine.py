@@ -44,7 +44,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .backends import Backend
 from .backends.gemm import LinearOp
@@ -406,8 +405,7 @@ class Engine:
         N = h.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         attend = self.backend.attend
-        x = _rms(h, layer.eps)
-        qkv = layer.qkv(x).float().view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]; rotary in float32
+        qkv = layer.qkv.normed(h, layer.eps).float().view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]; rotary in float32
         qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
         qk.mul_(cis)  # rotary embedding, in place (rows interleaved at load time)
         qkv = qkv.to(self.dtype)  # attention's precision (a no-op in float32)
@@ -442,10 +440,11 @@ class Engine:
 
     def _mlp_block(self, h, layer: _Layer) -> None:
         """h += down(act(gate(norm(h))) * up(norm(h)))."""
-        gate_up = layer.gate_up(_rms(h, layer.eps))  # [N, 2I]
-        gate, up = gate_up.chunk(2, dim=-1)  # [N, I] each
-        act = F.silu(gate, inplace=True) if self.silu else self.act(gate)
-        layer.down.add_(h, act.mul_(up))
+        if self.silu:  # one op: the int8-fused op dequantises and multiplies in one pass
+            layer.down.add_(h, layer.gate_up.normed_swiglu(h, layer.eps))
+            return
+        gate, up = layer.gate_up.normed(h, layer.eps).chunk(2, dim=-1)  # [N, I] each
+        layer.down.add_(h, self.act(gate).mul_(up))
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
         """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
@@ -471,11 +470,3 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     built once per batch, not per layer, on the batch's device."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
-
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without its weight (folded into the next projection, see `_fold_norm`).
-
-    One fused reduction (the vector norm) and one multiply: ~1.5x faster than F.rms_norm on CPU.
-    """
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [N, 1]
-    return x * norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()

@@ -4,7 +4,9 @@ For float32 on a CPU the exact kernels (MKL `mm`, oneDNN prepacked) are timed on
 own GEMM shapes (≤ 2 s): which is faster depends on the CPU (oneDNN was 1.2x faster on an AMD
 EPYC, 5% slower on an Intel Xeon); oneDNN must beat `mm` by 10% to be chosen, because its
 packed layout is a second copy of the weights (`mm` computes with the ones the reference path
-shares). The same measurement gives each low precision's speed over
+shares). int8 times PyTorch's quantized engine (eager passes around the GEMM) against int8-fused
+(the passes compiled, `int8_kernels.py`, where a C compiler is) and keeps the faster. The same
+measurement gives each low precision's speed over
 float32, which `precision.py` needs before it checks agreement. Results are kept in
 `<cache>/backends.json` under a key naming the machine (CPU, threads, torch) and the model's
 shapes, so later runs reuse them without timing anything. A measurement taken while other work
@@ -67,8 +69,8 @@ def gemm_shapes(config) -> list[tuple[int, int]]:
     return [(hidden, (heads + 2 * kv) * head_dim), (heads * head_dim, hidden), (hidden, 2 * inter), (inter, hidden)]
 
 
-def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm") -> str:
-    """The GEMM kernel of a precision on a device (fp32: the measured choice)."""
+def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm", int8_kernel: str | None = None) -> str:
+    """The GEMM kernel of a precision on a device (fp32, int8: the measured choice)."""
     if precision == "fp32":
         return fp32_kernel
     if precision == "int8":
@@ -77,8 +79,25 @@ def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm") ->
 
             raise TaskError("--precision int8 runs on the CPU only (dynamic quantisation); "
                             "use bf16 or fp16 on CUDA")
-        return gemm.int8_engine() or "int8-onednn"
+        if int8_kernel == "int8-fused" and gemm.int8_kernels.load() is None:
+            int8_kernel = None  # measured where a compiler was; not here
+        return int8_kernel or gemm.int8_engine() or "int8-onednn"
     return precision  # bf16, fp16
+
+
+def int8_candidates() -> list[str]:
+    """The int8 kernels worth timing here: PyTorch's quantized engine and, where a C compiler
+    builds the fused passes (`int8_kernels.py`), int8-fused."""
+    eager = gemm.int8_engine()
+    if eager is None:
+        return []
+    return [eager] + (["int8-fused"] if gemm.int8_kernels.load() is not None else [])
+
+
+def int8_choice(rates: dict) -> str | None:
+    """The faster of the int8 kernels timed (None: none was)."""
+    timed = [k for k in rates if k.startswith("int8")]
+    return max(timed, key=lambda k: rates[k]) if timed else None
 
 
 def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> dict:
@@ -90,13 +109,14 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     cache = _read(cache_dir)
     load = machine_load()
     busy = device.type == "cpu" and load > BUSY_LOAD_PER_CORE
-    if key in cache and not (_provisional(cache[key]) and not busy):
+    stale = device.type == "cpu" and cpu_native("int8") and "int8" not in cache.get(key, {})  # before int8-fused
+    if key in cache and not (_provisional(cache[key]) and not busy) and not stale:
         return {**cache[key], "cached": True}
     kernels = gemm.fp32_kernels(device)
     if device.type == "cpu":
         kernels += [k for k in ("bf16", "fp16") if cpu_native(k)]
         if cpu_native("int8"):
-            kernels.append(kernel_for("int8", device))
+            kernels += int8_candidates()
     else:
         kernels += ["bf16", "fp16"]
     weights = [torch.randn(i, o, device=device) * 0.02 for i, o in gemm_shapes(config)]
@@ -105,14 +125,14 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     rates = gemm.time_kernels(kernels, weights, _dtype_of, rows=rows, budget_s=MEASURE_SECONDS,
                               smoothed=(True, False, True, False))  # qkv, gate_up divide their input (int8)
     fp32 = fp32_choice(rates, device)
-    entry = {"gemm": fp32, "rates": {k: round(v, 1) for k, v in rates.items()},
+    entry = {"gemm": fp32, "int8": int8_choice(rates), "rates": {k: round(v, 1) for k, v in rates.items()},
              "measured": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.perf_counter() - started, 2),
              "load_per_core": round(load, 2)}
     if busy:
         entry["provisional"] = True
     if log:
         log(f"GEMM kernels on this model's shapes: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
-            + f" GFLOP/s; float32 uses {fp32}"
+            + f" GFLOP/s; float32 uses {fp32}" + (f", int8 {entry['int8']}" if entry["int8"] else "")
             + (f" (machine busy, load {load:.1f} per core: measured again next run)" if busy else ""))
     cache[key] = entry
     _write(cache_dir, cache)
@@ -143,13 +163,14 @@ def fp32_choice(rates: dict, device: torch.device) -> str:
 def make_backend(config, device: torch.device, precision: str, cache_dir: Path | None, log=None) -> tuple[Backend, dict]:
     """The backend for a concrete precision (not auto), with the (cached) measurement behind it."""
     measured = measure(config, device, cache_dir, log)
-    return Backend(device=device, precision=precision, gemm=kernel_for(precision, device, measured["gemm"])), measured
+    kernel = kernel_for(precision, device, measured["gemm"], measured.get("int8"))
+    return Backend(device=device, precision=precision, gemm=kernel), measured
 
 
 def speedup(measured: dict, precision: str, device: torch.device) -> float:
     """GEMM rate of a precision over the float32 choice's (0 when it was not measured: not native)."""
     rates = measured["rates"]
-    kernel = kernel_for(precision, device)
+    kernel = kernel_for(precision, device, int8_kernel=measured.get("int8"))
     return rates.get(kernel, 0.0) / rates[measured["gemm"]]
 
 

@@ -63,7 +63,10 @@ class Backend:
         return kernel(q, k, v, mask, causal, lower=lower)
 
     def describe(self) -> str:
-        return f"{self.device.type} {self.precision} ({self.gemm} GEMM)"
+        line = f"{self.device.type} {self.precision} ({self.gemm} GEMM"
+        if self.precision == "int8" and self.gemm != "int8-fused" and (why := gemm.int8_kernels.unavailable()):
+            line += f"; eager int8 passes: {why}"  # the fused passes would have been timed, and likely chosen
+        return line + ")"
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:

@@ -6,9 +6,12 @@
     int8-<eng>   dynamic int8 quantisation (PyTorch's quantized engine <eng>: onednn, x86, fbgemm):
                  weights quantised once per output channel, activations per token per call; output float32;
                  optionally smoothed (SmoothQuant scales, float32 outlier channels: `smoothing.py`)
+    int8-fused   the same numbers (symmetric per token / per output channel) with one C pass each side
+                 of oneDNN's prepacked int8 GEMM (`int8_kernels.py`); needs a C compiler at first use
     bf16, fp16   the weight cast once; inputs cast per call; output in that precision
 
-`add_(h, x)` adds the product into the float32 residual stream in place.
+`add_(h, x)` adds the product into the float32 residual stream in place; `normed(h, eps)` computes
+rms_norm(h) @ w (+ bias) (the RMSNorm's weight is folded into w by the engine).
 """
 
 from __future__ import annotations
@@ -18,8 +21,19 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
+from . import int8_kernels
 from .smoothing import Smoothing
+
+
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without its weight (folded into the next projection, see the engine's `_fold_norm`).
+
+    One fused reduction (the vector norm) and one multiply: ~1.5x faster than F.rms_norm on CPU.
+    """
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [N, 1]
+    return x * norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
 
 
 class LinearOp:
@@ -33,6 +47,15 @@ class LinearOp:
     def add_(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """h += x @ w (+ bias), in place; returns h."""
         return h.add_(self(x))
+
+    def normed(self, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """rms_norm(h, eps) @ w (+ bias) for the residual stream h [N, in]."""
+        return self(rms_norm(h, eps))
+
+    def normed_swiglu(self, h: torch.Tensor, eps: float) -> torch.Tensor:
+        """silu(gate) * up [N, I] for [gate | up] = rms_norm(h, eps) @ w (+ bias) (gate_up's weight)."""
+        gate, up = self.normed(h, eps).chunk(2, dim=-1)  # [N, I] each
+        return F.silu(gate, inplace=True).mul_(up)
 
 
 class MmLinear(LinearOp):
@@ -142,6 +165,74 @@ class Int8Linear(LinearOp):
         return h if self.bias is None else h.add_(self.bias)
 
 
+class Int8FusedLinear(LinearOp):
+    """`Int8Linear`'s arithmetic (smoothing, float32 outlier channels, symmetric per-token activations,
+    per-output-channel weights) with the passes around the GEMM fused (`int8_kernels.py`) and oneDNN's
+    int8 GEMM on a weight prepacked once (`onednn::qlinear_pointwise`, AMX/VNNI where the CPU has them).
+
+    After an RMSNorm (`normed`) the un-normed h is quantised: per-token quantisation is invariant to
+    the row's 1/rms, which joins the row scale, so the norm's own pass disappears.
+    """
+
+    def __init__(self, weight, bias, dtype, smooth=None):
+        self.lib = int8_kernels.load()
+        if self.lib is None:
+            from ..errors import TaskError
+
+            raise TaskError(f"the int8-fused kernel cannot run here: {int8_kernels.unavailable()}; use int8-onednn")
+        w = weight.float()  # [in, out]
+        bias = None if bias is None else bias.float()
+        mult = torch.ones(w.shape[0])  # [in] what the quantise pass multiplies x by (0: an outlier channel)
+        self.outliers = self.outlier_mult = self.outlier_weight = None
+        if smooth is not None:
+            w = w * smooth.rows[:, None]
+            if smooth.cols is not None:
+                w = w / smooth.cols[None]
+                bias = None if bias is None else bias / smooth.cols
+            if smooth.inv_in is not None:
+                mult = smooth.inv_in.float().clone()
+            if smooth.outliers is not None:
+                self.outliers = smooth.outliers.long().contiguous()  # [k]
+                self.outlier_mult = mult[self.outliers].contiguous()  # [k]
+                self.outlier_weight = w[self.outliers].contiguous()  # [k, out] float32
+                w = w.index_fill(0, self.outliers, 0.0)
+                mult[self.outliers] = 0.0  # their int8 part is zero and sets no scale
+        self.mult = mult.contiguous()
+        w = w.t().contiguous()  # [out, in]
+        self.col_scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # [out] per output channel
+        q = torch.round(w / self.col_scale[:, None]).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        self.zero = torch.zeros(w.shape[0], dtype=torch.long)
+        self.bias = None if bias is None else bias.contiguous()
+        self.out_features = w.shape[0]
+
+    def _acc(self, x: torch.Tensor, eps: float | None):
+        """(x @ w without the row scales [N, out], row scales [N], outlier values [N, k] or None)."""
+        x = x.float()
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        q, rscale, values = int8_kernels.quantise(self.lib, x, self.mult, eps, self.outliers, self.outlier_mult)
+        acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.col_scale, self.zero, None, 1.0, 0,
+                                                 torch.float32, "none", [], "")  # [N, out] = q @ w_int8 * col_scale
+        return acc, rscale, values
+
+    def __call__(self, x):
+        acc, rscale, values = self._acc(x, None)
+        return int8_kernels.dequantise_(self.lib, acc, acc, rscale, self.bias, values, self.outlier_weight, add=False)
+
+    def normed(self, h, eps):
+        acc, rscale, values = self._acc(h, eps)
+        return int8_kernels.dequantise_(self.lib, acc, acc, rscale, self.bias, values, self.outlier_weight, add=False)
+
+    def normed_swiglu(self, h, eps):
+        acc, rscale, values = self._acc(h, eps)
+        return int8_kernels.swiglu_(self.lib, acc, rscale, self.bias, values, self.outlier_weight)
+
+    def add_(self, h, x):
+        acc, rscale, values = self._acc(x, None)
+        return int8_kernels.dequantise_(self.lib, h, acc, rscale, self.bias, values, self.outlier_weight, add=True)
+
+
 class Int8X86Linear(Int8Linear):
     engine = "x86"
 
@@ -166,7 +257,7 @@ class CastLinear(LinearOp):
 
 KERNELS: dict[str, Callable[..., LinearOp]] = {
     "mm": MmLinear, "onednn": OneDnnLinear, "int8-onednn": Int8Linear, "int8-x86": Int8X86Linear,
-    "int8-fbgemm": Int8FbgemmLinear, "bf16": CastLinear, "fp16": CastLinear,
+    "int8-fbgemm": Int8FbgemmLinear, "int8-fused": Int8FusedLinear, "bf16": CastLinear, "fp16": CastLinear,
 }
 
 

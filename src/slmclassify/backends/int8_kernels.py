@@ -1,0 +1,262 @@
+"""Fused per-token int8 quantise and dequantise passes, small C functions compiled at first use.
+
+Around one int8 GEMM the eager path (`gemm.Int8Linear`) makes ~6 passes over the activations
+(smoothing multiply, outlier select and fill, per-row max, divide, the kernel's own quantise,
+row rescale, outlier product, bias). Here each side is one pass per row, with the row in cache:
+
+    quantise    x [N, in] (a float32 row; optionally the un-normed residual stream, the RMSNorm's
+                1/rms folded into the row scale, since per-token quantisation is invariant to a
+                per-row factor) → q [N, in] int8 = round(x * mult / r), r = max |x * mult| / 127
+                per row (symmetric, per token), the row scales [N] = r (* 1/rms) and the outlier
+                channels' float32 values [N, k] (their `mult` is 0, so they set no scale)
+    dequantise  h [N, out] (+)= acc [N, out] * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out])
+    swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
+
+The C source is compiled with the system's `cc` (-O3 -march=native -fopenmp) into the user cache
+folder, once per machine and source; the library is loaded through ctypes. OpenMP resolves to
+the libgomp that PyTorch has already loaded (same soname), so no second thread pool appears;
+each call uses PyTorch's thread count. Where no compiler works, `load()` returns None and
+`unavailable()` says why: the int8 ops then run the eager path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = r"""
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+/* rintf rounds half to even (the default rounding mode) and, unlike roundevenf, vectorises.
+   q [n, d] int8 = round(x * mult * 127 / amax) per row, amax = max |x * mult| over the row;
+   rscale [n] = amax / 127 (* 1/rms(x) when eps >= 0); outv [n, k] = x[outl] * outl_mult (* 1/rms). */
+void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const float *mult, float eps,
+                   int8_t *q, float *rscale, const int64_t *outl, int64_t k, const float *outl_mult,
+                   float *outv, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float *xr = x + i * ldx;
+        float rfac = 1.0f;
+        if (eps >= 0.0f) {
+            float ss = 0.0f;
+            #pragma omp simd reduction(+:ss)
+            for (int64_t j = 0; j < d; j++) ss += xr[j] * xr[j];
+            rfac = 1.0f / sqrtf(ss / (float)d + eps);
+        }
+        float amax = 0.0f;
+        #pragma omp simd reduction(max:amax)
+        for (int64_t j = 0; j < d; j++) { float v = fabsf(xr[j] * mult[j]); amax = v > amax ? v : amax; }
+        if (amax < 1e-30f) amax = 1e-30f;
+        float s = 127.0f / amax;
+        int8_t *qr = q + i * d;
+        #pragma omp simd
+        for (int64_t j = 0; j < d; j++) { int32_t v = (int32_t)__builtin_rintf(xr[j] * mult[j] * s); qr[j] = (int8_t)v; }
+        rscale[i] = amax / 127.0f * rfac;
+        for (int64_t t = 0; t < k; t++) outv[i * k + t] = xr[outl[t]] * outl_mult[t] * rfac;
+    }
+}
+
+/* exp(x), Cephes' polynomial (relative error ~1e-7) in a form the compiler vectorises. */
+static inline float vexp(float x)
+{
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float f;
+    memcpy(&f, &e, 4);
+    return p * f;
+}
+
+/* acc [n, 2 m] = [gate | up] without row scales: dequantised in place (as dequantise_rows), then
+   act [n, m] (row stride lda; may be acc's first half) = silu(gate) * up. */
+void swiglu_rows(float *act, int64_t lda, float *acc, int64_t n, int64_t m, const float *rscale,
+                 const float *bias, const float *outv, int64_t k, const float *ow, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float *ar = acc + i * 2 * m;
+        float r = rscale[i];
+        #pragma omp simd
+        for (int64_t j = 0; j < 2 * m; j++) ar[j] = ar[j] * r + (bias ? bias[j] : 0.0f);
+        for (int64_t t = 0; t < k; t++) {
+            float v = outv[i * k + t];
+            const float *w = ow + t * 2 * m;
+            #pragma omp simd
+            for (int64_t j = 0; j < 2 * m; j++) ar[j] += v * w[j];
+        }
+        float *out = act + i * lda;
+        #pragma omp simd
+        for (int64_t j = 0; j < m; j++) { float g = ar[j]; out[j] = g / (1.0f + vexp(-g)) * ar[m + j]; }
+    }
+}
+
+/* h [n, m] (row stride ldh) = or += acc [n, m] * rscale[i] (+ bias[j]) (+ outv [n, k] @ ow [k, m]). */
+void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t m, const float *rscale,
+                     const float *bias, const float *outv, int64_t k, const float *ow, int add, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float *hr = h + i * ldh;
+        const float *ar = acc + i * m;
+        float r = rscale[i];
+        if (add) {
+            #pragma omp simd
+            for (int64_t j = 0; j < m; j++) hr[j] += ar[j] * r;
+        } else {
+            #pragma omp simd
+            for (int64_t j = 0; j < m; j++) hr[j] = ar[j] * r;
+        }
+        if (bias) {
+            #pragma omp simd
+            for (int64_t j = 0; j < m; j++) hr[j] += bias[j];
+        }
+        for (int64_t t = 0; t < k; t++) {
+            float v = outv[i * k + t];
+            const float *w = ow + t * m;
+            #pragma omp simd
+            for (int64_t j = 0; j < m; j++) hr[j] += v * w[j];
+        }
+    }
+}
+"""
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+COMPILER_ENV = "SLMCLASSIFY_CC"
+"""Names the C compiler (default: cc, else gcc); an empty value disables the fused kernels."""
+
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_state: dict = {}
+
+
+def load(cache_dir: Path | None = None):
+    """The compiled library (ctypes), or None where it cannot be built (see `unavailable`).
+    Compiled once per machine into `cache_dir` (default: the user cache folder)."""
+    key = str(cache_dir)
+    if key not in _state:
+        _state[key] = _build(cache_dir)
+    lib, _ = _state[key]
+    return lib
+
+
+def unavailable(cache_dir: Path | None = None) -> str | None:
+    """Why the fused kernels cannot run here (None when they can)."""
+    load(cache_dir)
+    return _state[str(cache_dir)][1]
+
+
+def _compiler() -> str | None:
+    named = os.environ.get(COMPILER_ENV)
+    if named is not None:
+        return shutil.which(named) if named else None
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(cache_dir: Path | None):
+    if os.environ.get(COMPILER_ENV) == "":
+        return None, f"disabled ({COMPILER_ENV} is empty)"
+    cc = _compiler()
+    if cc is None:
+        return None, f"no C compiler found (install gcc, or name one in {COMPILER_ENV})"
+    if cache_dir is None:
+        from ..loading import cache_root
+
+        cache_dir = cache_root()
+    digest = hashlib.sha256((SOURCE + " ".join(FLAGS) + cc).encode()).hexdigest()[:16]
+    folder = Path(cache_dir) / "kernels"
+    target = folder / f"int8-{digest}.so"
+    if not target.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                src = Path(tmp) / "int8.c"
+                src.write_text(SOURCE)
+                built = Path(tmp) / "int8.so"
+                done = subprocess.run([cc, *FLAGS, "-o", str(built), str(src)], capture_output=True, text=True,
+                                      timeout=120)
+                if done.returncode != 0:
+                    return None, f"{cc} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+                os.replace(built, target)  # atomic: another process may be compiling the same file
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"compiling with {cc} failed: {exc}"
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as exc:
+        return None, f"loading {target} failed: {exc}"
+    lib.quantise_rows.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _I, _P, _P, _C]
+    lib.quantise_rows.restype = None
+    lib.dequantise_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _I, _P, _C, _C]
+    lib.dequantise_rows.restype = None
+    lib.swiglu_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _I, _P, _C]
+    lib.swiglu_rows.restype = None
+    return lib, None
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outliers: torch.Tensor | None,
+             outlier_mult: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q [N, in] int8, row scales [N] float32, outliers' values [N, k] or None) for x [N, in] float32
+    with unit stride along rows; `eps`: x is un-normed and rscale includes 1/rms(x) (None: no norm)."""
+    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+    n, d = x.shape
+    q = torch.empty(n, d, dtype=torch.int8)
+    rscale = torch.empty(n)
+    k = 0 if outliers is None else len(outliers)
+    values = torch.empty(n, k) if k else None
+    lib.quantise_rows(_ptr(x), n, d, x.stride(0), _ptr(mult), -1.0 if eps is None else eps, _ptr(q), _ptr(rscale),
+                      _ptr(outliers) if k else None, k, _ptr(outlier_mult) if k else None, _ptr(values),
+                      _threads())
+    return q, rscale, values
+
+
+def dequantise_(lib, out: torch.Tensor, acc: torch.Tensor, rscale: torch.Tensor, bias: torch.Tensor | None,
+                values: torch.Tensor | None, outlier_weight: torch.Tensor | None, add: bool) -> torch.Tensor:
+    """out = (or += with `add`) acc * rscale[:, None] + bias + values @ outlier_weight, in place; returns out.
+    `out` may be `acc` itself (add False)."""
+    assert out.dtype == acc.dtype == torch.float32 and out.stride(1) == 1 and acc.is_contiguous()
+    n, m = acc.shape
+    k = 0 if values is None else values.shape[1]
+    lib.dequantise_rows(_ptr(out), out.stride(0), _ptr(acc), n, m, _ptr(rscale), _ptr(bias), _ptr(values), k,
+                        _ptr(outlier_weight) if k else None, int(add), _threads())
+    return out
+
+
+def swiglu_(lib, acc: torch.Tensor, rscale: torch.Tensor, bias: torch.Tensor | None, values: torch.Tensor | None,
+            outlier_weight: torch.Tensor | None) -> torch.Tensor:
+    """silu(gate) * up [N, I] for acc [N, 2I] = [gate | up] without the row scales, written over acc's
+    first half (returned as a view with row stride 2I); acc itself ends up dequantised."""
+    assert acc.dtype == torch.float32 and acc.is_contiguous() and acc.shape[1] % 2 == 0
+    n, m = acc.shape[0], acc.shape[1] // 2
+    k = 0 if values is None else values.shape[1]
+    lib.swiglu_rows(_ptr(acc), 2 * m, _ptr(acc), n, m, _ptr(rscale), _ptr(bias), _ptr(values), k,
+                    _ptr(outlier_weight) if k else None, _threads())
+    return acc[:, :m]
+
+
+THREADS: int | None = None
+"""Threads of the fused passes; None: PyTorch's thread count."""
+
+
+def _threads() -> int:
+    return THREADS or torch.get_num_threads()

@@ -1,0 +1,139 @@
+"""The int8-fused op (`backends/int8_kernels.py` around oneDNN's int8 GEMM): x @ w within int8's
+error, exactly the arithmetic it claims (symmetric per-token activations, per-output-channel
+weights, smoothing, float32 outlier channels, the RMSNorm folded into the row scale), the
+eager path when no compiler is there (and the engine line saying so), and the engine against
+the float32 reference on the tiny Llama and Qwen2 models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from slmclassify import Classifier
+from slmclassify.backends import choice, gemm, int8_kernels
+from slmclassify.backends.smoothing import Smoothing
+from slmclassify.loading import load_model
+from slmclassify.precision import agreement
+
+from test_backends import TASK
+from test_engine import random_texts
+
+pytestmark = pytest.mark.skipif(int8_kernels.load() is None or gemm.int8_engine() is None,
+                                reason="no C compiler or no quantized CPU engine here")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _smoothing(n_in: int, n_out: int) -> Smoothing:
+    torch.manual_seed(3)
+    s = torch.rand(n_in) * 4 + 0.25
+    return Smoothing(rows=s, inv_in=1 / s, cols=torch.rand(n_out) + 0.5, outliers=torch.tensor([1, 7]))
+
+
+def _emulated(w, bias, smooth, x):
+    """The fused op's arithmetic in plain PyTorch: per-token symmetric int8 of x / s (outlier channels
+    apart, in float32), per-output-channel symmetric int8 of s w / cols; int32-exact products."""
+    w = w * smooth.rows[:, None] / smooth.cols[None]
+    bias = bias / smooth.cols
+    xs = x * smooth.inv_in
+    outl = smooth.outliers
+    exact_part = xs[:, outl] @ w[outl]
+    xs, w = xs.index_fill(1, outl, 0.0), w.index_fill(0, outl, 0.0)
+    rscale = xs.abs().amax(1, keepdim=True) / 127
+    col = w.abs().amax(0, keepdim=True) / 127
+    qx, qw = torch.round(xs / rscale), torch.round(w / col)
+    return (qx.double() @ qw.double()).float() * col * rscale + exact_part + bias
+
+
+def test_fused_op_is_the_claimed_arithmetic_and_close_to_x_w():
+    torch.manual_seed(0)
+    w, bias, x = torch.randn(48, 40) * 0.1, torch.randn(40), torch.randn(13, 48)
+    x[:, 7] *= 50  # an outlier channel, computed in float32 apart
+    smooth = _smoothing(48, 40)
+    op = gemm.KERNELS["int8-fused"](w, bias, torch.float32, smooth)
+    got = op(x)
+    torch.testing.assert_close(got, _emulated(w, bias, smooth, x), rtol=1e-5, atol=1e-5)
+    exact = (x @ w + bias) / smooth.cols
+    assert float((got - exact).abs().max() / exact.abs().max()) < 0.02
+    h = torch.randn(13, 40)
+    torch.testing.assert_close(op.add_(h.clone(), x), h + got, rtol=1e-5, atol=1e-5)
+    wide = torch.randn(13, 96)[:, 10:58]  # rows with a stride (down's input is a view of gate_up)
+    torch.testing.assert_close(op(wide), op(wide.contiguous()), rtol=0, atol=0)
+
+
+def test_normed_folds_the_rms_into_the_row_scale():
+    """normed(h) quantises h itself: per-token int8 does not see a per-row factor, so the result
+    equals op(rms_norm(h)) up to float32 rounding, and the eager op's `normed` alike."""
+    torch.manual_seed(1)
+    w, bias, h = torch.randn(48, 40) * 0.1, torch.randn(40), torch.randn(9, 48) * 5
+    smooth = _smoothing(48, 40)
+    op = gemm.KERNELS["int8-fused"](w, bias, torch.float32, smooth)
+    torch.testing.assert_close(op.normed(h, 1e-6), op(gemm.rms_norm(h, 1e-6)), rtol=1e-4, atol=1e-4)
+    eager = gemm.KERNELS[gemm.int8_engine()](w, bias, torch.float32, smooth)
+    exact = (gemm.rms_norm(h, 1e-6) @ w + bias) / smooth.cols
+    for got in (op.normed(h, 1e-6), eager.normed(h, 1e-6)):
+        assert float((got - exact).abs().max() / exact.abs().max()) < 0.04  # measured 0.024
+
+
+def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(int8_kernels, "_state", {})  # forget this process's compiled library
+    monkeypatch.setenv(int8_kernels.COMPILER_ENV, "no-such-compiler-here")
+    assert int8_kernels.load() is None
+    assert "no C compiler found" in int8_kernels.unavailable()
+    assert choice.int8_candidates() == [gemm.int8_engine()]
+    rates = {"mm": 100.0, "onednn": 90.0, gemm.int8_engine(): 120.0}
+    backend = choice.Backend(device=torch.device("cpu"), precision="int8",
+                             gemm=choice.kernel_for("int8", torch.device("cpu"), int8_kernel=choice.int8_choice(rates)))
+    assert backend.gemm == gemm.int8_engine()
+    assert backend.describe() == (f"cpu int8 ({gemm.int8_engine()} GEMM; eager int8 passes: no C compiler found "
+                                  f"(install gcc, or name one in {int8_kernels.COMPILER_ENV}))")
+    # a choice cached where a compiler was does not pick the fused op here
+    assert choice.kernel_for("int8", torch.device("cpu"), int8_kernel="int8-fused") == gemm.int8_engine()
+    with pytest.raises(Exception, match="int8-fused kernel cannot run here"):
+        gemm.KERNELS["int8-fused"](torch.randn(8, 4), None, torch.float32)
+
+
+def test_the_faster_int8_kernel_is_chosen_and_cached(llama_dir):
+    loaded = load_model(str(llama_dir), device="cpu", precision="int8")
+    rates = loaded.gemm_rates
+    assert {"int8-fused", gemm.int8_engine()} <= set(rates["rates"])
+    faster = max(("int8-fused", gemm.int8_engine()), key=lambda k: rates["rates"][k])
+    assert rates["int8"] == faster == loaded.backend.gemm
+    assert load_model(str(llama_dir), device="cpu", precision="int8").gemm_rates["int8"] == faster
+
+
+@pytest.mark.parametrize("kernel", ["int8-fused"])
+def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monkeypatch):
+    """The whole engine with the fused op (smoothing from recorded ranges, normed qkv and gate_up)
+    against the Hugging Face float32 forward: int8's error, not a wrong kernel's (tens)."""
+    monkeypatch.setattr(choice, "int8_candidates", lambda: [kernel])
+    clf = Classifier(TASK, model=load_model(str(tiny_model_dir), device="cpu", precision="int8"))
+    assert clf.engine.backend.gemm == kernel
+    agree, worst = 0, 0.0
+    for seed in (5, 6, 7):  # 72 items: the tiny random models' label margins are small
+        encoded = clf.encode(random_texts(24, seed=seed))
+        fast, ref = clf.score(encoded), clf.reference(encoded, range(24))
+        agree += agreement(fast, ref).agree
+        worst = max(worst, float(np.abs(fast - ref).max()))
+    assert 1e-3 < worst <= 1.5 and agree >= 65, (agree, worst)  # measured 67/72 (Llama), 68/72 (Qwen2)
+
+
+def test_fused_swiglu_is_silu_gate_times_up():
+    """gate_up's one-pass dequantise + silu(gate) * up (its own exp) against the op's output and
+    torch's silu: float32 rounding apart."""
+    torch.manual_seed(2)
+    w, bias, h = torch.randn(48, 2 * 40) * 0.3, torch.randn(2 * 40), torch.randn(11, 48) * 3
+    op = gemm.KERNELS["int8-fused"](w, bias, torch.float32, _smoothing(48, 2 * 40))
+    gate, up = op.normed(h, 1e-6).chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    got = op.normed_swiglu(h, 1e-6)
+    assert got.shape == (11, 40)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    big = torch.tensor([[-200.0, -80.0, -1.0, 0.0, 1.0, 80.0, 200.0]])  # exp's clamps: no inf, no nan
+    acc = torch.cat([big, torch.ones_like(big)], dim=1)
+    out = int8_kernels.swiglu_(op.lib, acc, torch.ones(1), None, None, None)
+    torch.testing.assert_close(out, torch.nn.functional.silu(big), rtol=1e-6, atol=1e-6)
