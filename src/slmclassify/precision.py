@@ -43,8 +43,8 @@ show 99.5% (≤ 1 of 200 differing): a precision agreeing on 97.3% then passes 2
 AGREEMENT_ITEMS = 200
 CHECK_VERSION = 3
 """Part of a cached decision's key with `MIN_AGREEMENT`: bump it when a low-precision kernel changes
-(2: int8 smoothing and float32 outliers; 3: int8-fused, asymmetric per token), so that decisions made with other kernels or another gate
-are made again instead of reused."""
+(2: int8 smoothing and float32 outliers; 3: int8-fused, asymmetric per token), so that decisions
+made with other kernels or another gate are made again instead of reused."""
 SAMPLE_SCAN_ROWS = 10_000
 """Rows of the input looked at for the sample at most: the read-ahead stays bounded on an input of
 endless repeats (then article tickets top the sample up)."""
