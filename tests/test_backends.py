@@ -54,9 +54,7 @@ def test_precision_matches_reference(tiny_model_dir, precision):
     else:
         assert diff > 1e-3  # really computed in low precision
         agree = agreement(fast, ref)
-        # int8-fused measured 21/24 on the tiny Llama (the eager int8 op 24/24; over 72 items 67 vs 70:
-        # the same arithmetic, test_int8_fused.py, on random weights whose label margins are small)
-        assert agree.share >= 0.85 and agree.max_prob_diff <= 0.15, agree
+        assert agree.share >= 0.9 and agree.max_prob_diff <= 0.15, agree
 
 
 def test_attention_kernel_matches_math(tiny_model_dir):

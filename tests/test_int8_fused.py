@@ -1,5 +1,5 @@
 """The int8-fused op (`backends/int8_kernels.py` around oneDNN's int8 GEMM): x @ w within int8's
-error, exactly the arithmetic it claims (symmetric per-token activations, per-output-channel
+error, exactly the arithmetic it claims (asymmetric per-token activations, per-output-channel
 weights, smoothing, float32 outlier channels, the RMSNorm folded into the row scale), the
 eager path when no compiler is there (and the engine line saying so), and the engine against
 the float32 reference on the tiny Llama and Qwen2 models."""
@@ -35,18 +35,21 @@ def _smoothing(n_in: int, n_out: int) -> Smoothing:
 
 
 def _emulated(w, bias, smooth, x):
-    """The fused op's arithmetic in plain PyTorch: per-token symmetric int8 of x / s (outlier channels
-    apart, in float32), per-output-channel symmetric int8 of s w / cols; int32-exact products."""
+    """The fused op's arithmetic in plain PyTorch: per-token asymmetric int8 of x / s over the row's
+    own range (outlier channels apart, in float32), per-output-channel symmetric int8 of s w / cols;
+    int32-exact products."""
     w = w * smooth.rows[:, None] / smooth.cols[None]
     bias = bias / smooth.cols
     xs = x * smooth.inv_in
     outl = smooth.outliers
     exact_part = xs[:, outl] @ w[outl]
     xs, w = xs.index_fill(1, outl, 0.0), w.index_fill(0, outl, 0.0)
-    rscale = xs.abs().amax(1, keepdim=True) / 127
+    lo, hi = xs.amin(1, keepdim=True).clamp_max(0), xs.amax(1, keepdim=True).clamp_min(0)
+    rscale = (hi - lo) / 255
+    zero = torch.round(lo / rscale) + 128
     col = w.abs().amax(0, keepdim=True) / 127
-    qx, qw = torch.round(xs / rscale), torch.round(w / col)
-    return (qx.double() @ qw.double()).float() * col * rscale + exact_part + bias
+    qx, qw = (torch.round(xs / rscale) - zero).clamp(-128, 127), torch.round(w / col)
+    return ((qx + zero).double() @ qw.double()).float() * col * rscale + exact_part + bias
 
 
 def test_fused_op_is_the_claimed_arithmetic_and_close_to_x_w():
@@ -119,7 +122,7 @@ def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monk
         fast, ref = clf.score(encoded), clf.reference(encoded, range(24))
         agree += agreement(fast, ref).agree
         worst = max(worst, float(np.abs(fast - ref).max()))
-    assert 1e-3 < worst <= 1.5 and agree >= 65, (agree, worst)  # measured 67/72 (Llama), 68/72 (Qwen2)
+    assert 1e-3 < worst <= 1.5 and agree >= 66, (agree, worst)  # measured 70/72 on Llama and Qwen2 (the eager op 70)
 
 
 def test_fused_swiglu_is_silu_gate_times_up():
@@ -135,5 +138,6 @@ def test_fused_swiglu_is_silu_gate_times_up():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     big = torch.tensor([[-200.0, -80.0, -1.0, 0.0, 1.0, 80.0, 200.0]])  # exp's clamps: no inf, no nan
     acc = torch.cat([big, torch.ones_like(big)], dim=1)
-    out = int8_kernels.swiglu_(op.lib, acc, torch.ones(1), None, None, None)
+    rows = torch.tensor([[1.0], [0.0]])  # scale 1, zero 0
+    out = int8_kernels.swiglu_(op.lib, acc, rows, torch.zeros(14), None, None, None)
     torch.testing.assert_close(out, torch.nn.functional.silu(big), rtol=1e-6, atol=1e-6)

@@ -6,7 +6,7 @@
     int8-<eng>   dynamic int8 quantisation (PyTorch's quantized engine <eng>: onednn, x86, fbgemm):
                  weights quantised once per output channel, activations per token per call; output float32;
                  optionally smoothed (SmoothQuant scales, float32 outlier channels: `smoothing.py`)
-    int8-fused   the same numbers (symmetric per token / per output channel) with one C pass each side
+    int8-fused   the same smoothing and weights, activations asymmetric per token, one C pass each side
                  of oneDNN's prepacked int8 GEMM (`int8_kernels.py`); needs a C compiler at first use
     bf16, fp16   the weight cast once; inputs cast per call; output in that precision
 
@@ -166,8 +166,8 @@ class Int8Linear(LinearOp):
 
 
 class Int8FusedLinear(LinearOp):
-    """`Int8Linear`'s arithmetic (smoothing, float32 outlier channels, symmetric per-token activations,
-    per-output-channel weights) with the passes around the GEMM fused (`int8_kernels.py`) and oneDNN's
+    """`Int8Linear`'s smoothing, float32 outlier channels and per-output-channel weights, activations
+    quantised per token over the token's own [min, max] (asymmetric), with the passes around the GEMM fused (`int8_kernels.py`) and oneDNN's
     int8 GEMM on a weight prepacked once (`onednn::qlinear_pointwise`, AMX/VNNI where the CPU has them).
 
     After an RMSNorm (`normed`) the un-normed h is quantised: per-token quantisation is invariant to
@@ -202,35 +202,39 @@ class Int8FusedLinear(LinearOp):
         self.col_scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # [out] per output channel
         q = torch.round(w / self.col_scale[:, None]).to(torch.int8)
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
+        self.colsum = (q.sum(dim=1, dtype=torch.int64).float() * self.col_scale).contiguous()  # [out] for the zeros
         self.zero = torch.zeros(w.shape[0], dtype=torch.long)
         self.bias = None if bias is None else bias.contiguous()
         self.out_features = w.shape[0]
 
     def _acc(self, x: torch.Tensor, eps: float | None):
-        """(x @ w without the row scales [N, out], row scales [N], outlier values [N, k] or None)."""
+        """(x @ w without the row scales and zeros [N, out], [row scales; zeros] [2, N], outlier values [N, k] or None)."""
         x = x.float()
         if x.stride(1) != 1:
             x = x.contiguous()
-        q, rscale, values = int8_kernels.quantise(self.lib, x, self.mult, eps, self.outliers, self.outlier_mult)
+        q, rows, values = int8_kernels.quantise(self.lib, x, self.mult, eps, self.outliers, self.outlier_mult)
         acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.col_scale, self.zero, None, 1.0, 0,
                                                  torch.float32, "none", [], "")  # [N, out] = q @ w_int8 * col_scale
-        return acc, rscale, values
+        return acc, rows, values
 
     def __call__(self, x):
-        acc, rscale, values = self._acc(x, None)
-        return int8_kernels.dequantise_(self.lib, acc, acc, rscale, self.bias, values, self.outlier_weight, add=False)
+        acc, rows, values = self._acc(x, None)
+        return int8_kernels.dequantise_(self.lib, acc, acc, rows, self.colsum, self.bias, values, self.outlier_weight,
+                                        add=False)
 
     def normed(self, h, eps):
-        acc, rscale, values = self._acc(h, eps)
-        return int8_kernels.dequantise_(self.lib, acc, acc, rscale, self.bias, values, self.outlier_weight, add=False)
+        acc, rows, values = self._acc(h, eps)
+        return int8_kernels.dequantise_(self.lib, acc, acc, rows, self.colsum, self.bias, values, self.outlier_weight,
+                                        add=False)
 
     def normed_swiglu(self, h, eps):
-        acc, rscale, values = self._acc(h, eps)
-        return int8_kernels.swiglu_(self.lib, acc, rscale, self.bias, values, self.outlier_weight)
+        acc, rows, values = self._acc(h, eps)
+        return int8_kernels.swiglu_(self.lib, acc, rows, self.colsum, self.bias, values, self.outlier_weight)
 
     def add_(self, h, x):
-        acc, rscale, values = self._acc(x, None)
-        return int8_kernels.dequantise_(self.lib, h, acc, rscale, self.bias, values, self.outlier_weight, add=True)
+        acc, rows, values = self._acc(x, None)
+        return int8_kernels.dequantise_(self.lib, h, acc, rows, self.colsum, self.bias, values, self.outlier_weight,
+                                        add=True)
 
 
 class Int8X86Linear(Int8Linear):

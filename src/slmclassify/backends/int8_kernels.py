@@ -6,10 +6,11 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
 
     quantise    x [N, in] (a float32 row; optionally the un-normed residual stream, the RMSNorm's
                 1/rms folded into the row scale, since per-token quantisation is invariant to a
-                per-row factor) → q [N, in] int8 = round(x * mult / r), r = max |x * mult| / 127
-                per row (symmetric, per token), the row scales [N] = r (* 1/rms) and the outlier
-                channels' float32 values [N, k] (their `mult` is 0, so they set no scale)
-    dequantise  h [N, out] (+)= acc [N, out] * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out])
+                per-row factor) → q [N, in] int8, asymmetric per token over the row's own range of
+                x * mult: x * mult ~ r (q + z), r = (max - min) / 255; the row scales [N] = r (* 1/rms),
+                zeros [N] = z and the outlier channels' float32 values [N, k] (their `mult` is 0)
+    dequantise  h [N, out] (+)= (acc [N, out] + z colsum) * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out]),
+                acc = q @ w_int8 * column scales and colsum = the same of a row of ones
     swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
 
 The C source is compiled with the system's `cc` (-O3 -march=native -fopenmp) into the user cache
@@ -37,10 +38,12 @@ SOURCE = r"""
 #include <string.h>
 
 /* rintf rounds half to even (the default rounding mode) and, unlike roundevenf, vectorises.
-   q [n, d] int8 = round(x * mult * 127 / amax) per row, amax = max |x * mult| over the row;
-   rscale [n] = amax / 127 (* 1/rms(x) when eps >= 0); outv [n, k] = x[outl] * outl_mult (* 1/rms). */
+   Per row, asymmetric over the row's own range [lo, hi] of v = x * mult (0 for outlier channels):
+   scale = (hi - lo) / 255, zero z = rint(lo / scale) + 128, q [n, d] int8 = clamp(rint(v / scale) - z),
+   so v ~ scale * (q + z); rscale [n] = scale (* 1/rms(x) when eps >= 0), zrow [n] = z;
+   outv [n, k] = x[outl] * outl_mult (* 1/rms). */
 void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const float *mult, float eps,
-                   int8_t *q, float *rscale, const int64_t *outl, int64_t k, const float *outl_mult,
+                   int8_t *q, float *rscale, float *zrow, const int64_t *outl, int64_t k, const float *outl_mult,
                    float *outv, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -53,15 +56,22 @@ void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const floa
             for (int64_t j = 0; j < d; j++) ss += xr[j] * xr[j];
             rfac = 1.0f / sqrtf(ss / (float)d + eps);
         }
-        float amax = 0.0f;
-        #pragma omp simd reduction(max:amax)
-        for (int64_t j = 0; j < d; j++) { float v = fabsf(xr[j] * mult[j]); amax = v > amax ? v : amax; }
-        if (amax < 1e-30f) amax = 1e-30f;
-        float s = 127.0f / amax;
+        float lo = 0.0f, hi = 0.0f;
+        #pragma omp simd reduction(min:lo) reduction(max:hi)
+        for (int64_t j = 0; j < d; j++) { float v = xr[j] * mult[j]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }
+        float scale = (hi - lo) / 255.0f;
+        if (scale < 1e-30f) scale = 1e-30f;
+        float s = 1.0f / scale;
+        float z = __builtin_rintf(lo * s) + 128.0f;
         int8_t *qr = q + i * d;
         #pragma omp simd
-        for (int64_t j = 0; j < d; j++) { int32_t v = (int32_t)__builtin_rintf(xr[j] * mult[j] * s); qr[j] = (int8_t)v; }
-        rscale[i] = amax / 127.0f * rfac;
+        for (int64_t j = 0; j < d; j++) {
+            float v = __builtin_rintf(xr[j] * mult[j] * s) - z;
+            v = v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v);
+            qr[j] = (int8_t)(int32_t)v;
+        }
+        rscale[i] = scale * rfac;
+        zrow[i] = z;
         for (int64_t t = 0; t < k; t++) outv[i * k + t] = xr[outl[t]] * outl_mult[t] * rfac;
     }
 }
@@ -86,17 +96,18 @@ static inline float vexp(float x)
     return p * f;
 }
 
-/* acc [n, 2 m] = [gate | up] without row scales: dequantised in place (as dequantise_rows), then
+/* acc [n, 2 m] = [gate | up] = q @ w without row scales and zeros: dequantised in place (as dequantise_rows), then
    act [n, m] (row stride lda; may be acc's first half) = silu(gate) * up. */
 void swiglu_rows(float *act, int64_t lda, float *acc, int64_t n, int64_t m, const float *rscale,
-                 const float *bias, const float *outv, int64_t k, const float *ow, int nthreads)
+                 const float *zrow, const float *colsum, const float *bias, const float *outv, int64_t k,
+                 const float *ow, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float *ar = acc + i * 2 * m;
-        float r = rscale[i];
+        float r = rscale[i], z = zrow[i];
         #pragma omp simd
-        for (int64_t j = 0; j < 2 * m; j++) ar[j] = ar[j] * r + (bias ? bias[j] : 0.0f);
+        for (int64_t j = 0; j < 2 * m; j++) ar[j] = (ar[j] + z * colsum[j]) * r + (bias ? bias[j] : 0.0f);
         for (int64_t t = 0; t < k; t++) {
             float v = outv[i * k + t];
             const float *w = ow + t * 2 * m;
@@ -109,21 +120,23 @@ void swiglu_rows(float *act, int64_t lda, float *acc, int64_t n, int64_t m, cons
     }
 }
 
-/* h [n, m] (row stride ldh) = or += acc [n, m] * rscale[i] (+ bias[j]) (+ outv [n, k] @ ow [k, m]). */
+/* h [n, m] (row stride ldh) = or += (acc [n, m] + zrow[i] * colsum[j]) * rscale[i] (+ bias[j])
+   (+ outv [n, k] @ ow [k, m]); colsum [m] = the int8 weight's column sums times its column scales. */
 void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t m, const float *rscale,
-                     const float *bias, const float *outv, int64_t k, const float *ow, int add, int nthreads)
+                     const float *zrow, const float *colsum, const float *bias, const float *outv, int64_t k,
+                     const float *ow, int add, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float *hr = h + i * ldh;
         const float *ar = acc + i * m;
-        float r = rscale[i];
+        float r = rscale[i], z = zrow[i];
         if (add) {
             #pragma omp simd
-            for (int64_t j = 0; j < m; j++) hr[j] += ar[j] * r;
+            for (int64_t j = 0; j < m; j++) hr[j] += (ar[j] + z * colsum[j]) * r;
         } else {
             #pragma omp simd
-            for (int64_t j = 0; j < m; j++) hr[j] = ar[j] * r;
+            for (int64_t j = 0; j < m; j++) hr[j] = (ar[j] + z * colsum[j]) * r;
         }
         if (bias) {
             #pragma omp simd
@@ -201,11 +214,11 @@ def _build(cache_dir: Path | None):
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
         return None, f"loading {target} failed: {exc}"
-    lib.quantise_rows.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _I, _P, _P, _C]
+    lib.quantise_rows.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _P, _I, _P, _P, _C]
     lib.quantise_rows.restype = None
-    lib.dequantise_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _I, _P, _C, _C]
+    lib.dequantise_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _C, _C]
     lib.dequantise_rows.restype = None
-    lib.swiglu_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _I, _P, _C]
+    lib.swiglu_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _C]
     lib.swiglu_rows.restype = None
     return lib, None
 
@@ -216,41 +229,44 @@ def _ptr(t: torch.Tensor | None):
 
 def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outliers: torch.Tensor | None,
              outlier_mult: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(q [N, in] int8, row scales [N] float32, outliers' values [N, k] or None) for x [N, in] float32
-    with unit stride along rows; `eps`: x is un-normed and rscale includes 1/rms(x) (None: no norm)."""
+    """(q [N, in] int8, row scales and zeros [2, N] float32, outliers' values [N, k] or None) for x [N, in]
+    float32 with unit stride along rows; `eps`: x is un-normed and the row scale includes 1/rms(x)
+    (None: no norm). x * mult ~ scale * (q + zero) per row."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
     n, d = x.shape
     q = torch.empty(n, d, dtype=torch.int8)
-    rscale = torch.empty(n)
+    rows = torch.empty(2, n)
     k = 0 if outliers is None else len(outliers)
     values = torch.empty(n, k) if k else None
-    lib.quantise_rows(_ptr(x), n, d, x.stride(0), _ptr(mult), -1.0 if eps is None else eps, _ptr(q), _ptr(rscale),
-                      _ptr(outliers) if k else None, k, _ptr(outlier_mult) if k else None, _ptr(values),
-                      _threads())
-    return q, rscale, values
+    lib.quantise_rows(_ptr(x), n, d, x.stride(0), _ptr(mult), -1.0 if eps is None else eps, _ptr(q), _ptr(rows[0]),
+                      _ptr(rows[1]), _ptr(outliers) if k else None, k, _ptr(outlier_mult) if k else None,
+                      _ptr(values), _threads())
+    return q, rows, values
 
 
-def dequantise_(lib, out: torch.Tensor, acc: torch.Tensor, rscale: torch.Tensor, bias: torch.Tensor | None,
-                values: torch.Tensor | None, outlier_weight: torch.Tensor | None, add: bool) -> torch.Tensor:
-    """out = (or += with `add`) acc * rscale[:, None] + bias + values @ outlier_weight, in place; returns out.
-    `out` may be `acc` itself (add False)."""
+def dequantise_(lib, out: torch.Tensor, acc: torch.Tensor, rows: torch.Tensor, colsum: torch.Tensor,
+                bias: torch.Tensor | None, values: torch.Tensor | None, outlier_weight: torch.Tensor | None,
+                add: bool) -> torch.Tensor:
+    """out = (or += with `add`) (acc + zero[:, None] * colsum) * scale[:, None] + bias + values @ outlier_weight,
+    in place, for `rows` = `quantise`'s [scale; zero]; returns out. `out` may be `acc` itself (add False)."""
     assert out.dtype == acc.dtype == torch.float32 and out.stride(1) == 1 and acc.is_contiguous()
     n, m = acc.shape
     k = 0 if values is None else values.shape[1]
-    lib.dequantise_rows(_ptr(out), out.stride(0), _ptr(acc), n, m, _ptr(rscale), _ptr(bias), _ptr(values), k,
-                        _ptr(outlier_weight) if k else None, int(add), _threads())
+    lib.dequantise_rows(_ptr(out), out.stride(0), _ptr(acc), n, m, _ptr(rows[0]), _ptr(rows[1]), _ptr(colsum),
+                        _ptr(bias), _ptr(values), k, _ptr(outlier_weight) if k else None, int(add), _threads())
     return out
 
 
-def swiglu_(lib, acc: torch.Tensor, rscale: torch.Tensor, bias: torch.Tensor | None, values: torch.Tensor | None,
-            outlier_weight: torch.Tensor | None) -> torch.Tensor:
-    """silu(gate) * up [N, I] for acc [N, 2I] = [gate | up] without the row scales, written over acc's
-    first half (returned as a view with row stride 2I); acc itself ends up dequantised."""
+def swiglu_(lib, acc: torch.Tensor, rows: torch.Tensor, colsum: torch.Tensor, bias: torch.Tensor | None,
+            values: torch.Tensor | None, outlier_weight: torch.Tensor | None) -> torch.Tensor:
+    """silu(gate) * up [N, I] for acc [N, 2I] = [gate | up] without the row scales and zeros (as
+    `dequantise_`), written over acc's first half (returned as a view with row stride 2I); acc itself
+    ends up dequantised."""
     assert acc.dtype == torch.float32 and acc.is_contiguous() and acc.shape[1] % 2 == 0
     n, m = acc.shape[0], acc.shape[1] // 2
     k = 0 if values is None else values.shape[1]
-    lib.swiglu_rows(_ptr(acc), 2 * m, _ptr(acc), n, m, _ptr(rscale), _ptr(bias), _ptr(values), k,
-                    _ptr(outlier_weight) if k else None, _threads())
+    lib.swiglu_rows(_ptr(acc), 2 * m, _ptr(acc), n, m, _ptr(rows[0]), _ptr(rows[1]), _ptr(colsum), _ptr(bias),
+                    _ptr(values), k, _ptr(outlier_weight) if k else None, _threads())
     return acc[:, :m]
 
 
