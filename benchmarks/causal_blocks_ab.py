@@ -7,36 +7,16 @@ a shared machine disturb far less than wall time; otherwise wall time.
 
 usage: python benchmarks/causal_blocks_ab.py [N_TICKETS] [ROUNDS] [THREADS]  -> a table, then one JSON line
 """
-import json, sys, time
+import json
 
-import numpy as np
-import torch
-
-from slmclassify import Classifier, load_model
+import engine_ab
 from slmclassify.backends import attention
 from slmclassify.backends.choice import cpu_name
-from slmclassify.workload import ARTICLE_TASK, article_tickets
 
-n, rounds, threads = (int(a) for a in (sys.argv[1:] + ["600", "1", "1"][len(sys.argv) - 1 :])[:3])
-torch.set_num_threads(threads)
-clock = time.process_time if threads == 1 else time.perf_counter
-loaded = load_model(None, "cpu", "fp32")
-clf = Classifier(ARTICLE_TASK, model=loaded)
-encoded = clf.encode(article_tickets(600)[:n])
-batches = list(clf.batches(encoded))  # the batches `Classifier.score` runs
+n, rounds, threads = engine_ab.arguments((600, 1, 1))
 ways = {"one call": 10**9, "blocks": attention.CAUSAL_BLOCK}
-best = {w: np.full(len(batches), np.inf) for w in ways}
-max_diff = 0.0
-for r in range(rounds):
-    for i, batch in enumerate(batches):
-        scores = {}
-        for way in (list(ways) if (i + r) % 2 == 0 else list(ways)[::-1]):
-            attention.CAUSAL_BLOCK = ways[way]
-            start = clock()
-            scores[way] = clf.engine.score(batch, clf.prefix, clf.trie)
-            best[way][i] = min(best[way][i], clock() - start)
-        max_diff = max(max_diff, float((scores["blocks"] - scores["one call"]).abs().max()))
-attention.CAUSAL_BLOCK = ways["blocks"]
+clf, batches, best, max_diff = engine_ab.run(ways, lambda value: setattr(attention, "CAUSAL_BLOCK", value),
+                                             n, rounds, threads)
 print(f"{cpu_name()}, {threads} thread(s), {'process CPU' if threads == 1 else 'wall'} time, best of {rounds}; "
       f"{n} article tickets, {len(batches)} batches, prefix {clf.prefix.length} tokens, blocks of {ways['blocks']}")
 print(f"{'rows wide (S)':>14} {'batches':>8} {'one call s':>11} {'blocks s':>9} {'speed-up':>9}")

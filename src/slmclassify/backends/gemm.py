@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import int8_kernels
-from .smoothing import Smoothing
+from .smoothing import Smoothing, smoothed_weight
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -93,14 +93,9 @@ class Int8Linear(LinearOp):
     engine = "onednn"
 
     def __init__(self, weight, bias, dtype, smooth=None):
-        w = weight.float()  # [in, out]
-        bias = None if bias is None else bias.float()
+        w, bias = smoothed_weight(weight, bias, smooth)  # [in, out]
         self.inv_in = self.outliers = self.outlier_weight = None
         if smooth is not None:
-            w = w * smooth.rows[:, None]
-            if smooth.cols is not None:
-                w = w / smooth.cols[None]
-                bias = None if bias is None else bias / smooth.cols
             self.inv_in = smooth.inv_in
             if smooth.outliers is not None:
                 self.outliers = smooth.outliers
@@ -180,15 +175,10 @@ class Int8FusedLinear(LinearOp):
             from ..errors import TaskError
 
             raise TaskError(f"the int8-fused kernel cannot run here: {int8_kernels.unavailable()}; use int8-onednn")
-        w = weight.float()  # [in, out]
-        bias = None if bias is None else bias.float()
+        w, bias = smoothed_weight(weight, bias, smooth)  # [in, out]
         mult = torch.ones(w.shape[0])  # [in] what the quantise pass multiplies x by (0: an outlier channel)
         self.outliers = self.outlier_mult = self.outlier_weight = None
         if smooth is not None:
-            w = w * smooth.rows[:, None]
-            if smooth.cols is not None:
-                w = w / smooth.cols[None]
-                bias = None if bias is None else bias / smooth.cols
             if smooth.inv_in is not None:
                 mult = smooth.inv_in.float().clone()
             if smooth.outliers is not None:

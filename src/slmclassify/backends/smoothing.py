@@ -93,3 +93,17 @@ def plan_layer(ranges: dict[str, torch.Tensor], qkv: torch.Tensor, o: torch.Tens
             if len(outliers):
                 plan[name] = Smoothing(smooth.rows, smooth.inv_in, smooth.cols, outliers)
     return plan
+
+
+def smoothed_weight(weight: torch.Tensor, bias: torch.Tensor | None, smooth: Smoothing | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The float32 [in, out] weight and bias an int8 op quantises: rows times s, columns (and the
+    bias) divided by the next op's s; unchanged without smoothing."""
+    w = weight.float()
+    bias = None if bias is None else bias.float()
+    if smooth is not None:
+        w = w * smooth.rows[:, None]
+        if smooth.cols is not None:
+            w = w / smooth.cols[None]
+            bias = None if bias is None else bias / smooth.cols
+    return w, bias

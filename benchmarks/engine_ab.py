@@ -1,0 +1,42 @@
+"""What the engine A/B benchmarks share (`prefix_attention_ab.py`, `causal_blocks_ab.py`): the
+article's tickets in the batches `Classifier.score` runs, each batch scored both ways in turn
+(order alternating), best of ROUNDS per batch. With THREADS 1 the clock is the process's CPU time,
+which other processes on a shared machine disturb far less than wall time; otherwise wall time."""
+import sys
+import time
+
+import numpy as np
+import torch
+
+from slmclassify import Classifier, load_model
+from slmclassify.workload import ARTICLE_TASK, article_tickets
+
+
+def arguments(defaults: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(N_TICKETS, ROUNDS, THREADS) from the command line, each defaulting to `defaults`."""
+    given = [int(a) for a in sys.argv[1:4]]
+    return tuple(given + list(defaults[len(given):]))
+
+
+def run(ways: dict, choose, n: int, rounds: int, threads: int):
+    """Score every batch both ways; `choose(value)` switches to a way's value of `ways` ({name: value},
+    the new way last, left on at the end). Returns (classifier, batches, {name: [best s per batch]},
+    max |Δ score| between the two ways)."""
+    torch.set_num_threads(threads)
+    clock = time.process_time if threads == 1 else time.perf_counter
+    clf = Classifier(ARTICLE_TASK, model=load_model(None, "cpu", "fp32"))
+    batches = list(clf.batches(clf.encode(article_tickets(600)[:n])))
+    names = list(ways)
+    best = {w: np.full(len(batches), np.inf) for w in names}
+    max_diff = 0.0
+    for r in range(rounds):
+        for i, batch in enumerate(batches):
+            scores = {}
+            for way in (names if (i + r) % 2 == 0 else names[::-1]):
+                choose(ways[way])
+                start = clock()
+                scores[way] = clf.engine.score(batch, clf.prefix, clf.trie)
+                best[way][i] = min(best[way][i], clock() - start)
+            max_diff = max(max_diff, float((scores[names[1]] - scores[names[0]]).abs().max()))
+    choose(ways[names[1]])
+    return clf, batches, best, max_diff
