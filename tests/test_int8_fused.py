@@ -141,3 +141,14 @@ def test_fused_swiglu_is_silu_gate_times_up():
     rows = torch.tensor([[1.0], [0.0]])  # scale 1, zero 0
     out = int8_kernels.swiglu_(op.lib, acc, rows, torch.zeros(14), None, None, None)
     torch.testing.assert_close(out, torch.nn.functional.silu(big), rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
+    """-march=native: a library built on one CPU is not loaded on another sharing the cache folder."""
+    built = []
+    for cpu in ("cpu A flags avx2", "cpu B flags avx2 avx512f"):
+        monkeypatch.setattr(int8_kernels, "_cpu_identity", lambda cpu=cpu: cpu)
+        lib, why = int8_kernels._build(tmp_path)
+        assert lib is not None, why
+        built.append(sorted(p.name for p in (tmp_path / "kernels").glob("*.so")))
+    assert len(built[0]) == 1 and len(built[1]) == 2

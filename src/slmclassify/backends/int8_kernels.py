@@ -14,7 +14,7 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
     swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
 
 The C source is compiled with the system's `cc` (-O3 -march=native -fopenmp) into the user cache
-folder, once per machine and source; the library is loaded through ctypes. OpenMP resolves to
+folder, once per CPU (model and flags: a home folder may be shared between machines) and source; the library is loaded through ctypes. OpenMP resolves to
 the libgomp that PyTorch has already loaded (same soname), so no second thread pool appears;
 each call uses PyTorch's thread count. Where no compiler works, `load()` returns None and
 `unavailable()` says why: the int8 ops then run the eager path.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -193,7 +194,9 @@ def _build(cache_dir: Path | None):
         from ..loading import cache_root
 
         cache_dir = cache_root()
-    digest = hashlib.sha256((SOURCE + " ".join(FLAGS) + cc).encode()).hexdigest()[:16]
+    # -march=native: a library built on another CPU (a home folder shared between machines) may use
+    # instructions this one lacks, so the CPU is part of the name
+    digest = hashlib.sha256((SOURCE + " ".join(FLAGS) + cc + _cpu_identity()).encode()).hexdigest()[:16]
     folder = Path(cache_dir) / "kernels"
     target = folder / f"int8-{digest}.so"
     if not target.exists():
@@ -221,6 +224,16 @@ def _build(cache_dir: Path | None):
     lib.swiglu_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _C]
     lib.swiglu_rows.restype = None
     return lib, None
+
+
+def _cpu_identity() -> str:
+    """This CPU's model name and flags (/proc/cpuinfo), or the platform's name where there is none."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            lines = [line for line in fh if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
 
 
 def _ptr(t: torch.Tensor | None):
