@@ -15,8 +15,8 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
 
 The C source is compiled with the system's `cc` (-O3 -march=native -fopenmp) into the user cache
 folder, once per CPU (model and flags: a home folder may be shared between machines) and source;
-the library is loaded through ctypes. OpenMP resolves to the libgomp that PyTorch has already loaded (same soname), so no second thread pool appears;
-each call uses PyTorch's thread count. Where no compiler works, `load()` returns None and
+the library is loaded through ctypes. OpenMP resolves to the libgomp that PyTorch has already
+loaded (same soname), so no second thread pool appears; each call uses PyTorch's thread count. Where no compiler works, `load()` returns None and
 `unavailable()` says why: the int8 ops then run the eager path.
 """
 
