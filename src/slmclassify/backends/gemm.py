@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import int8_kernels
-from .smoothing import Smoothing, smoothed_weight
+from .smoothing import Smoothing, split_weight
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -93,14 +93,9 @@ class Int8Linear(LinearOp):
     engine = "onednn"
 
     def __init__(self, weight, bias, dtype, smooth=None):
-        w, bias = smoothed_weight(weight, bias, smooth)  # [in, out]
-        self.inv_in = self.outliers = self.outlier_weight = None
-        if smooth is not None:
-            self.inv_in = smooth.inv_in
-            if smooth.outliers is not None:
-                self.outliers = smooth.outliers
-                self.outlier_weight = w[smooth.outliers].contiguous()  # [k, out] float32
-                w = w.index_fill(0, smooth.outliers, 0.0)  # their int8 part is zero (and sets no scale)
+        w, bias, self.outlier_weight = split_weight(weight, bias, smooth)  # [in, out], [out], [k, out]
+        self.inv_in = None if smooth is None else smooth.inv_in
+        self.outliers = None if self.outlier_weight is None else smooth.outliers
         self.packed = self._pack(w.t().contiguous())
         self.bias = bias
         self.out_features = weight.shape[1]
@@ -175,18 +170,14 @@ class Int8FusedLinear(LinearOp):
             from ..errors import TaskError
 
             raise TaskError(f"the int8-fused kernel cannot run here: {int8_kernels.unavailable()}; use int8-onednn")
-        w, bias = smoothed_weight(weight, bias, smooth)  # [in, out]
-        mult = torch.ones(w.shape[0])  # [in] what the quantise pass multiplies x by (0: an outlier channel)
-        self.outliers = self.outlier_mult = self.outlier_weight = None
-        if smooth is not None:
-            if smooth.inv_in is not None:
-                mult = smooth.inv_in.float().clone()
-            if smooth.outliers is not None:
-                self.outliers = smooth.outliers.long().contiguous()  # [k]
-                self.outlier_mult = mult[self.outliers].contiguous()  # [k]
-                self.outlier_weight = w[self.outliers].contiguous()  # [k, out] float32
-                w = w.index_fill(0, self.outliers, 0.0)
-                mult[self.outliers] = 0.0  # their int8 part is zero and sets no scale
+        w, bias, self.outlier_weight = split_weight(weight, bias, smooth)  # [in, out], [out], [k, out]
+        divided = smooth is not None and smooth.inv_in is not None
+        mult = smooth.inv_in.float().clone() if divided else torch.ones(w.shape[0])  # [in] x's multiplier (0: outlier)
+        self.outliers = self.outlier_mult = None
+        if self.outlier_weight is not None:
+            self.outliers = smooth.outliers.long().contiguous()  # [k]
+            self.outlier_mult = mult[self.outliers].contiguous()  # [k]
+            mult[self.outliers] = 0.0  # their int8 part is zero and sets no scale
         self.mult = mult.contiguous()
         w = w.t().contiguous()  # [out, in]
         self.col_scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # [out] per output channel
@@ -208,11 +199,10 @@ class Int8FusedLinear(LinearOp):
         return acc, rows, values
 
     def __call__(self, x):
-        acc, rows, values = self._acc(x, None)
-        return int8_kernels.dequantise_(self.lib, acc, acc, rows, self.colsum, self.bias, values, self.outlier_weight,
-                                        add=False)
+        return self.normed(x, None)
 
     def normed(self, h, eps):
+        """As `LinearOp.normed`; `eps` None: h is the input itself (`__call__`)."""
         acc, rows, values = self._acc(h, eps)
         return int8_kernels.dequantise_(self.lib, acc, acc, rows, self.colsum, self.bias, values, self.outlier_weight,
                                         add=False)

@@ -95,15 +95,19 @@ def plan_layer(ranges: dict[str, torch.Tensor], qkv: torch.Tensor, o: torch.Tens
     return plan
 
 
-def smoothed_weight(weight: torch.Tensor, bias: torch.Tensor | None, smooth: Smoothing | None
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The float32 [in, out] weight and bias an int8 op quantises: rows times s, columns (and the
-    bias) divided by the next op's s; unchanged without smoothing."""
+def split_weight(weight: torch.Tensor, bias: torch.Tensor | None, smooth: Smoothing | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(the float32 [in, out] weight an int8 op quantises, its bias, the outlier rows [k, out] it
+    computes in float32 apart or None): rows times s, columns (and the bias) divided by the next op's
+    s, the outlier rows zeroed (their int8 part is zero and sets no scale); unchanged without smoothing."""
     w = weight.float()
     bias = None if bias is None else bias.float()
-    if smooth is not None:
-        w = w * smooth.rows[:, None]
-        if smooth.cols is not None:
-            w = w / smooth.cols[None]
-            bias = None if bias is None else bias / smooth.cols
-    return w, bias
+    if smooth is None:
+        return w, bias, None
+    w = w * smooth.rows[:, None]
+    if smooth.cols is not None:
+        w = w / smooth.cols[None]
+        bias = None if bias is None else bias / smooth.cols
+    if smooth.outliers is None:
+        return w, bias, None
+    return w.index_fill(0, smooth.outliers, 0.0), bias, w[smooth.outliers].contiguous()

@@ -32,6 +32,16 @@ import ray
 from .sharing import Pace, SharedScores, score_block
 
 
+def process_started() -> float | None:
+    """When this process started, on `time.time()`'s clock; None where psutil cannot tell."""
+    try:
+        import psutil  # a Ray dependency
+
+        return psutil.Process().create_time()
+    except (ImportError, OSError):
+        return None
+
+
 @ray.remote(num_cpus=0)
 class RunBoard:
     """Run figures per actor process, keyed `host:pid`, and the scores the actors share."""
@@ -73,12 +83,8 @@ class ClassifierActor:
     def __init__(self, task, model, settings, text_column: str, result_prefix: str, threads: int,
                  board, errors: str = "strict", precision_sample: list[str] | None = None):
         phases = {"imports_began": time.time()}
-        try:
-            import psutil  # a Ray dependency
-
-            phases["process"] = psutil.Process().create_time()
-        except (ImportError, OSError):
-            pass
+        if (started := process_started()) is not None:
+            phases["process"] = started
         import torch
 
         from ..classifier import Classifier

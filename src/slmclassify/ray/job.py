@@ -21,6 +21,7 @@ from ..errors import InputError
 from ..io.formats import FORMATS, check_output, table_format
 from ..results import RunStats
 from ..task import Task
+from .actors import process_started
 from .dataset import RaySettings, classify_dataset
 from .sharing import SHARED_ITEMS
 
@@ -69,19 +70,9 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     seconds = time.perf_counter() - started
     figures = run.figures()
     phases = {"ray_init": initialised - began, "began": began, "submitted": submitted, "finished": time.time(),
-              "driver": _process_started()}
+              "driver": process_started()}
     _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
     return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
-
-
-def _process_started() -> float | None:
-    """When this (driver) process started, on `time.time()`'s clock; None where psutil cannot tell."""
-    try:
-        import psutil  # a Ray dependency
-
-        return psutil.Process().create_time()
-    except (ImportError, OSError):
-        return None
 
 
 def pq_rows(path: Path) -> int:
