@@ -122,7 +122,7 @@ def _cut(dataset, rows: int, tasks: int = 1):
 
     Ray 2.60 runs the cut as tasks that reserve 1 CPU each and takes no argument to change that:
     actors holding every CPU of a small cluster (2 actors × 1 CPU on 2 cores) would starve them
-    and the run would hang. So the cut reserves no CPU, as the readers do (`job._read`), and runs
+    and the run would hang. So the cut reserves no CPU, as the readers do (`reading.ray_read`), and runs
     `tasks` tasks at once, one by default: it only slices Arrow tables (milliseconds a block), while
     every task running at once may need a Ray worker process of its own, started while the actors
     start (without a limit, 0-CPU tasks started one per input block; with 2, a 600-row CSV started a
@@ -130,11 +130,26 @@ def _cut(dataset, rows: int, tasks: int = 1):
     """
     from ray.data._internal.compute import TaskPoolStrategy
 
+    if _cut_already(dataset, rows):
+        return dataset
     cut = dataset.repartition(target_num_rows_per_block=rows, strict=True)  # not strict: 1.5 × rows stay whole
     op = cut._logical_plan.dag
     op.ray_remote_args["num_cpus"] = 0
     object.__setattr__(op, "compute", TaskPoolStrategy(size=tasks))  # a frozen dataclass
     return cut
+
+
+def _cut_already(dataset, rows: int) -> bool:
+    """Whether the dataset is blocks in memory that the cut would leave as they are: every block of
+    `rows` rows, the last one of at most `rows` (what the driver's read makes, `reading.py`). Then
+    no cut task is run, and no Ray worker process is started for one."""
+    from ray.data._internal.logical.operators.from_operators import AbstractFrom
+
+    op = dataset._logical_plan.dag
+    if not isinstance(op, AbstractFrom):
+        return False
+    sizes = [m.num_rows for bundle in op.input_data for m in bundle.metadata]
+    return None not in sizes and all(n == rows for n in sizes[:-1]) and (not sizes or sizes[-1] <= rows)
 
 
 def _column_names(dataset) -> list[str] | None:

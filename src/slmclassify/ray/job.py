@@ -1,7 +1,7 @@
 """`slmclassify classify INPUT -o OUTPUT --ray`: the job behind the CLI flag.
 
-    connect (--ray-address) or start a local Ray → read INPUT with Ray's readers (a file or a folder
-    of CSV/JSONL/Parquet files) → classify_dataset → stream the rows back in order into one file
+    connect (--ray-address) or start a local Ray → read INPUT (a file or a folder of CSV/JSONL/Parquet
+    files; one small file here, anything else with Ray's readers: `reading.py`) → classify_dataset → stream the rows back in order into one file
     (OUTPUT.partial, renamed when complete), or let Ray write a folder of Parquet parts → summary
 
 CSV columns are read as strings, as in a single-process run (so `007` stays `007`).
@@ -23,6 +23,7 @@ from ..results import RunStats
 from ..task import Task
 from .actors import process_started
 from .dataset import RaySettings, classify_dataset
+from .reading import driver_blocks, ray_read, reads_on_driver
 from .sharing import SHARED_ITEMS
 
 
@@ -52,7 +53,10 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     initialised = time.time()
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = progress
-    dataset = _read(in_fmt, files, errors)
+    if reads_on_driver(in_fmt, files):
+        dataset = ray.data.from_blocks(driver_blocks(in_fmt, files[0], ray_settings.block_rows))
+    else:
+        dataset = ray_read(in_fmt, files)
     sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
     run = classify_dataset(dataset, task, model=model, settings=settings, ray_settings=ray_settings,
                            text_column=text_column, result_prefix=result_prefix, errors=errors,
@@ -117,22 +121,6 @@ def _input_files(path: str) -> tuple[str, list[str]]:
         kinds = ", ".join(sorted(found)) or "none"
         raise InputError(f"input folder {path} must hold files of one format ({', '.join(FORMATS)}); found: {kinds}")
     return next(iter(found.items()))
-
-
-def _read(fmt: str, files: list[str], errors: str):
-    """Ray's reader for the format; read tasks reserve no CPU, so actors holding every CPU of a
-    small cluster cannot starve them."""
-    if fmt == "parquet":
-        return ray.data.read_parquet(files, num_cpus=0)
-    if fmt == "jsonl":
-        return ray.data.read_json(files, lines=True, num_cpus=0)
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    with open(files[0], "rb") as fh:  # every column as a string, like the single-process reader
-        names = pacsv.open_csv(fh).schema.names
-    convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False)
-    return ray.data.read_csv(files, convert_options=convert, num_cpus=0)
 
 
 def _write_file(dataset, output_path: str, fmt: str) -> int:
