@@ -47,36 +47,41 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     in_fmt, files = _input_files(input_path)
 
     began = time.time()
-    if not ray.is_initialized():
+    own_ray = not ray.is_initialized()
+    if own_ray:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
-    initialised = time.time()
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = progress
-    if reads_on_driver(in_fmt, files):
-        dataset = ray.data.from_blocks(driver_blocks(in_fmt, files[0], ray_settings.block_rows))
-    else:
-        dataset = ray_read(in_fmt, files)
-    sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
-    run = classify_dataset(dataset, task, model=model, settings=settings, ray_settings=ray_settings,
-                           text_column=text_column, result_prefix=result_prefix, errors=errors,
-                           precision_sample=sample)
-    submitted = time.time()
-    started = time.perf_counter()
-    with warnings.catch_warnings():
-        # the cut into blocks (`dataset._cut`) may get fewer input blocks than its task limit: as meant
-        warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks", category=UserWarning)
-        if folder_out:
-            run.dataset.write_parquet(output_path)
-            rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
+    try:
+        initialised = time.time()
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = progress
+        if reads_on_driver(in_fmt, files):
+            dataset = ray.data.from_blocks(driver_blocks(in_fmt, files[0], ray_settings.block_rows))
         else:
-            rows = _write_file(run.dataset, output_path, out_fmt)
-    seconds = time.perf_counter() - started
-    figures = run.figures()
-    phases = {"ray_init": initialised - began, "began": began, "submitted": submitted, "finished": time.time(),
-              "driver": process_started()}
-    _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
-    return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
+            dataset = ray_read(in_fmt, files)
+        sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
+        run = classify_dataset(dataset, task, model=model, settings=settings, ray_settings=ray_settings,
+                               text_column=text_column, result_prefix=result_prefix, errors=errors,
+                               precision_sample=sample)
+        submitted = time.time()
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            # the cut into blocks (`dataset._cut`) may get fewer input blocks than its task limit: as meant
+            warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks", category=UserWarning)
+            if folder_out:
+                run.dataset.write_parquet(output_path)
+                rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
+            else:
+                rows = _write_file(run.dataset, output_path, out_fmt)
+        seconds = time.perf_counter() - started
+        figures = run.figures()
+        phases = {"ray_init": initialised - began, "began": began, "submitted": submitted, "finished": time.time(),
+                  "driver": process_started()}
+        _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
+        return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
+    finally:
+        if own_ray:  # here, not at exit: Ray's exit hook first sleeps 0.5 s "for log messages"
+            ray.shutdown()
 
 
 def pq_rows(path: Path) -> int:
