@@ -122,11 +122,12 @@ def _cut(dataset, rows: int, tasks: int = 1):
 
     Ray 2.60 runs the cut as tasks that reserve 1 CPU each and takes no argument to change that:
     actors holding every CPU of a small cluster (2 actors × 1 CPU on 2 cores) would starve them
-    and the run would hang. So the cut reserves no CPU, as the readers do (`reading.ray_read`), and runs
-    `tasks` tasks at once, one by default: it only slices Arrow tables (milliseconds a block), while
-    every task running at once may need a Ray worker process of its own, started while the actors
-    start (without a limit, 0-CPU tasks started one per input block; with 2, a 600-row CSV started a
-    second worker for one slice: importing ray and ray.data alone is 1.6 s of CPU).
+    and the run would hang. So the cut reserves no CPU, as the readers do (`reading.ray_read`), and
+    runs `tasks` tasks at once, one by default: it only slices Arrow tables (milliseconds a block),
+    while every task running at once may need a Ray worker process of its own, started while the
+    actors start (without a limit, 0-CPU tasks started one per input block; with 2, a 600-row CSV
+    started a second worker for one slice: importing ray and ray.data alone is 1.6 s of CPU).
+    Blocks that are cut already (the driver's read of a small file) are left as they are.
     """
     from ray.data._internal.compute import TaskPoolStrategy
 
