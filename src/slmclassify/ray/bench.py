@@ -134,6 +134,9 @@ def main(n_items, rounds, actors, block_rows, model):
                 row["ray_scored_by_model"] = int(row.pop("ray_scored_by_model"))
             click.echo(f"round {r + 1} {side}: {wall:.1f} s end to end (load average before: {load})", err=True)
         row["overhead"] = row["ray_wall_s"] / row["single_wall_s"] - 1
+        if row["ray_driver_to_submit_s"] is not None:  # the summary, ray.shutdown and the exit
+            row["ray_after_written_s"] = (row["ray_wall_s"] - row["ray_driver_to_submit_s"]
+                                          - row["ray_submit_to_written_s"])
         row["single_in_process_s"] = row["single_load_s"] + row["single_scoring_s"]
         row["overhead_in_process"] = row["ray_submit_to_written_s"] / row["single_in_process_s"] - 1
         row.update(_compare(folder / "one.csv", folder / "ray.csv", task.labels))
@@ -157,7 +160,8 @@ def main(n_items, rounds, actors, block_rows, model):
                    f"{row['single_load_avg']} | {row['ray_load_avg']}")
         click.echo(f"      single: model load {row['single_load_s']:.1f} s, scoring {row['single_scoring_s']:.1f} s; "
                    f"ray: driver start to Dataset submitted {_s(row['ray_driver_to_submit_s'])}, "
-                   f"ray.init {row['ray_init_s']:.1f} s of it, actor load {row['ray_load_s']:.1f} s")
+                   f"ray.init {row['ray_init_s']:.1f} s of it, actor load {row['ray_load_s']:.1f} s, "
+                   f"last row written to exit {_s(row.get('ray_after_written_s'))}")
         for actor in row["ray_actors"]:
             click.echo(f"      actor {actor['key']}: {actor['rows']} rows in {actor['blocks']} blocks, busy "
                        f"{actor['busy_s']:.1f} s, {actor['scored_by_model']} run through the model, waited "
