@@ -9,7 +9,6 @@ CSV columns are read as strings, as in a single-process run (so `007` stays `007
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -50,10 +49,8 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     began = time.time()
     own_ray = not ray.is_initialized()
     if own_ray:
-        importing = _import_ray_data_meanwhile()
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
-        importing.join()
     try:
         initialised = time.time()
         ctx = ray.data.DataContext.get_current()
@@ -85,22 +82,6 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     finally:
         if own_ray:  # here, not at exit: Ray's exit hook first sleeps 0.5 s "for log messages"
             ray.shutdown()
-
-
-def _import_ray_data_meanwhile() -> threading.Thread:
-    """Import Ray Data (~0.6 s of CPU) in a thread while `ray.init` mostly waits for Ray's processes
-    to start. If that import fails, the first use of `ray.data` imports it again and says why."""
-    import importlib
-
-    def load():
-        try:
-            importlib.import_module("ray.data")
-        except Exception:  # noqa: BLE001 - reported by the import on first use
-            pass
-
-    thread = threading.Thread(target=load, name="import ray.data", daemon=True)
-    thread.start()
-    return thread
 
 
 def pq_rows(path: Path) -> int:
