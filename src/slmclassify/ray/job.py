@@ -1,8 +1,9 @@
 """`slmclassify classify INPUT -o OUTPUT --ray`: the job behind the CLI flag.
 
     connect (--ray-address) or start a local Ray → read INPUT (a file or a folder of CSV/JSONL/Parquet
-    files; one small file here, anything else with Ray's readers: `reading.py`) → classify_dataset → stream the rows back in order into one file
-    (OUTPUT.partial, renamed when complete), or let Ray write a folder of Parquet parts → summary
+    files; one small file here, anything else with Ray's readers: `reading.py`) → classify_dataset
+    → stream the rows back in order into one file (OUTPUT.partial, renamed when complete), or let
+    Ray write a folder of Parquet parts → summary → shut down the Ray it started
 
 CSV columns are read as strings, as in a single-process run (so `007` stays `007`).
 """
