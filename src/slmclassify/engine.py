@@ -223,7 +223,8 @@ class Engine:
             plans = [plan_layer(r, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0],
                                 self.n_heads, self.n_kv, self.head_dim, keep=keep)
                      for r, w, keep in zip(ranges(self.exact()), arranged, keeps)]
-        self.layers = [self._ops(weights, self.backend, plan, keep) for weights, plan, keep in zip(arranged, plans, keeps)]
+        self.layers = [self._ops(weights, self.backend, plan, keep)
+                       for weights, plan, keep in zip(arranged, plans, keeps)]
 
     def exact(self) -> Engine:
         """This engine computing in float32 with the exact `mm` kernel, on the same weights (no copy):
