@@ -138,3 +138,53 @@ def test_calibration_prior_is_measured_in_float32(tiny_model_dir, precision):
     assert fp32.engine.exact() is fp32.engine
     exact_ops = low.engine.exact().layers[0]
     assert exact_ops.qkv.weight.dtype == torch.float32 and low.engine.layers[0].qkv is not exact_ops.qkv
+
+
+def test_kept_ops_by_layer_number(monkeypatch):
+    monkeypatch.setattr(smoothing, "FLOAT32_OPS", {None: frozenset({"down"}), 0: frozenset({"qkv"}),
+                                                   -1: frozenset({"o"})})
+    assert [smoothing.kept(i, 4) for i in range(4)] == [{"down", "qkv"}, {"down"}, {"down"}, {"down", "o"}]
+    monkeypatch.setattr(smoothing, "FLOAT32_OPS", {})
+    assert [smoothing.kept(i, 4) for i in range(4)] == [frozenset()] * 4
+
+
+MIXED = {None: frozenset({"down"}), 0: frozenset({"qkv"}), -1: frozenset({"o"})}
+
+
+def test_kept_ops_run_float32_on_the_shared_weight(tiny_model_dir, monkeypatch):
+    """int8's mixed plan: the kept ops are the exact float32 kernel on the arranged weight (the very
+    tensor the float32 engine multiplies), their outputs equal to the float32 op's; the rest is int8."""
+    monkeypatch.setattr(smoothing, "FLOAT32_OPS", MIXED)
+    clf = Classifier(TASK, model=load_model(str(tiny_model_dir), device="cpu", precision="int8"))
+    engine, exact = clf.engine, clf.engine.exact()
+    kept = [{"down", "qkv"}, {"down", "o"}]
+    torch.manual_seed(0)
+    for layer, fp32, names in zip(engine.layers, exact.layers, kept):
+        for name in ("qkv", "o", "gate_up", "down"):
+            op, ref = getattr(layer, name), getattr(fp32, name)
+            if name in names:
+                assert type(op) is gemm.MmLinear and op.weight is ref.weight
+                x = torch.randn(5, ref.weight.shape[0])
+                assert torch.equal(op(x), ref(x))
+            else:
+                assert isinstance(op, (gemm.Int8Linear, gemm.Int8FusedLinear)), (name, type(op))
+
+
+def test_kept_ops_keep_the_engine_exact_without_quantisation(tiny_model_dir, monkeypatch):
+    """With float32 ops between int8 ones nothing is folded into a kept op: an int8 o after a kept qkv
+    divides its own input, a kept o takes v undivided. Quantisation replaced by identity, the engine
+    is the float32 function (within fp32's 1e-4 of the reference)."""
+    for kernel in (gemm.int8_engine(), "int8-fused"):
+        monkeypatch.setitem(gemm.KERNELS, kernel, _Unquantised)
+    monkeypatch.setattr(smoothing, "FLOAT32_OPS", MIXED)
+    plans = []
+    real = smoothing.plan_layer
+    monkeypatch.setattr("slmclassify.engine.plan_layer", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1])
+    clf = Classifier(TASK, model=load_model(str(tiny_model_dir), device="cpu", precision="int8"))
+    assert [set(p) for p in plans] == [{"o", "gate_up"}, {"qkv", "gate_up"}]
+    assert plans[0]["o"].inv_in is not None  # its producer qkv is float32
+    assert torch.equal(plans[1]["qkv"].cols, torch.ones_like(plans[1]["qkv"].cols))  # its consumer o is float32
+    assert all(torch.equal(p["gate_up"].cols, torch.ones_like(p["gate_up"].cols)) for p in plans)  # down float32
+    encoded = clf.encode(random_texts(12, seed=5))
+    fast, ref = clf.score(encoded), clf.reference(encoded, range(12))
+    assert np.abs(fast - ref).max() <= 1e-4, f"fast:\n{fast}\nreference:\n{ref}"
