@@ -32,6 +32,9 @@ from . import int8_kernels
 
 MAX_HEAD_DIM = 256
 
+ENABLED = True
+"""Whether CPU float32 engines use the kernel (where it builds); False: the torch kernels (A/B, tests)."""
+
 SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
