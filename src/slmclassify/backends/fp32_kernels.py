@@ -195,6 +195,34 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
         free(s);
     }
 }
+
+/* out [n, d] = x / sqrt(mean(x^2) + eps) per row (RMSNorm without its weight), x's rows ldx apart. */
+void rms_rows(const float *x, int64_t n, int64_t d, int64_t ldx, float eps, float *out, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float *xr = x + i * ldx;
+        float ss = 0.0f;
+        #pragma omp simd reduction(+:ss)
+        for (int64_t j = 0; j < d; j++) ss += xr[j] * xr[j];
+        const float r = 1.0f / sqrtf(ss / (float)d + eps);
+        float *orow = out + i * d;
+        #pragma omp simd
+        for (int64_t j = 0; j < d; j++) orow[j] = xr[j] * r;
+    }
+}
+
+/* gu [n, 2 m] = [gate | up]: the gate half becomes silu(gate) * up, in one pass over the row. */
+void swiglu_rows(float *gu, int64_t n, int64_t m, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float *g = gu + i * 2 * m;
+        const float *u = g + m;
+        #pragma omp simd
+        for (int64_t j = 0; j < m; j++) g[j] = g[j] / (1.0f + vexp(-g[j])) * u[j];
+    }
+}
 """
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -220,6 +248,10 @@ def unavailable(cache_dir: Path | None = None) -> str | None:
 def _bind(lib) -> None:
     lib.attend_rows.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _P, _P, _P, _I, _C, _P, _F, _C]
     lib.attend_rows.restype = None
+    lib.rms_rows.argtypes = [_P, _I, _I, _I, _F, _P, _C]
+    lib.rms_rows.restype = None
+    lib.swiglu_rows.argtypes = [_P, _I, _I, _C]
+    lib.swiglu_rows.restype = None
 
 
 def _ptr(t: torch.Tensor | None):
@@ -248,3 +280,26 @@ def attend_rows(lib, qkv: torch.Tensor, n_heads: int, starts: torch.Tensor, leng
                     _ptr(prefix[1]) if P else None, P, int(read_only), _ptr(out), 1.0 / math.sqrt(D),
                     int8_kernels._threads())
     return out
+
+
+def elementwise():
+    """The library where CPU float32 ops may use its fused passes (`rms_norm`, `swiglu_`), else None."""
+    return load() if ENABLED else None
+
+
+def rms_norm(lib, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) per row, a new [N, d] tensor, for x [N, d] float32 on the CPU with unit
+    stride along rows (`gemm.rms_norm` in one pass)."""
+    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.device.type == "cpu"
+    out = torch.empty(x.shape)
+    lib.rms_rows(_ptr(x), x.shape[0], x.shape[1], x.stride(0), eps, _ptr(out), int8_kernels._threads())
+    return out
+
+
+def swiglu_(lib, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up [N, I] for gate_up [N, 2I] = [gate | up] float32 contiguous on the CPU, written
+    over the gate half (returned as a view with row stride 2I)."""
+    assert gate_up.dtype == torch.float32 and gate_up.is_contiguous() and gate_up.device.type == "cpu"
+    m = gate_up.shape[1] // 2
+    lib.swiglu_rows(_ptr(gate_up), gate_up.shape[0], m, int8_kernels._threads())
+    return gate_up[:, :m]
