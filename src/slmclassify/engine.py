@@ -393,8 +393,8 @@ class Engine:
                 return h.view(layout.B, -1, h.shape[-1])
             k, v = self._attention_block(h, layer, cis, padded, layout, past)
             if keys is not None:
-                keys.append(k.clone())  # views of `padded`, which the next layer overwrites
-                values.append(v.clone())
+                keys.append(k.clone(memory_format=torch.contiguous_format))  # views of `padded`, which the next layer overwrites
+                values.append(v.clone(memory_format=torch.contiguous_format))
             self._mlp_block(h, layer)
             if states is not None:
                 states.append(h.index_select(0, layout.read[:, 0]))
