@@ -1,6 +1,7 @@
-"""The C attention kernel on the packed rows (`backends/fp32_kernels.py`: prefix, causal row and trie
-mask in one pass) against the torch path (padded layout, PyTorch's flash kernel in causal blocks, the
-prefix apart and merged by log-sum-exp), A/B on the same batches in one process, float32. The choice
+"""The float32 C kernels (`backends/fp32_kernels.py`: attention on the packed rows, prefix, causal row
+and trie mask in one pass; RMSNorm and SwiGLU in one pass each) against the torch path (padded layout,
+PyTorch's flash kernel in causal blocks, the prefix apart and merged by log-sum-exp; eager norms and
+SiLU), A/B on the same batches in one process, float32. The choice
 is `fp32_kernels.ENABLED`, set per call; the batches are the default plan over the article's tickets.
 Each batch is scored both ways in turn (order alternating), best of ROUNDS per batch. With THREADS 1
 the clock is the process's CPU time, which other processes on a shared machine disturb far less than

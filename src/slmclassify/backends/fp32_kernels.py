@@ -41,7 +41,19 @@ SOURCE = r"""
 #include <string.h>
 #include <math.h>
 
-#define KB 16          /* keys per score block (one AVX-512 vector, two AVX2 ones) */
+/* GCC vectors of the machine's width: 16 floats (one zmm) with AVX-512, else 8 (one ymm; 64-byte
+   vectors split in two ran ~10x slower under -march=x86-64-v3). */
+#ifdef __AVX512F__
+#define VW 16
+#define NV 4           /* value vectors per output chunk: 4 x 16 = a 64-wide head */
+#else
+#define VW 8
+#define NV 2
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+int vector_width(void) { return VW; }
+
+#define KB (2 * VW)    /* keys per score block: QB x 2 accumulators hide the FMA latency */
 #define QB 4           /* queries per block: each transposed key load feeds QB FMAs */
 #define DMAX 256
 
@@ -64,29 +76,27 @@ static inline float vexp(float x)
     return p * f;
 }
 
-typedef float v16 __attribute__((vector_size(64)));  /* GCC vectors: one zmm, or two ymm on AVX2 */
-
-/* o[q][c .. c + 16 n) = sum_j p[q][j] v_j[c ..] for the QB queries of a block, j < kend: key j < P is
+/* o[q][c .. c + VW n) = sum_j p[q][j] v_j[c ..] for the QB queries of a block, j < kend: key j < P is
    the prefix's (pv), else packed row base + j - P's value head (column vh of qkv). Each value load
    feeds QB FMAs; the QB x n accumulators stay in registers. */
 static inline __attribute__((always_inline)) void weigh(float o[][DMAX], const float *p, int64_t kpad,
     int64_t kend, int64_t c, const int n, const float *pv, int64_t g, int64_t P, int64_t D,
     const float *qkv, int64_t base, int64_t ld, int64_t vh)
 {
-    v16 acc[QB][4];
+    vf acc[QB][NV];
     for (int qi = 0; qi < QB; qi++)
-        for (int t = 0; t < n; t++) acc[qi][t] = (v16){0};
+        for (int t = 0; t < n; t++) acc[qi][t] = (vf){0};
     for (int64_t j = 0; j < kend; j++) {
         const float *vr = (j < P ? pv + (g * P + j) * D : qkv + (base + j - P) * ld + vh * D) + c;
-        v16 v[4];
-        for (int t = 0; t < n; t++) memcpy(&v[t], vr + 16 * t, 64);
+        vf v[NV];
+        for (int t = 0; t < n; t++) memcpy(&v[t], vr + VW * t, sizeof(vf));
         for (int qi = 0; qi < QB; qi++) {
             const float w = p[qi * kpad + j];
             for (int t = 0; t < n; t++) acc[qi][t] += w * v[t];
         }
     }
     for (int qi = 0; qi < QB; qi++)
-        for (int t = 0; t < n; t++) memcpy(&o[qi][c + 16 * t], &acc[qi][t], 64);
+        for (int t = 0; t < n; t++) memcpy(&o[qi][c + VW * t], &acc[qi][t], sizeof(vf));
 }
 
 /* The same for any D (heads not a multiple of 16 wide). */
@@ -148,13 +158,20 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
                             for (int64_t d = 0; d < D; d++) qv[qi][d] = qr[d] * scale;
                         }
                         for (int64_t j0 = 0; j0 < kend; j0 += KB) {
-                            v16 acc[QB];
-                            for (int qi = 0; qi < QB; qi++) acc[qi] = (v16){0};
+                            vf acc[QB][2];
+                            for (int qi = 0; qi < QB; qi++) acc[qi][0] = acc[qi][1] = (vf){0};
                             for (int64_t d = 0; d < D; d++) {
-                                const v16 k = *(const v16 *)(kt + d * kpad + j0);
-                                for (int qi = 0; qi < QB; qi++) acc[qi] += qv[qi][d] * k;
+                                const vf k0 = *(const vf *)(kt + d * kpad + j0);
+                                const vf k1 = *(const vf *)(kt + d * kpad + j0 + VW);
+                                for (int qi = 0; qi < QB; qi++) {
+                                    acc[qi][0] += qv[qi][d] * k0;
+                                    acc[qi][1] += qv[qi][d] * k1;
+                                }
                             }
-                            for (int qi = 0; qi < QB; qi++) *(v16 *)(s + qi * kpad + j0) = acc[qi];
+                            for (int qi = 0; qi < QB; qi++) {
+                                *(vf *)(s + qi * kpad + j0) = acc[qi][0];
+                                *(vf *)(s + qi * kpad + j0 + VW) = acc[qi][1];
+                            }
                         }
                         for (int qi = 0; qi < nb; qi++) {
                             const int64_t i = i0 + qi, last = P + i + 1;  /* keys after the query: never seen */
@@ -177,10 +194,10 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
                         }
                         for (int qi = nb; qi < QB; qi++)
                             for (int64_t j = 0; j < kend; j++) s[qi * kpad + j] = 0.0f;
-                        if (D % 64 == 0)
-                            for (int64_t c = 0; c < D; c += 64) weigh(o, s, kpad, kend, c, 4, pv, g, P, D, qkv, base, ld, H + Hkv + g);
-                        else if (D % 16 == 0)
-                            for (int64_t c = 0; c < D; c += 16) weigh(o, s, kpad, kend, c, 1, pv, g, P, D, qkv, base, ld, H + Hkv + g);
+                        if (D % (VW * NV) == 0)
+                            for (int64_t c = 0; c < D; c += VW * NV) weigh(o, s, kpad, kend, c, NV, pv, g, P, D, qkv, base, ld, H + Hkv + g);
+                        else if (D % VW == 0)
+                            for (int64_t c = 0; c < D; c += VW) weigh(o, s, kpad, kend, c, 1, pv, g, P, D, qkv, base, ld, H + Hkv + g);
                         else
                             weigh_plain(o, s, kpad, kend, pv, g, P, D, qkv, base, ld, H + Hkv + g);
                         for (int qi = 0; qi < nb; qi++) {
@@ -239,6 +256,13 @@ def load(cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
     return _state[key][0]
 
 
+def attention_pays(lib) -> bool:
+    """Whether `attend_rows` beats the torch path here: where it was compiled for AVX-512 (isolated, 1
+    thread, article shapes: 1.5-2.3x); an AVX2 build (x86-64-v3) ran 0.75-1.03x the torch path with
+    ATEN_CPU_CAPABILITY=avx2 on the same Xeon, so AVX2 machines keep the torch kernels."""
+    return lib.vector_width() >= 16
+
+
 def unavailable(cache_dir: Path | None = None) -> str | None:
     """Why the kernel cannot run here (None when it can)."""
     load(cache_dir)
@@ -248,6 +272,8 @@ def unavailable(cache_dir: Path | None = None) -> str | None:
 def _bind(lib) -> None:
     lib.attend_rows.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _P, _P, _P, _I, _C, _P, _F, _C]
     lib.attend_rows.restype = None
+    lib.vector_width.argtypes = []
+    lib.vector_width.restype = _C
     lib.rms_rows.argtypes = [_P, _I, _I, _I, _F, _P, _C]
     lib.rms_rows.restype = None
     lib.swiglu_rows.argtypes = [_P, _I, _I, _C]
