@@ -114,6 +114,9 @@ class _Layout:
     #                            lets a query see a later column (trie parents precede their children)
     read_mask: torch.Tensor  # [B, 1, 1+T, W] the mask's rows at the read positions
     prefix_cols: int = 0  # C: the prefix's keys/values copied into each row's first C columns (0: merged apart)
+    starts: torch.Tensor | None = None  # [B] int64 packed index of each row's first token (the C kernel's rows)
+    lengths: torch.Tensor | None = None  # [B] int64 item tokens per row (its T trie nodes follow them)
+    ancestors: torch.Tensor | None = None  # [T, T] uint8 trie ancestors (self included); None without nodes
 
 
 def _share(linears: tuple[torch.nn.Linear, ...], weight: torch.Tensor) -> None:
@@ -362,7 +365,9 @@ class Engine:
         return _Layout(B=B, W=W, source=source, index=index, read=read,
                        positions=positions.reshape(-1)[index],
                        mask=_additive(allowed[:, None], self.dtype) if T else None,
-                       read_mask=_additive(read_allowed[:, None], self.dtype), prefix_cols=C)
+                       read_mask=_additive(read_allowed[:, None], self.dtype), prefix_cols=C,
+                       starts=(torch.cumsum(per_row, 0) - per_row).long(), lengths=lengths[:, 0].long().contiguous(),
+                       ancestors=trie.ancestors.to(device=dev, dtype=torch.uint8).contiguous() if T else None)
 
     def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
                 keys: list | None = None, values: list | None = None, states: list | None = None) -> torch.Tensor:
@@ -380,8 +385,11 @@ class Engine:
         cis = torch.complex(cos[0, :, None, :half].contiguous(), sin[0, :, None, :half].contiguous())
         # q/k/v in the padded layout, shared by all layers: only real rows are ever written, so
         # the pad rows stay zero (a pad key is masked or after every real query, a pad query is
-        # never read, and zeros keep their products finite).
-        padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim, dtype=self.dtype)
+        # never read, and zeros keep their products finite). None: the backend's C kernel attends
+        # on the packed rows themselves (scoring only; the prefill collects padded keys).
+        padded = None
+        if keys is not None or layout.starts is None or not self.backend.packs_attention(self.head_dim):
+            padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim, dtype=self.dtype)
         last = len(self.layers) - 1 if keys is None else None
         for i, layer in enumerate(self.layers):
             past = None if prefix is None else (prefix.keys[i], prefix.values[i])
@@ -391,8 +399,8 @@ class Engine:
                 return h.view(layout.B, -1, h.shape[-1])
             k, v = self._attention_block(h, layer, cis, padded, layout, past)
             if keys is not None:
-                keys.append(k.clone())  # views of `padded`, which the next layer overwrites
-                values.append(v.clone())
+                keys.append(k.clone(memory_format=torch.contiguous_format))  # views of `padded`, which the next layer overwrites
+                values.append(v.clone(memory_format=torch.contiguous_format))
             self._mlp_block(h, layer)
             if states is not None:
                 states.append(h.index_select(0, layout.read[:, 0]))
@@ -415,6 +423,14 @@ class Engine:
         qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
         qk.mul_(cis)  # rotary embedding, in place (rows interleaved at load time)
         qkv = qkv.to(self.dtype)  # attention's precision (a no-op in float32)
+        if padded is None:  # one C pass per (row, KV head) over the packed rows, the prefix included
+            prefix_kv = None if past is None else (past[0][0].contiguous(), past[1][0].contiguous())  # [Hkv, P, D]
+            out = self.backend.attend_packed(qkv.contiguous(), H, layout.starts, layout.lengths, layout.ancestors,
+                                             prefix_kv, read_only).view(-1, H * D)  # [N or B*(1+T), H D]
+            if read_only:
+                return layer.o.add_(h.index_select(0, layout.read.reshape(-1)), out)
+            layer.o.add_(h, out)
+            return None, None
         padded.index_copy_(0, layout.index, qkv)
         rows = padded.view(layout.B, layout.W, H + 2 * Hkv, D)  # [B, W, H+2Hkv, D]
         C = layout.prefix_cols

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import TaskError
 from ..task import DEVICES, PRECISIONS
-from . import attention, gemm
+from . import attention, fp32_kernels, gemm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 
@@ -61,6 +61,21 @@ class Backend:
         mask hides every key after its query)."""
         kernel = attention.attend_cuda if self.device.type == "cuda" else attention.attend_cpu
         return kernel(q, k, v, mask, causal, lower=lower)
+
+    def packs_attention(self, head_dim: int) -> bool:
+        """Whether `attend_packed` runs here: float32 attention on the CPU (fp32 and int8), heads of
+        at most `fp32_kernels.MAX_HEAD_DIM`, the C kernel built, faster than torch's on this CPU
+        (`fp32_kernels.attention_pays`) and `fp32_kernels.ENABLED`."""
+        if not (fp32_kernels.ENABLED and self.device.type == "cpu" and self.dtype == torch.float32
+                and head_dim <= fp32_kernels.MAX_HEAD_DIM):
+            return False
+        lib = fp32_kernels.load()
+        return lib is not None and fp32_kernels.attention_pays(lib)
+
+    def attend_packed(self, qkv, n_heads, starts, lengths, ancestors, prefix, read_only: bool):
+        """[Nq, H, D] attention of packed rows with their prefix and trie nodes (`fp32_kernels.attend_rows`)."""
+        return fp32_kernels.attend_rows(fp32_kernels.load(), qkv, n_heads, starts, lengths, ancestors, prefix,
+                                        read_only)
 
     def describe(self) -> str:
         line = f"{self.device.type} {self.precision} ({self.gemm} GEMM"

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from . import fp32_kernels as fp32_passes
 from . import int8_kernels
 from .smoothing import Smoothing, split_weight
 
@@ -70,6 +71,18 @@ class MmLinear(LinearOp):
     def add_(self, h, x):
         h.addmm_(x, self.weight)
         return h if self.bias is None else h.add_(self.bias)
+
+    def normed(self, h, eps):
+        lib = fp32_passes.elementwise() if h.device.type == "cpu" and h.stride(-1) == 1 else None
+        return self(rms_norm(h, eps) if lib is None else fp32_passes.rms_norm(lib, h, eps))
+
+    def normed_swiglu(self, h, eps):
+        gate_up = self.normed(h, eps)  # [N, 2I]
+        lib = fp32_passes.elementwise() if gate_up.device.type == "cpu" and gate_up.is_contiguous() else None
+        if lib is None:
+            gate, up = gate_up.chunk(2, dim=-1)  # [N, I] each
+            return F.silu(gate, inplace=True).mul_(up)
+        return fp32_passes.swiglu_(lib, gate_up)  # one C pass (`fp32_kernels.py`)
 
 
 class OneDnnLinear(LinearOp):

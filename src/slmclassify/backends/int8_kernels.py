@@ -184,7 +184,13 @@ def _compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
-def _build(cache_dir: Path | None):
+def _build(cache_dir: Path | None, source: str | None = None, stem: str = "int8", bind=None,
+           flags: list[str] | None = None):
+    """(library, None) or (None, why not): `source` (default: this module's) compiled with `flags`
+    into `cache_dir`/kernels/`stem`-<digest>.so and loaded; `bind(lib)` declares its signatures
+    (default: this module's functions). Other kernel modules (`fp32_kernels.py`) build through it."""
+    source = SOURCE if source is None else source
+    flags = FLAGS if flags is None else flags
     if os.environ.get(COMPILER_ENV) == "":
         return None, f"disabled ({COMPILER_ENV} is empty)"
     cc = _compiler()
@@ -196,17 +202,17 @@ def _build(cache_dir: Path | None):
         cache_dir = cache_root()
     # -march=native: a library built on another CPU (a home folder shared between machines) may use
     # instructions this one lacks, so the CPU is part of the name
-    digest = hashlib.sha256((SOURCE + " ".join(FLAGS) + cc + _cpu_identity()).encode()).hexdigest()[:16]
+    digest = hashlib.sha256((source + " ".join(flags) + cc + _cpu_identity()).encode()).hexdigest()[:16]
     folder = Path(cache_dir) / "kernels"
-    target = folder / f"int8-{digest}.so"
+    target = folder / f"{stem}-{digest}.so"
     if not target.exists():
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                src = Path(tmp) / "int8.c"
-                src.write_text(SOURCE)
-                built = Path(tmp) / "int8.so"
-                done = subprocess.run([cc, *FLAGS, "-o", str(built), str(src)], capture_output=True, text=True,
+                src = Path(tmp) / f"{stem}.c"
+                src.write_text(source)
+                built = Path(tmp) / f"{stem}.so"
+                done = subprocess.run([cc, *flags, "-o", str(built), str(src)], capture_output=True, text=True,
                                       timeout=120)
                 if done.returncode != 0:
                     return None, f"{cc} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
@@ -217,13 +223,17 @@ def _build(cache_dir: Path | None):
         lib = ctypes.CDLL(str(target))
     except OSError as exc:
         return None, f"loading {target} failed: {exc}"
+    (bind or _bind)(lib)
+    return lib, None
+
+
+def _bind(lib) -> None:
     lib.quantise_rows.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _P, _I, _P, _P, _C]
     lib.quantise_rows.restype = None
     lib.dequantise_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _C, _C]
     lib.dequantise_rows.restype = None
     lib.swiglu_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _C]
     lib.swiglu_rows.restype = None
-    return lib, None
 
 
 def _cpu_identity() -> str:

@@ -1,0 +1,331 @@
+"""A float32 attention kernel for the engine's packed rows, a small C function compiled at first use.
+
+PyTorch's CPU flash-attention kernel is slow on the engine's shapes (64-wide heads, rows of
+20-450 keys: 55-106 GFLOP/s against ~150-350 for the matmuls), and around it the engine copies
+q/k/v into a padded layout, runs the prefix and the row as two calls and merges them by their
+log-sum-exps. `attend_rows` does all of it in one pass per (row, KV head), straight from the
+packed q/k/v that the projection wrote, with the cached prefix as the first keys of every row:
+
+    keys of row b:   [ p p p p | s s s s n1 n2 ]     p = prefix (cached), s = item, n = trie node
+    query s_i sees   the prefix and s_0 .. s_i (causal)
+    query n_t sees   the prefix, every s of the row, and the nodes u with ancestors[t, u] (itself too)
+
+Per (row, KV head) the keys are transposed once into [D, K] so that scores for 4 queries x 16
+keys accumulate in registers (plain C loops that -O3 vectorises for AVX-512 and AVX2 alike);
+softmax in float32 with a Cephes exp (relative error ~1e-7); the G query heads of a GQA group
+reuse the transposed keys. Results equal the torch path within float32 rounding (~1e-6).
+
+Built through `int8_kernels._build` (same compiler, cache folder, CPU-named library, and
+`SLMCLASSIFY_CC=` disables it); where it cannot be built, `load()` is None and the engine keeps
+the torch kernels. Heads wider than `MAX_HEAD_DIM` are refused (the torch path runs them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+
+import torch
+
+from . import int8_kernels
+
+MAX_HEAD_DIM = 256
+
+ENABLED = True
+"""Whether CPU float32 engines use the kernel (where it builds); False: the torch kernels (A/B, tests)."""
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+/* GCC vectors of the machine's width: 16 floats (one zmm) with AVX-512, else 8 (one ymm; 64-byte
+   vectors split in two ran ~10x slower under -march=x86-64-v3). */
+#ifdef __AVX512F__
+#define VW 16
+#define NV 4           /* value vectors per output chunk: 4 x 16 = a 64-wide head */
+#else
+#define VW 8
+#define NV 2
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+int vector_width(void) { return VW; }
+
+#define KB (2 * VW)    /* keys per score block: QB x 2 accumulators hide the FMA latency */
+#define QB 4           /* queries per block: each transposed key load feeds QB FMAs */
+#define DMAX 256
+
+static inline float vexp(float x)
+{
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float f;
+    memcpy(&f, &e, 4);
+    return p * f;
+}
+
+/* o[q][c .. c + VW n) = sum_j p[q][j] v_j[c ..] for the QB queries of a block, j < kend: key j < P is
+   the prefix's (pv), else packed row base + j - P's value head (column vh of qkv). Each value load
+   feeds QB FMAs; the QB x n accumulators stay in registers. */
+static inline __attribute__((always_inline)) void weigh(float o[][DMAX], const float *p, int64_t kpad,
+    int64_t kend, int64_t c, const int n, const float *pv, int64_t g, int64_t P, int64_t D,
+    const float *qkv, int64_t base, int64_t ld, int64_t vh)
+{
+    vf acc[QB][NV];
+    for (int qi = 0; qi < QB; qi++)
+        for (int t = 0; t < n; t++) acc[qi][t] = (vf){0};
+    for (int64_t j = 0; j < kend; j++) {
+        const float *vr = (j < P ? pv + (g * P + j) * D : qkv + (base + j - P) * ld + vh * D) + c;
+        vf v[NV];
+        for (int t = 0; t < n; t++) memcpy(&v[t], vr + VW * t, sizeof(vf));
+        for (int qi = 0; qi < QB; qi++) {
+            const float w = p[qi * kpad + j];
+            for (int t = 0; t < n; t++) acc[qi][t] += w * v[t];
+        }
+    }
+    for (int qi = 0; qi < QB; qi++)
+        for (int t = 0; t < n; t++) memcpy(&o[qi][c + VW * t], &acc[qi][t], sizeof(vf));
+}
+
+/* The same for any D (heads not a multiple of 16 wide). */
+static void weigh_plain(float o[][DMAX], const float *p, int64_t kpad, int64_t kend, const float *pv,
+    int64_t g, int64_t P, int64_t D, const float *qkv, int64_t base, int64_t ld, int64_t vh)
+{
+    for (int qi = 0; qi < QB; qi++)
+        for (int64_t d = 0; d < D; d++) o[qi][d] = 0.0f;
+    for (int64_t j = 0; j < kend; j++) {
+        const float *vr = j < P ? pv + (g * P + j) * D : qkv + (base + j - P) * ld + vh * D;
+        for (int qi = 0; qi < QB; qi++) {
+            const float w = p[qi * kpad + j];
+            for (int64_t d = 0; d < D; d++) o[qi][d] += w * vr[d];
+        }
+    }
+}
+
+/* qkv [N, H + 2 Hkv, D] packed rows (row b: tokens start[b] .. start[b] + len[b] + T - 1, its items
+   then its T trie nodes), pk/pv [Hkv, P, D] the prefix (P may be 0), anc [T, T] uint8.
+   out [Nq, H, D]: every token's attention output (read_only 0: out row = packed row), or only each
+   row's last item token and its nodes (read_only 1: out rows b (1 + T) .. b (1 + T) + T).
+   Query head h reads KV head h / (H / Hkv); scores scaled by `scale`. */
+void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int64_t *start,
+                 const int64_t *len, int64_t B, int64_t T, const uint8_t *anc, const float *pk,
+                 const float *pv, int64_t P, int read_only, float *out, float scale, int nthreads)
+{
+    const int64_t ld = (H + 2 * Hkv) * D, G = H / Hkv;
+    int64_t maxk = 0;
+    for (int64_t b = 0; b < B; b++) maxk = P + len[b] + T > maxk ? P + len[b] + T : maxk;
+    const int64_t kpad = (maxk + KB - 1) / KB * KB;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        float *kt = aligned_alloc(64, (size_t)(D * kpad * sizeof(float) + 63) / 64 * 64);
+        float *s = aligned_alloc(64, (size_t)(QB * kpad * sizeof(float) + 63) / 64 * 64);
+        float qv[QB][DMAX], o[QB][DMAX] __attribute__((aligned(64)));
+        #pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int64_t b = 0; b < B; b++) {
+            for (int64_t g = 0; g < Hkv; g++) {
+                const int64_t L = len[b], R = L + T, K = P + R, base = start[b];
+                const int64_t kend_all = (K + KB - 1) / KB * KB;
+                for (int64_t j = 0; j < P; j++) {
+                    const float *kr = pk + (g * P + j) * D;
+                    for (int64_t d = 0; d < D; d++) kt[d * kpad + j] = kr[d];
+                }
+                for (int64_t j = 0; j < R; j++) {
+                    const float *kr = qkv + (base + j) * ld + (H + g) * D;
+                    for (int64_t d = 0; d < D; d++) kt[d * kpad + P + j] = kr[d];
+                }
+                for (int64_t d = 0; d < D; d++)
+                    for (int64_t j = K; j < kend_all; j++) kt[d * kpad + j] = 0.0f;
+                const int64_t q0 = read_only ? L - 1 : 0;
+                const int64_t orow0 = read_only ? b * (1 + T) : base;
+                for (int64_t h = g * G; h < (g + 1) * G; h++) {
+                    for (int64_t i0 = q0; i0 < R; i0 += QB) {
+                        const int64_t nb = R - i0 < QB ? R - i0 : QB;
+                        const int64_t kend = P + i0 + nb;  /* keys 0 .. kend-1 cover every query of the block */
+                        for (int qi = 0; qi < QB; qi++) {
+                            const float *qr = qkv + (base + i0 + (qi < nb ? qi : 0)) * ld + h * D;
+                            for (int64_t d = 0; d < D; d++) qv[qi][d] = qr[d] * scale;
+                        }
+                        for (int64_t j0 = 0; j0 < kend; j0 += KB) {
+                            vf acc[QB][2];
+                            for (int qi = 0; qi < QB; qi++) acc[qi][0] = acc[qi][1] = (vf){0};
+                            for (int64_t d = 0; d < D; d++) {
+                                const vf k0 = *(const vf *)(kt + d * kpad + j0);
+                                const vf k1 = *(const vf *)(kt + d * kpad + j0 + VW);
+                                for (int qi = 0; qi < QB; qi++) {
+                                    acc[qi][0] += qv[qi][d] * k0;
+                                    acc[qi][1] += qv[qi][d] * k1;
+                                }
+                            }
+                            for (int qi = 0; qi < QB; qi++) {
+                                *(vf *)(s + qi * kpad + j0) = acc[qi][0];
+                                *(vf *)(s + qi * kpad + j0 + VW) = acc[qi][1];
+                            }
+                        }
+                        for (int qi = 0; qi < nb; qi++) {
+                            const int64_t i = i0 + qi, last = P + i + 1;  /* keys after the query: never seen */
+                            float *sr = s + qi * kpad;
+                            if (i >= L)  /* a trie node: of the nodes before it, only its ancestors */
+                                for (int64_t u = L; u < i; u++)
+                                    if (!anc[(i - L) * T + (u - L)]) sr[P + u] = -INFINITY;
+                            float mx = -INFINITY;
+                            #pragma omp simd reduction(max:mx)
+                            for (int64_t j = 0; j < last; j++) mx = sr[j] > mx ? sr[j] : mx;
+                            float sum = 0.0f;
+                            #pragma omp simd reduction(+:sum)
+                            for (int64_t j = 0; j < last; j++) { float p = vexp(sr[j] - mx); sr[j] = p; sum += p; }
+                            if (i >= L)
+                                for (int64_t u = L; u < i; u++)
+                                    if (!anc[(i - L) * T + (u - L)]) { sum -= sr[P + u]; sr[P + u] = 0.0f; }
+                            const float inv = 1.0f / sum;
+                            for (int64_t j = 0; j < last; j++) sr[j] *= inv;
+                            for (int64_t j = last; j < kend; j++) sr[j] = 0.0f;
+                        }
+                        for (int qi = nb; qi < QB; qi++)
+                            for (int64_t j = 0; j < kend; j++) s[qi * kpad + j] = 0.0f;
+                        if (D % (VW * NV) == 0)
+                            for (int64_t c = 0; c < D; c += VW * NV) weigh(o, s, kpad, kend, c, NV, pv, g, P, D, qkv, base, ld, H + Hkv + g);
+                        else if (D % VW == 0)
+                            for (int64_t c = 0; c < D; c += VW) weigh(o, s, kpad, kend, c, 1, pv, g, P, D, qkv, base, ld, H + Hkv + g);
+                        else
+                            weigh_plain(o, s, kpad, kend, pv, g, P, D, qkv, base, ld, H + Hkv + g);
+                        for (int qi = 0; qi < nb; qi++) {
+                            float *orow = out + (orow0 + i0 + qi - q0) * H * D + h * D;
+                            for (int64_t d = 0; d < D; d++) orow[d] = o[qi][d];
+                        }
+                    }
+                }
+            }
+        }
+        free(kt);
+        free(s);
+    }
+}
+
+/* out [n, d] = x / sqrt(mean(x^2) + eps) per row (RMSNorm without its weight), x's rows ldx apart. */
+void rms_rows(const float *x, int64_t n, int64_t d, int64_t ldx, float eps, float *out, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float *xr = x + i * ldx;
+        float ss = 0.0f;
+        #pragma omp simd reduction(+:ss)
+        for (int64_t j = 0; j < d; j++) ss += xr[j] * xr[j];
+        const float r = 1.0f / sqrtf(ss / (float)d + eps);
+        float *orow = out + i * d;
+        #pragma omp simd
+        for (int64_t j = 0; j < d; j++) orow[j] = xr[j] * r;
+    }
+}
+
+/* gu [n, 2 m] = [gate | up]: the gate half becomes silu(gate) * up, in one pass over the row. */
+void swiglu_rows(float *gu, int64_t n, int64_t m, int nthreads)
+{
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float *g = gu + i * 2 * m;
+        const float *u = g + m;
+        #pragma omp simd
+        for (int64_t j = 0; j < m; j++) g[j] = g[j] / (1.0f + vexp(-g[j])) * u[j];
+    }
+}
+"""
+
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_state: dict = {}
+
+
+def load(cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
+    """The compiled library (ctypes), or None where it cannot be built (see `unavailable`).
+    `flags` (tests): compile with these instead of int8_kernels.FLAGS (e.g. AVX2 only)."""
+    key = (str(cache_dir), flags)
+    if key not in _state:
+        _state[key] = int8_kernels._build(cache_dir, SOURCE, "fp32-attention", _bind,
+                                          None if flags is None else list(flags))
+    return _state[key][0]
+
+
+def attention_pays(lib) -> bool:
+    """Whether `attend_rows` beats the torch path here: where it was compiled for AVX-512 (isolated, 1
+    thread, article shapes: 1.5-2.3x); an AVX2 build (x86-64-v3) ran 0.75-1.03x the torch path with
+    ATEN_CPU_CAPABILITY=avx2 on the same Xeon, so AVX2 machines keep the torch kernels."""
+    return lib.vector_width() >= 16
+
+
+def unavailable(cache_dir: Path | None = None) -> str | None:
+    """Why the kernel cannot run here (None when it can)."""
+    load(cache_dir)
+    return _state[(str(cache_dir), None)][1]
+
+
+def _bind(lib) -> None:
+    lib.attend_rows.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _P, _P, _P, _I, _C, _P, _F, _C]
+    lib.attend_rows.restype = None
+    lib.vector_width.argtypes = []
+    lib.vector_width.restype = _C
+    lib.rms_rows.argtypes = [_P, _I, _I, _I, _F, _P, _C]
+    lib.rms_rows.restype = None
+    lib.swiglu_rows.argtypes = [_P, _I, _I, _C]
+    lib.swiglu_rows.restype = None
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def attend_rows(lib, qkv: torch.Tensor, n_heads: int, starts: torch.Tensor, lengths: torch.Tensor,
+                ancestors: torch.Tensor | None, prefix: tuple[torch.Tensor, torch.Tensor] | None,
+                read_only: bool) -> torch.Tensor:
+    """Attention of packed rows, [Nq, H, D] float32 (see the module docstring).
+
+    qkv [N, H + 2 H_kv, D] float32 contiguous, rotary applied; starts, lengths [B] int64 (each row's
+    first packed token and its number of item tokens; its T trie nodes follow them); ancestors
+    [T, T] uint8 or None (T = 0); prefix: keys and values [H_kv, P, D] contiguous, or None.
+    read_only: queries only at each row's last item token and its nodes (Nq = B (1 + T)), else at
+    every token (Nq = N)."""
+    N, heads, D = qkv.shape
+    assert qkv.dtype == torch.float32 and qkv.is_contiguous() and D <= MAX_HEAD_DIM
+    n_kv = (heads - n_heads) // 2
+    B = starts.shape[0]
+    T = 0 if ancestors is None else ancestors.shape[0]
+    P = 0 if prefix is None else prefix[0].shape[1]
+    out = torch.empty(B * (1 + T) if read_only else N, n_heads, D)
+    lib.attend_rows(_ptr(qkv), n_heads, n_kv, D, _ptr(starts), _ptr(lengths), B, T,
+                    _ptr(ancestors) if T else None, _ptr(prefix[0]) if P else None,
+                    _ptr(prefix[1]) if P else None, P, int(read_only), _ptr(out), 1.0 / math.sqrt(D),
+                    int8_kernels._threads())
+    return out
+
+
+def elementwise():
+    """The library where CPU float32 ops may use its fused passes (`rms_norm`, `swiglu_`), else None."""
+    return load() if ENABLED else None
+
+
+def rms_norm(lib, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) per row, a new [N, d] tensor, for x [N, d] float32 on the CPU with unit
+    stride along rows (`gemm.rms_norm` in one pass)."""
+    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.device.type == "cpu"
+    out = torch.empty(x.shape)
+    lib.rms_rows(_ptr(x), x.shape[0], x.shape[1], x.stride(0), eps, _ptr(out), int8_kernels._threads())
+    return out
+
+
+def swiglu_(lib, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up [N, I] for gate_up [N, 2I] = [gate | up] float32 contiguous on the CPU, written
+    over the gate half (returned as a view with row stride 2I)."""
+    assert gate_up.dtype == torch.float32 and gate_up.is_contiguous() and gate_up.device.type == "cpu"
+    m = gate_up.shape[1] // 2
+    lib.swiglu_rows(_ptr(gate_up), gate_up.shape[0], m, int8_kernels._threads())
+    return gate_up[:, :m]
