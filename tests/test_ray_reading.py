@@ -80,3 +80,14 @@ def test_bad_rows_are_named(local_ray, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n')
     with pytest.raises(InputError, match=r"bad.jsonl: not readable as JSONL \(line 3 is not valid JSON: Expecting value\)$"):
         reading.driver_blocks("jsonl", str(tmp_path / "bad.jsonl"), 10)
+
+
+def test_a_csv_error_without_a_row_number_still_names_the_line(tmp_path):
+    # pyarrow names the row ("Row #3") only when it parsed the file in one block; otherwise the
+    # line is found by reading the file again
+    from slmclassify.ray.reading import _bad_row
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text('id,text\n1,"two\nlines"\n2,one, too many\n3,fine\n')
+    error = ValueError("CSV parse error: Expected 2 columns, got 3: 2,one, too many")
+    assert _bad_row("csv", str(bad), error) == "line 4: Expected 2 columns, got 3: 2,one, too many"

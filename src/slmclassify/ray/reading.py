@@ -84,6 +84,10 @@ def _bad_row(fmt: str, path: str, exc: Exception) -> str:
         found = re.search(r"Row #(\d+): ", first)
         if found:
             return f"line {found.group(1)}: {first[found.end():]}"
+        # pyarrow names the row only when it parsed the file in one block: find it ourselves
+        line = _csv_ragged_line(path)
+        if line is not None:
+            return f"line {line}: {re.sub(r'^CSV parse error: ', '', first)}"
     if fmt == "jsonl":
         with open(path, "rb") as fh:
             for number, line in enumerate(fh, start=1):
@@ -96,3 +100,16 @@ def _bad_row(fmt: str, path: str, exc: Exception) -> str:
                 if not isinstance(record, dict):
                     return f"line {number} is not a JSON object"
     return first
+
+
+def _csv_ragged_line(path: str) -> int | None:
+    """The line on which the first record whose column count differs from the header's ends."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+        rows = csv.reader(fh)
+        header = next(rows, None)
+        for row in rows:
+            if header is not None and row and len(row) != len(header):
+                return rows.line_num
+    return None
