@@ -13,6 +13,7 @@ import torch
 
 from slmclassify import Classifier, Task
 from slmclassify.backends import fp32_kernels, gemm, int8_kernels
+from slmclassify.backends.device import Backend
 from slmclassify.loading import load_model
 
 from test_engine import random_texts
@@ -137,3 +138,18 @@ def test_avx2_only_build(tmp_path):
     assert (out - _reference(qkv, 9, starts, lengths, anc, prefix, False)).abs().max() <= 5e-6
     x = torch.randn(9, 40)
     assert torch.allclose(fp32_kernels.rms_norm(lib, x, 1e-6), gemm.rms_norm(x, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+def test_the_engine_line_names_the_attention_kernel(monkeypatch):
+    backend = Backend(device=torch.device("cpu"), precision="fp32", gemm="mm")
+    lib = fp32_kernels.load()
+    if lib is None:
+        assert backend.describe() == f"cpu fp32 (mm GEMM; torch attention: {fp32_kernels.unavailable()})"
+    elif fp32_kernels.attention_pays(lib):
+        assert backend.describe() == "cpu fp32 (mm GEMM; C attention (heads up to 256 wide))"
+    else:
+        assert backend.describe() == "cpu fp32 (mm GEMM; torch attention (the C kernel is slower without AVX-512))"
+    monkeypatch.setattr(fp32_kernels, "ENABLED", False)
+    assert backend.describe() == "cpu fp32 (mm GEMM; torch attention)"
+    bf16 = Backend(device=torch.device("cpu"), precision="bf16", gemm="bf16")
+    assert bf16.describe() == "cpu bf16 (bf16 GEMM)"  # low-precision attention is torch's

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from slmclassify import Classifier
-from slmclassify.backends import choice, gemm, int8_kernels
+from slmclassify.backends import choice, fp32_kernels, gemm, int8_kernels
 from slmclassify.backends.smoothing import Smoothing
 from slmclassify.loading import load_model
 from slmclassify.precision import agreement
@@ -83,7 +83,8 @@ def test_normed_folds_the_rms_into_the_row_scale():
 
 
 def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(int8_kernels, "_state", {})  # forget this process's compiled library
+    monkeypatch.setattr(int8_kernels, "_state", {})  # forget this process's compiled libraries
+    monkeypatch.setattr(fp32_kernels, "_state", {})
     monkeypatch.setenv(int8_kernels.COMPILER_ENV, "no-such-compiler-here")
     assert int8_kernels.load() is None
     assert "no C compiler found" in int8_kernels.unavailable()
@@ -92,8 +93,9 @@ def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monke
     backend = choice.Backend(device=torch.device("cpu"), precision="int8",
                              gemm=choice.kernel_for("int8", torch.device("cpu"), int8_kernel=choice.int8_choice(rates)))
     assert backend.gemm == gemm.int8_engine()
-    assert backend.describe() == (f"cpu int8 ({gemm.int8_engine()} GEMM; eager int8 passes: no C compiler found "
-                                  f"(install gcc, or name one in {int8_kernels.COMPILER_ENV}))")
+    missing = f"no C compiler found (install gcc, or name one in {int8_kernels.COMPILER_ENV})"
+    assert backend.describe() == (f"cpu int8 ({gemm.int8_engine()} GEMM; eager int8 passes: {missing}; "
+                                  f"torch attention: {missing})")
     # a choice cached where a compiler was does not pick the fused op here
     assert choice.kernel_for("int8", torch.device("cpu"), int8_kernel="int8-fused") == gemm.int8_engine()
     with pytest.raises(Exception, match="int8-fused kernel cannot run here"):

@@ -81,7 +81,20 @@ class Backend:
         line = f"{self.device.type} {self.precision} ({self.gemm} GEMM"
         if self.precision == "int8" and self.gemm != "int8-fused" and (why := gemm.int8_kernels.unavailable()):
             line += f"; eager int8 passes: {why}"  # the fused passes would have been timed, and likely chosen
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            line += f"; {self._cpu_attention()}"
         return line + ")"
+
+    def _cpu_attention(self) -> str:
+        """Which kernel runs float32 attention on this CPU, and why not the C one where it does not."""
+        if not fp32_kernels.ENABLED:
+            return "torch attention"
+        lib = fp32_kernels.load()
+        if lib is None:
+            return f"torch attention: {fp32_kernels.unavailable()}"
+        if not fp32_kernels.attention_pays(lib):
+            return "torch attention (the C kernel is slower without AVX-512)"
+        return f"C attention (heads up to {fp32_kernels.MAX_HEAD_DIM} wide)"
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:
