@@ -168,3 +168,14 @@ def run_main(monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of 2 CPUs for one test module (the Ray tests; skipped without the ray extra)."""
+    ray = pytest.importorskip("ray")
+    ray_data = pytest.importorskip("ray.data")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray_data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()

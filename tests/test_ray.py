@@ -37,14 +37,6 @@ def _texts(n: int, seed: int = 0) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def single_process(llama_loaded):
     """Results of the single-process run on `_texts(n)`, cached per n."""
     cache = {}

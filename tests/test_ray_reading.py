@@ -16,14 +16,6 @@ from slmclassify.ray import reading  # noqa: E402
 from slmclassify.ray.dataset import _cut  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
-
-
 def _inputs(folder) -> dict[str, str]:
     """The same 103 rows as CSV, JSONL and Parquet: ids with leading zeros, a quoted comma, a quoted
     quote, empty texts, non-ASCII, a number and a null in JSONL."""

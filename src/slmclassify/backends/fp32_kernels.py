@@ -57,24 +57,7 @@ int vector_width(void) { return VW; }
 #define QB 4           /* queries per block: each transposed key load feeds QB FMAs */
 #define DMAX 256
 
-static inline float vexp(float x)
-{
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float f;
-    memcpy(&f, &e, 4);
-    return p * f;
-}
+/* VEXP */
 
 /* o[q][c .. c + VW n) = sum_j p[q][j] v_j[c ..] for the QB queries of a block, j < kend: key j < P is
    the prefix's (pv), else packed row base + j - P's value head (column vh of qkv). Each value load
@@ -240,7 +223,7 @@ void swiglu_rows(float *gu, int64_t n, int64_t m, int nthreads)
         for (int64_t j = 0; j < m; j++) g[j] = g[j] / (1.0f + vexp(-g[j])) * u[j];
     }
 }
-"""
+""".replace("/* VEXP */", int8_kernels.VEXP)
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _state: dict = {}

@@ -33,6 +33,29 @@ from pathlib import Path
 
 import torch
 
+VEXP = r"""
+/* exp(x), Cephes' polynomial (relative error ~1e-7) in a form the compiler vectorises. */
+static inline float vexp(float x)
+{
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float f;
+    memcpy(&f, &e, 4);
+    return p * f;
+}
+"""
+"""exp(x) for the C sources (`SOURCE`, `fp32_kernels.SOURCE`), included by name."""
+
 SOURCE = r"""
 #include <stdint.h>
 #include <math.h>
@@ -77,26 +100,7 @@ void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const floa
     }
 }
 
-/* exp(x), Cephes' polynomial (relative error ~1e-7) in a form the compiler vectorises. */
-static inline float vexp(float x)
-{
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float f;
-    memcpy(&f, &e, 4);
-    return p * f;
-}
-
+/* VEXP */
 /* acc [n, 2 m] = [gate | up] = q @ w without row scales and zeros: dequantised in place (as dequantise_rows), then
    act [n, m] (row stride lda; may be acc's first half) = silu(gate) * up. */
 void swiglu_rows(float *act, int64_t lda, float *acc, int64_t n, int64_t m, const float *rscale,
@@ -151,7 +155,7 @@ void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t
         }
     }
 }
-"""
+""".replace("/* VEXP */", VEXP)
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 COMPILER_ENV = "SLMCLASSIFY_CC"
