@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from slmclassify import Classifier, Task
-from slmclassify.backends import fp32_kernels, gemm, int8_kernels
+from slmclassify.backends import fp32_kernels, gemm, native
 from slmclassify.backends.device import Backend
 from slmclassify.loading import load_model
 
@@ -113,8 +113,8 @@ def test_engine_with_and_without_kernels(tiny_model_dir, task, monkeypatch):
 
 
 def test_no_compiler_falls_back(tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(fp32_kernels, "_state", {})  # forget this process's compiled library
-    monkeypatch.setenv(int8_kernels.COMPILER_ENV, "")
+    monkeypatch.setattr(fp32_kernels.LIBRARY, "_built", {})  # forget this process's compiled library
+    monkeypatch.setenv(native.COMPILER_ENV, "")
     assert fp32_kernels.load() is None
     assert "disabled" in fp32_kernels.unavailable()
     clf = Classifier(FULL, model=load_model(str(tiny_model_dir), device="cpu", precision="fp32"))
@@ -130,7 +130,7 @@ def test_avx2_only_build(tmp_path):
         pytest.skip("this CPU has no AVX2")
     flags = ("-O3", "-march=x86-64-v3", "-fopenmp", "-shared", "-fPIC")
     lib = fp32_kernels.load(tmp_path, flags)
-    assert lib is not None, fp32_kernels._state[(str(tmp_path), flags)][1]
+    assert lib is not None, fp32_kernels.LIBRARY.unavailable(tmp_path, flags)
     built = list((tmp_path / "kernels").glob("fp32-attention-*.so"))
     assert len(built) == 1 and not fp32_kernels.attention_pays(lib)  # AVX2: the engine keeps torch's attention
     qkv, starts, lengths, anc, prefix = _rows(9, 3, 64, 5, 28)
@@ -144,12 +144,12 @@ def test_the_engine_line_names_the_attention_kernel(monkeypatch):
     backend = Backend(device=torch.device("cpu"), precision="fp32", gemm="mm")
     lib = fp32_kernels.load()
     if lib is None:
-        assert backend.describe() == f"cpu fp32 (mm GEMM; torch attention: {fp32_kernels.unavailable()})"
+        assert backend.describe() == f"cpu fp32 (mm GEMM; torch attention ({fp32_kernels.unavailable()}))"
     elif fp32_kernels.attention_pays(lib):
         assert backend.describe() == "cpu fp32 (mm GEMM; C attention (heads up to 256 wide))"
     else:
         assert backend.describe() == "cpu fp32 (mm GEMM; torch attention (the C kernel is slower without AVX-512))"
     monkeypatch.setattr(fp32_kernels, "ENABLED", False)
-    assert backend.describe() == "cpu fp32 (mm GEMM; torch attention)"
+    assert backend.describe() == "cpu fp32 (mm GEMM; torch attention (switched off))"
     bf16 = Backend(device=torch.device("cpu"), precision="bf16", gemm="bf16")
     assert bf16.describe() == "cpu bf16 (bf16 GEMM)"  # low-precision attention is torch's

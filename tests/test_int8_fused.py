@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from slmclassify import Classifier
-from slmclassify.backends import choice, fp32_kernels, gemm, int8_kernels
+from slmclassify.backends import choice, fp32_kernels, gemm, int8_kernels, native
 from slmclassify.backends.smoothing import Smoothing
 from slmclassify.loading import load_model
 from slmclassify.precision import agreement
@@ -83,9 +83,9 @@ def test_normed_folds_the_rms_into_the_row_scale():
 
 
 def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(int8_kernels, "_state", {})  # forget this process's compiled libraries
-    monkeypatch.setattr(fp32_kernels, "_state", {})
-    monkeypatch.setenv(int8_kernels.COMPILER_ENV, "no-such-compiler-here")
+    monkeypatch.setattr(int8_kernels.LIBRARY, "_built", {})  # forget this process's compiled libraries
+    monkeypatch.setattr(fp32_kernels.LIBRARY, "_built", {})
+    monkeypatch.setenv(native.COMPILER_ENV, "no-such-compiler-here")
     assert int8_kernels.load() is None
     assert "no C compiler found" in int8_kernels.unavailable()
     assert choice.int8_candidates() == [gemm.int8_engine()]
@@ -93,9 +93,9 @@ def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monke
     backend = choice.Backend(device=torch.device("cpu"), precision="int8",
                              gemm=choice.kernel_for("int8", torch.device("cpu"), int8_kernel=choice.int8_choice(rates)))
     assert backend.gemm == gemm.int8_engine()
-    missing = f"no C compiler found (install gcc, or name one in {int8_kernels.COMPILER_ENV})"
+    missing = f"no C compiler found (install gcc, or name one in {native.COMPILER_ENV})"
     assert backend.describe() == (f"cpu int8 ({gemm.int8_engine()} GEMM; eager int8 passes: {missing}; "
-                                  f"torch attention: {missing})")
+                                  f"torch attention ({missing}))")
     # a choice cached where a compiler was does not pick the fused op here
     assert choice.kernel_for("int8", torch.device("cpu"), int8_kernel="int8-fused") == gemm.int8_engine()
     with pytest.raises(Exception, match="int8-fused kernel cannot run here"):
@@ -149,8 +149,8 @@ def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
     """-march=native: a library built on one CPU is not loaded on another sharing the cache folder."""
     built = []
     for cpu in ("cpu A flags avx2", "cpu B flags avx2 avx512f"):
-        monkeypatch.setattr(int8_kernels, "_cpu_identity", lambda cpu=cpu: cpu)
-        lib, why = int8_kernels._build(tmp_path)
+        monkeypatch.setattr(native, "cpu_identity", lambda cpu=cpu: cpu)
+        lib, why = native.build(tmp_path, int8_kernels.SOURCE, "int8", int8_kernels._bind, native.FLAGS)
         assert lib is not None, why
         built.append(sorted(p.name for p in (tmp_path / "kernels").glob("*.so")))
     assert len(built[0]) == 1 and len(built[1]) == 2

@@ -47,7 +47,7 @@ import torch
 
 from .backends import Backend
 from .backends.gemm import LinearOp
-from .backends.smoothing import kept, plan_layer
+from .backends.smoothing import plan_layer
 from .batching import Batch
 from .config_check import check_config, head_dim
 from .labels import LabelTrie
@@ -220,14 +220,11 @@ class Engine:
         # except the interleaved q/k copy) so that `exact()` can compute in float32 without arranging again.
         self._arranged = arranged if self.backend.precision != "fp32" else None
         plans = [None] * len(arranged)
-        # int8's mixed plan: the ops most sensitive to quantisation stay float32 (`smoothing.FLOAT32_OPS`)
-        keeps = [kept(i, len(arranged)) if self.backend.smooths else frozenset() for i in range(len(arranged))]
         if ranges is not None and self.backend.smooths:  # recorded in float32, on the same tensors
             plans = [plan_layer(r, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0],
-                                self.n_heads, self.n_kv, self.head_dim, keep=keep)
-                     for r, w, keep in zip(ranges(self.exact()), arranged, keeps)]
-        self.layers = [self._ops(weights, self.backend, plan, keep)
-                       for weights, plan, keep in zip(arranged, plans, keeps)]
+                                self.n_heads, self.n_kv, self.head_dim)
+                     for r, w in zip(ranges(self.exact()), arranged)]
+        self.layers = [self._ops(weights, self.backend, plan) for weights, plan in zip(arranged, plans)]
 
     def exact(self) -> Engine:
         """This engine computing in float32 with the exact `mm` kernel, on the same weights (no copy):
@@ -242,13 +239,10 @@ class Engine:
         return exact
 
     @staticmethod
-    def _ops(weights: dict, backend: Backend, plan: dict | None = None, keep: frozenset[str] = frozenset()) -> _Layer:
-        """One layer's linear ops from its arranged weights (`_arrange`), smoothed by `plan` (int8);
-        the ops named in `keep` run the exact float32 kernel on the arranged weight (int8's mixed plan)."""
+    def _ops(weights: dict, backend: Backend, plan: dict | None = None) -> _Layer:
+        """One layer's linear ops from its arranged weights (`_arrange`), smoothed by `plan` (int8)."""
         plan = plan or {}
-        exact = Backend(device=backend.device, precision="fp32", gemm="mm")
-        ops = {name: (exact if name in keep else backend).linear(*weights[name], smooth=plan.get(name))
-               for name in ("qkv", "o", "gate_up", "down")}
+        ops = {name: backend.linear(*weights[name], smooth=plan.get(name)) for name in ("qkv", "o", "gate_up", "down")}
         return _Layer(**ops, eps=weights["eps"])
 
     def _arrange(self, layer: torch.nn.Module) -> dict:

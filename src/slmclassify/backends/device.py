@@ -64,13 +64,9 @@ class Backend:
 
     def packs_attention(self, head_dim: int) -> bool:
         """Whether `attend_packed` runs here: float32 attention on the CPU (fp32 and int8), heads of
-        at most `fp32_kernels.MAX_HEAD_DIM`, the C kernel built, faster than torch's on this CPU
-        (`fp32_kernels.attention_pays`) and `fp32_kernels.ENABLED`."""
-        if not (fp32_kernels.ENABLED and self.device.type == "cpu" and self.dtype == torch.float32
-                and head_dim <= fp32_kernels.MAX_HEAD_DIM):
-            return False
-        lib = fp32_kernels.load()
-        return lib is not None and fp32_kernels.attention_pays(lib)
+        at most `fp32_kernels.MAX_HEAD_DIM`, and nothing in `fp32_kernels.attention_off`."""
+        return (self.device.type == "cpu" and self.dtype == torch.float32 and head_dim <= fp32_kernels.MAX_HEAD_DIM
+                and fp32_kernels.attention_off() is None)
 
     def attend_packed(self, qkv, n_heads, starts, lengths, ancestors, prefix, read_only: bool):
         """[Nq, H, D] attention of packed rows with their prefix and trie nodes (`fp32_kernels.attend_rows`)."""
@@ -81,20 +77,11 @@ class Backend:
         line = f"{self.device.type} {self.precision} ({self.gemm} GEMM"
         if self.precision == "int8" and self.gemm != "int8-fused" and (why := gemm.int8_kernels.unavailable()):
             line += f"; eager int8 passes: {why}"  # the fused passes would have been timed, and likely chosen
-        if self.device.type == "cpu" and self.dtype == torch.float32:
-            line += f"; {self._cpu_attention()}"
+        if self.device.type == "cpu" and self.dtype == torch.float32:  # which attention kernel, and why
+            why = fp32_kernels.attention_off()
+            wide = fp32_kernels.MAX_HEAD_DIM
+            line += f"; torch attention ({why})" if why else f"; C attention (heads up to {wide} wide)"
         return line + ")"
-
-    def _cpu_attention(self) -> str:
-        """Which kernel runs float32 attention on this CPU, and why not the C one where it does not."""
-        if not fp32_kernels.ENABLED:
-            return "torch attention"
-        lib = fp32_kernels.load()
-        if lib is None:
-            return f"torch attention: {fp32_kernels.unavailable()}"
-        if not fp32_kernels.attention_pays(lib):
-            return "torch attention (the C kernel is slower without AVX-512)"
-        return f"C attention (heads up to {fp32_kernels.MAX_HEAD_DIM} wide)"
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:

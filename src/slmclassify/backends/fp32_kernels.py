@@ -15,20 +15,20 @@ keys accumulate in registers (plain C loops that -O3 vectorises for AVX-512 and 
 softmax in float32 with a Cephes exp (relative error ~1e-7); the G query heads of a GQA group
 reuse the transposed keys. Results equal the torch path within float32 rounding (~1e-6).
 
-Built through `int8_kernels._build` (same compiler, cache folder, CPU-named library, and
-`SLMCLASSIFY_CC=` disables it); where it cannot be built, `load()` is None and the engine keeps
-the torch kernels. Heads wider than `MAX_HEAD_DIM` are refused (the torch path runs them).
+Compiled at first use like int8's passes (`native.py`: same compiler, cache folder, CPU-named
+library, and `SLMCLASSIFY_CC=` disables it); where it cannot be built, `load()` is None and the
+engine keeps the torch kernels. Heads wider than `MAX_HEAD_DIM` are refused (the torch path runs them).
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 from pathlib import Path
 
 import torch
 
-from . import int8_kernels
+from . import native
+from .native import C, I, F, P, ptr, threads
 
 MAX_HEAD_DIM = 256
 
@@ -223,20 +223,12 @@ void swiglu_rows(float *gu, int64_t n, int64_t m, int nthreads)
         for (int64_t j = 0; j < m; j++) g[j] = g[j] / (1.0f + vexp(-g[j])) * u[j];
     }
 }
-""".replace("/* VEXP */", int8_kernels.VEXP)
-
-_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_state: dict = {}
-
+""".replace("/* VEXP */", native.VEXP)
 
 def load(cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
     """The compiled library (ctypes), or None where it cannot be built (see `unavailable`).
-    `flags` (tests): compile with these instead of int8_kernels.FLAGS (e.g. AVX2 only)."""
-    key = (str(cache_dir), flags)
-    if key not in _state:
-        _state[key] = int8_kernels._build(cache_dir, SOURCE, "fp32-attention", _bind,
-                                          None if flags is None else list(flags))
-    return _state[key][0]
+    `flags` (tests): compile with these instead of `native.FLAGS` (e.g. AVX2 only)."""
+    return LIBRARY.load(cache_dir, flags)
 
 
 def attention_pays(lib) -> bool:
@@ -246,25 +238,33 @@ def attention_pays(lib) -> bool:
     return lib.vector_width() >= 16
 
 
+def attention_off() -> str | None:
+    """Why float32 attention on this CPU does not run through `attend_rows` (None: it does)."""
+    if not ENABLED:
+        return "switched off"
+    lib = load()
+    if lib is None:
+        return unavailable()
+    return None if attention_pays(lib) else "the C kernel is slower without AVX-512"
+
+
 def unavailable(cache_dir: Path | None = None) -> str | None:
     """Why the kernel cannot run here (None when it can)."""
-    load(cache_dir)
-    return _state[(str(cache_dir), None)][1]
+    return LIBRARY.unavailable(cache_dir)
 
 
 def _bind(lib) -> None:
-    lib.attend_rows.argtypes = [_P, _I, _I, _I, _P, _P, _I, _I, _P, _P, _P, _I, _C, _P, _F, _C]
+    lib.attend_rows.argtypes = [P, I, I, I, P, P, I, I, P, P, P, I, C, P, F, C]
     lib.attend_rows.restype = None
     lib.vector_width.argtypes = []
-    lib.vector_width.restype = _C
-    lib.rms_rows.argtypes = [_P, _I, _I, _I, _F, _P, _C]
+    lib.vector_width.restype = C
+    lib.rms_rows.argtypes = [P, I, I, I, F, P, C]
     lib.rms_rows.restype = None
-    lib.swiglu_rows.argtypes = [_P, _I, _I, _C]
+    lib.swiglu_rows.argtypes = [P, I, I, C]
     lib.swiglu_rows.restype = None
 
 
-def _ptr(t: torch.Tensor | None):
-    return None if t is None else ctypes.c_void_p(t.data_ptr())
+LIBRARY = native.Library(SOURCE, "fp32-attention", _bind)
 
 
 def attend_rows(lib, qkv: torch.Tensor, n_heads: int, starts: torch.Tensor, lengths: torch.Tensor,
@@ -284,10 +284,10 @@ def attend_rows(lib, qkv: torch.Tensor, n_heads: int, starts: torch.Tensor, leng
     T = 0 if ancestors is None else ancestors.shape[0]
     P = 0 if prefix is None else prefix[0].shape[1]
     out = torch.empty(B * (1 + T) if read_only else N, n_heads, D)
-    lib.attend_rows(_ptr(qkv), n_heads, n_kv, D, _ptr(starts), _ptr(lengths), B, T,
-                    _ptr(ancestors) if T else None, _ptr(prefix[0]) if P else None,
-                    _ptr(prefix[1]) if P else None, P, int(read_only), _ptr(out), 1.0 / math.sqrt(D),
-                    int8_kernels._threads())
+    lib.attend_rows(ptr(qkv), n_heads, n_kv, D, ptr(starts), ptr(lengths), B, T,
+                    ptr(ancestors) if T else None, ptr(prefix[0]) if P else None,
+                    ptr(prefix[1]) if P else None, P, int(read_only), ptr(out), 1.0 / math.sqrt(D),
+                    threads())
     return out
 
 
@@ -301,7 +301,7 @@ def rms_norm(lib, x: torch.Tensor, eps: float) -> torch.Tensor:
     stride along rows (`gemm.rms_norm` in one pass)."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.device.type == "cpu"
     out = torch.empty(x.shape)
-    lib.rms_rows(_ptr(x), x.shape[0], x.shape[1], x.stride(0), eps, _ptr(out), int8_kernels._threads())
+    lib.rms_rows(ptr(x), x.shape[0], x.shape[1], x.stride(0), eps, ptr(out), threads())
     return out
 
 
@@ -310,5 +310,5 @@ def swiglu_(lib, gate_up: torch.Tensor) -> torch.Tensor:
     over the gate half (returned as a view with row stride 2I)."""
     assert gate_up.dtype == torch.float32 and gate_up.is_contiguous() and gate_up.device.type == "cpu"
     m = gate_up.shape[1] // 2
-    lib.swiglu_rows(_ptr(gate_up), gate_up.shape[0], m, int8_kernels._threads())
+    lib.swiglu_rows(ptr(gate_up), gate_up.shape[0], m, threads())
     return gate_up[:, :m]

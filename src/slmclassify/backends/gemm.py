@@ -37,6 +37,12 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
 
 
+def swiglu_(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up [N, I] for gate_up [N, 2I] = [gate | up], written over the gate half."""
+    gate, up = gate_up.chunk(2, dim=-1)  # [N, I] each
+    return F.silu(gate, inplace=True).mul_(up)
+
+
 class LinearOp:
     """x @ w (+ bias) for x [N, in]."""
 
@@ -55,8 +61,7 @@ class LinearOp:
 
     def normed_swiglu(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """silu(gate) * up [N, I] for [gate | up] = rms_norm(h, eps) @ w (+ bias) (gate_up's weight)."""
-        gate, up = self.normed(h, eps).chunk(2, dim=-1)  # [N, I] each
-        return F.silu(gate, inplace=True).mul_(up)
+        return swiglu_(self.normed(h, eps))
 
 
 class MmLinear(LinearOp):
@@ -79,10 +84,7 @@ class MmLinear(LinearOp):
     def normed_swiglu(self, h, eps):
         gate_up = self.normed(h, eps)  # [N, 2I]
         lib = fp32_passes.elementwise() if gate_up.device.type == "cpu" and gate_up.is_contiguous() else None
-        if lib is None:
-            gate, up = gate_up.chunk(2, dim=-1)  # [N, I] each
-            return F.silu(gate, inplace=True).mul_(up)
-        return fp32_passes.swiglu_(lib, gate_up)  # one C pass (`fp32_kernels.py`)
+        return swiglu_(gate_up) if lib is None else fp32_passes.swiglu_(lib, gate_up)  # one C pass
 
 
 class OneDnnLinear(LinearOp):

@@ -13,48 +13,19 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
                 acc = q @ w_int8 * column scales and colsum = the same of a row of ones
     swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
 
-The C source is compiled with the system's `cc` (-O3 -march=native -fopenmp) into the user cache
-folder, once per CPU (model and flags: a home folder may be shared between machines) and source;
-the library is loaded through ctypes. OpenMP resolves to the libgomp that PyTorch has already
-loaded (same soname), so no second thread pool appears; each call uses PyTorch's thread count. Where no compiler works, `load()` returns None and
-`unavailable()` says why: the int8 ops then run the eager path.
+The C source is compiled at first use (`native.py`: the system's C compiler, the user cache
+folder, one library per CPU); where no compiler works, `load()` returns None and `unavailable()`
+says why: the int8 ops then run the eager path.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-VEXP = r"""
-/* exp(x), Cephes' polynomial (relative error ~1e-7) in a form the compiler vectorises. */
-static inline float vexp(float x)
-{
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = __builtin_rintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float f;
-    memcpy(&f, &e, 4);
-    return p * f;
-}
-"""
-"""exp(x) for the C sources (`SOURCE`, `fp32_kernels.SOURCE`), included by name."""
+from . import native
+from .native import C, I, F, P, ptr, threads
 
 SOURCE = r"""
 #include <stdint.h>
@@ -155,103 +126,30 @@ void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t
         }
     }
 }
-""".replace("/* VEXP */", VEXP)
-
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
-COMPILER_ENV = "SLMCLASSIFY_CC"
-"""Names the C compiler (default: cc, else gcc); an empty value disables the fused kernels."""
-
-_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_state: dict = {}
+""".replace("/* VEXP */", native.VEXP)
 
 
 def load(cache_dir: Path | None = None):
     """The compiled library (ctypes), or None where it cannot be built (see `unavailable`).
-    Compiled once per machine into `cache_dir` (default: the user cache folder)."""
-    key = str(cache_dir)
-    if key not in _state:
-        _state[key] = _build(cache_dir)
-    lib, _ = _state[key]
-    return lib
+    Compiled once per CPU into `cache_dir` (default: the user cache folder)."""
+    return LIBRARY.load(cache_dir)
 
 
 def unavailable(cache_dir: Path | None = None) -> str | None:
     """Why the fused kernels cannot run here (None when they can)."""
-    load(cache_dir)
-    return _state[str(cache_dir)][1]
-
-
-def _compiler() -> str | None:
-    named = os.environ.get(COMPILER_ENV)
-    if named is not None:
-        return shutil.which(named) if named else None
-    return shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(cache_dir: Path | None, source: str | None = None, stem: str = "int8", bind=None,
-           flags: list[str] | None = None):
-    """(library, None) or (None, why not): `source` (default: this module's) compiled with `flags`
-    into `cache_dir`/kernels/`stem`-<digest>.so and loaded; `bind(lib)` declares its signatures
-    (default: this module's functions). Other kernel modules (`fp32_kernels.py`) build through it."""
-    source = SOURCE if source is None else source
-    flags = FLAGS if flags is None else flags
-    if os.environ.get(COMPILER_ENV) == "":
-        return None, f"disabled ({COMPILER_ENV} is empty)"
-    cc = _compiler()
-    if cc is None:
-        return None, f"no C compiler found (install gcc, or name one in {COMPILER_ENV})"
-    if cache_dir is None:
-        from ..loading import cache_root
-
-        cache_dir = cache_root()
-    # -march=native: a library built on another CPU (a home folder shared between machines) may use
-    # instructions this one lacks, so the CPU is part of the name
-    digest = hashlib.sha256((source + " ".join(flags) + cc + _cpu_identity()).encode()).hexdigest()[:16]
-    folder = Path(cache_dir) / "kernels"
-    target = folder / f"{stem}-{digest}.so"
-    if not target.exists():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                src = Path(tmp) / f"{stem}.c"
-                src.write_text(source)
-                built = Path(tmp) / f"{stem}.so"
-                done = subprocess.run([cc, *flags, "-o", str(built), str(src)], capture_output=True, text=True,
-                                      timeout=120)
-                if done.returncode != 0:
-                    return None, f"{cc} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
-                os.replace(built, target)  # atomic: another process may be compiling the same file
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"compiling with {cc} failed: {exc}"
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        return None, f"loading {target} failed: {exc}"
-    (bind or _bind)(lib)
-    return lib, None
+    return LIBRARY.unavailable(cache_dir)
 
 
 def _bind(lib) -> None:
-    lib.quantise_rows.argtypes = [_P, _I, _I, _I, _P, _F, _P, _P, _P, _P, _I, _P, _P, _C]
+    lib.quantise_rows.argtypes = [P, I, I, I, P, F, P, P, P, P, I, P, P, C]
     lib.quantise_rows.restype = None
-    lib.dequantise_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _C, _C]
+    lib.dequantise_rows.argtypes = [P, I, P, I, I, P, P, P, P, P, I, P, C, C]
     lib.dequantise_rows.restype = None
-    lib.swiglu_rows.argtypes = [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _C]
+    lib.swiglu_rows.argtypes = [P, I, P, I, I, P, P, P, P, P, I, P, C]
     lib.swiglu_rows.restype = None
 
 
-def _cpu_identity() -> str:
-    """This CPU's model name and flags (/proc/cpuinfo), or the platform's name where there is none."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            lines = [line for line in fh if line.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
-def _ptr(t: torch.Tensor | None):
-    return None if t is None else ctypes.c_void_p(t.data_ptr())
+LIBRARY = native.Library(SOURCE, "int8", _bind)
 
 
 def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outliers: torch.Tensor | None,
@@ -265,9 +163,9 @@ def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outlie
     rows = torch.empty(2, n)
     k = 0 if outliers is None else len(outliers)
     values = torch.empty(n, k) if k else None
-    lib.quantise_rows(_ptr(x), n, d, x.stride(0), _ptr(mult), -1.0 if eps is None else eps, _ptr(q), _ptr(rows[0]),
-                      _ptr(rows[1]), _ptr(outliers) if k else None, k, _ptr(outlier_mult) if k else None,
-                      _ptr(values), _threads())
+    lib.quantise_rows(ptr(x), n, d, x.stride(0), ptr(mult), -1.0 if eps is None else eps, ptr(q), ptr(rows[0]),
+                      ptr(rows[1]), ptr(outliers) if k else None, k, ptr(outlier_mult) if k else None,
+                      ptr(values), threads())
     return q, rows, values
 
 
@@ -279,8 +177,8 @@ def dequantise_(lib, out: torch.Tensor, acc: torch.Tensor, rows: torch.Tensor, c
     assert out.dtype == acc.dtype == torch.float32 and out.stride(1) == 1 and acc.is_contiguous()
     n, m = acc.shape
     k = 0 if values is None else values.shape[1]
-    lib.dequantise_rows(_ptr(out), out.stride(0), _ptr(acc), n, m, _ptr(rows[0]), _ptr(rows[1]), _ptr(colsum),
-                        _ptr(bias), _ptr(values), k, _ptr(outlier_weight) if k else None, int(add), _threads())
+    lib.dequantise_rows(ptr(out), out.stride(0), ptr(acc), n, m, ptr(rows[0]), ptr(rows[1]), ptr(colsum),
+                        ptr(bias), ptr(values), k, ptr(outlier_weight) if k else None, int(add), threads())
     return out
 
 
@@ -292,14 +190,6 @@ def swiglu_(lib, acc: torch.Tensor, rows: torch.Tensor, colsum: torch.Tensor, bi
     assert acc.dtype == torch.float32 and acc.is_contiguous() and acc.shape[1] % 2 == 0
     n, m = acc.shape[0], acc.shape[1] // 2
     k = 0 if values is None else values.shape[1]
-    lib.swiglu_rows(_ptr(acc), 2 * m, _ptr(acc), n, m, _ptr(rows[0]), _ptr(rows[1]), _ptr(colsum), _ptr(bias),
-                    _ptr(values), k, _ptr(outlier_weight) if k else None, _threads())
+    lib.swiglu_rows(ptr(acc), 2 * m, ptr(acc), n, m, ptr(rows[0]), ptr(rows[1]), ptr(colsum), ptr(bias),
+                    ptr(values), k, ptr(outlier_weight) if k else None, threads())
     return acc[:, :m]
-
-
-THREADS: int | None = None
-"""Threads of the fused passes; None: PyTorch's thread count."""
-
-
-def _threads() -> int:
-    return THREADS or torch.get_num_threads()

@@ -41,20 +41,6 @@ OUTLIER_RATIO: float | None = 2.0
 per layer; mean |Δ label log-prob| against float32 0.141 → 0.119 on 100 demo tickets, 0.173 → 0.113 on 40
 article tickets (1.5: 0.120, 0.097 with 3x the channels; see README, *int8 fidelity*)."""
 
-FLOAT32_OPS: dict[int | None, frozenset[str]] = {}
-"""int8's mixed plan: the ops of {layer number (negative: from the end; None: every layer)} that stay
-float32, the exact kernel on the unchanged weight (see README, *int8 fidelity*)."""
-
-
-def kept(layer: int, n_layers: int) -> frozenset[str]:
-    """The ops of layer `layer` (of `n_layers`) that an int8 engine keeps in float32 (`FLOAT32_OPS`)."""
-    found = set(FLOAT32_OPS.get(None, ()))
-    for key, ops in FLOAT32_OPS.items():
-        if key is not None and (key if key >= 0 else n_layers + key) == layer:
-            found |= ops
-    return frozenset(found)
-
-
 @dataclass(frozen=True)
 class Smoothing:
     """How one int8 op rescales its weight and input (see the module docstring)."""
@@ -78,14 +64,9 @@ def scales(act_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Te
 
 def plan_layer(ranges: dict[str, torch.Tensor], qkv: torch.Tensor, o: torch.Tensor, gate_up: torch.Tensor,
                down: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
-               alpha: float | None = None, outlier_ratio: float | None = None,
-               keep: frozenset[str] = frozenset()) -> dict[str, Smoothing]:
-    """The int8 ops' `Smoothing` of one layer from its ranges ({"qkv", "o", "gate_up", "down"}: [in]
-    max |x| each, as the float32 engine saw them) and its float32 weights ([in, out] each).
-
-    `keep`: the ops of this layer that stay float32 (the exact kernel on the unchanged weight): they
-    get no entry, nothing is folded into their weights, and an int8 o (down) whose producer qkv
-    (gate_up) is kept divides its own input instead."""
+               alpha: float | None = None, outlier_ratio: float | None = None) -> dict[str, Smoothing]:
+    """The four ops' `Smoothing` of one layer from its ranges ({"qkv", "o", "gate_up", "down"}: [in]
+    max |x| each, as the float32 engine saw them) and its float32 weights ([in, out] each)."""
     alpha = ALPHA if alpha is None else alpha
     outlier_ratio = OUTLIER_RATIO if outlier_ratio is None else outlier_ratio
     group, D = n_heads // n_kv, head_dim
@@ -99,18 +80,14 @@ def plan_layer(ranges: dict[str, torch.Tensor], qkv: torch.Tensor, o: torch.Tens
     inter = down.shape[0]
     s_down = scales(ranges["down"], down.abs().amax(1), alpha)  # [I]
     gate_up_cols = torch.cat([torch.ones(gate_up.shape[1] - inter), s_down])
-    # a kept consumer takes its input undivided: its producer's columns stay as they are
-    qkv_cols = torch.ones_like(qkv_cols) if "o" in keep else qkv_cols
-    gate_up_cols = torch.ones_like(gate_up_cols) if "down" in keep else gate_up_cols
     s_qkv = scales(ranges["qkv"], (qkv / qkv_cols[None]).abs().amax(1), alpha)  # [hidden]
     s_gate_up = scales(ranges["gate_up"], (gate_up / gate_up_cols[None]).abs().amax(1), alpha)  # [hidden]
     plan = {
         "qkv": Smoothing(rows=s_qkv, inv_in=1 / s_qkv, cols=qkv_cols),
-        "o": Smoothing(rows=s_o, inv_in=1 / s_o if "qkv" in keep else None),
+        "o": Smoothing(rows=s_o, inv_in=None),
         "gate_up": Smoothing(rows=s_gate_up, inv_in=1 / s_gate_up, cols=gate_up_cols),
-        "down": Smoothing(rows=s_down, inv_in=1 / s_down if "gate_up" in keep else None),
+        "down": Smoothing(rows=s_down, inv_in=None),
     }
-    plan = {name: smooth for name, smooth in plan.items() if name not in keep}
     if outlier_ratio is not None:
         for name, smooth in plan.items():
             flat = ranges[name].float() / smooth.rows  # [in] max |x / s|

@@ -1,0 +1,143 @@
+"""Small C libraries compiled at first use (`int8_kernels.py`, `fp32_kernels.py`).
+
+Each source is compiled with the system's C compiler (`cc`, else `gcc`; `SLMCLASSIFY_CC` names
+another, an empty value disables them) with -O3 -march=native -fopenmp into the user cache folder,
+once per CPU (model and flags: a home folder may be shared between machines, and -march=native
+code may use instructions another CPU lacks) and source, and loaded through ctypes. OpenMP resolves
+to the libgomp that PyTorch has already loaded (same soname), so no second thread pool appears;
+each call uses PyTorch's thread count. Where nothing builds, `Library.load` returns None and
+`Library.unavailable` says why: the callers then run their torch paths.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+VEXP = r"""
+/* exp(x), Cephes' polynomial (relative error ~1e-7) in a form the compiler vectorises. */
+static inline float vexp(float x)
+{
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float f;
+    memcpy(&f, &e, 4);
+    return p * f;
+}
+"""
+"""exp(x) for the C sources (`int8_kernels.SOURCE`, `fp32_kernels.SOURCE`), included by name."""
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+COMPILER_ENV = "SLMCLASSIFY_CC"
+"""Names the C compiler (default: cc, else gcc); an empty value disables every C library."""
+
+P, I, F, C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+"""ctypes argument types of the C functions: pointer, int64, float, int."""
+
+
+class Library:
+    """One C source: compiled and loaded at first use per cache folder (and flags), kept for the process."""
+
+    def __init__(self, source: str, stem: str, bind) -> None:
+        self.source, self.stem, self.bind = source, stem, bind
+        self._built: dict = {}
+
+    def load(self, cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
+        """The library (ctypes, signatures declared by `bind`), or None where it cannot be built.
+        `flags` (tests): compile with these instead of FLAGS (e.g. AVX2 only)."""
+        key = (str(cache_dir), flags)
+        if key not in self._built:
+            self._built[key] = build(cache_dir, self.source, self.stem, self.bind,
+                                     FLAGS if flags is None else list(flags))
+        return self._built[key][0]
+
+    def unavailable(self, cache_dir: Path | None = None, flags: tuple[str, ...] | None = None) -> str | None:
+        """Why the library cannot be built here (None when it can)."""
+        self.load(cache_dir, flags)
+        return self._built[(str(cache_dir), flags)][1]
+
+
+def compiler() -> str | None:
+    """The C compiler to use (COMPILER_ENV, else cc, else gcc), or None."""
+    named = os.environ.get(COMPILER_ENV)
+    if named is not None:
+        return shutil.which(named) if named else None
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def build(cache_dir: Path | None, source: str, stem: str, bind, flags: list[str]):
+    """(library, None) or (None, why not): `source` compiled with `flags` into
+    `cache_dir`/kernels/`stem`-<digest>.so (default folder: the user cache) and loaded; `bind(lib)`
+    declares its functions' signatures."""
+    if os.environ.get(COMPILER_ENV) == "":
+        return None, f"disabled ({COMPILER_ENV} is empty)"
+    cc = compiler()
+    if cc is None:
+        return None, f"no C compiler found (install gcc, or name one in {COMPILER_ENV})"
+    if cache_dir is None:
+        from ..loading import cache_root
+
+        cache_dir = cache_root()
+    # -march=native: a library built on another CPU (a home folder shared between machines) may use
+    # instructions this one lacks, so the CPU is part of the name
+    digest = hashlib.sha256((source + " ".join(flags) + cc + cpu_identity()).encode()).hexdigest()[:16]
+    folder = Path(cache_dir) / "kernels"
+    target = folder / f"{stem}-{digest}.so"
+    if not target.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                src = Path(tmp) / f"{stem}.c"
+                src.write_text(source)
+                built = Path(tmp) / f"{stem}.so"
+                done = subprocess.run([cc, *flags, "-o", str(built), str(src)], capture_output=True, text=True,
+                                      timeout=120)
+                if done.returncode != 0:
+                    return None, f"{cc} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+                os.replace(built, target)  # atomic: another process may be compiling the same file
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"compiling with {cc} failed: {exc}"
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as exc:
+        return None, f"loading {target} failed: {exc}"
+    bind(lib)
+    return lib, None
+
+
+def cpu_identity() -> str:
+    """This CPU's model name and flags (/proc/cpuinfo), or the platform's name where there is none."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            lines = [line for line in fh if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def ptr(t: torch.Tensor | None):
+    """A tensor's data as a C pointer (None for None)."""
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def threads() -> int:
+    """Threads of a C pass: PyTorch's thread count."""
+    return torch.get_num_threads()
