@@ -175,7 +175,9 @@ def local_ray():
     """A local Ray of 2 CPUs for one test module (the Ray tests; skipped without the ray extra)."""
     ray = pytest.importorskip("ray")
     ray_data = pytest.importorskip("ray.data")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from slmclassify.ray.local import start_ray
+
+    assert start_ray(num_cpus=2), "Ray was up already: another test module left it running"
     ray_data.DataContext.get_current().enable_progress_bars = False
     yield
     ray.shutdown()

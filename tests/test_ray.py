@@ -169,6 +169,14 @@ def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     assert back["id"].tolist() == list(range(300))
     assert back["label"].fillna("").tolist() == one["label"].fillna("").tolist()
 
+    # one small file in (read by the driver, sent longest first: `ordering.py`), a folder out: input order
+    part = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "out1"), "--ray",
+                               "--block-rows", "64", *common], catch_exceptions=False)
+    assert part.exit_code == 0, part.output
+    back = pd.read_parquet(tmp_path / "out1")
+    assert back["id"].tolist() == [f"{i:05d}" for i in range(300)]
+    assert back["label"].fillna("").tolist() == one["label"].fillna("").tolist()
+
 
 def test_bad_input_is_refused_before_any_actor_starts(local_ray):
     no_text = ray.data.from_items([{"body": "x"}])
@@ -226,3 +234,41 @@ def test_the_ray_driver_does_not_import_torch(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines() == ["False False"], (flags, done.stdout, done.stderr)  # torch, transformers
+
+
+LEAN_LOCAL_RAY = """
+import os
+import ray
+from ray._private import parameter
+from slmclassify.ray.local import start_ray
+
+original = parameter.RayParams.__init__
+assert start_ray(num_cpus=1)
+assert not start_ray(), "up already: not started again"
+assert parameter.RayParams.__init__ is original
+node = ray._private.worker._global_node
+print(sorted(node.all_processes))
+
+@ray.remote(num_cpus=0)
+def pid():
+    return os.getpid()
+
+assert ray.get(pid.remote()) != os.getpid()
+ray.shutdown()
+assert not ray.is_initialized()
+"""
+
+
+def test_the_local_ray_has_no_autoscaler_monitor_nor_log_monitor():
+    """`classify --ray` without --ray-address starts Ray here without the two processes a run on
+    one machine does not use (`ray/local.py`); the monitor also held up `ray.shutdown()` by 1 s.
+    Tasks still run, Ray's parameters are restored, and it shuts down."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LEAN_LOCAL_RAY], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    assert done.returncode == 0, done.stderr
+    processes = done.stdout.strip()
+    assert "'gcs_server'" in processes and "'raylet'" in processes, processes
+    assert "'monitor'" not in processes and "'log_monitor'" not in processes, processes

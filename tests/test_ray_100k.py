@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 
 from slmclassify import Classifier  # noqa: E402
 from slmclassify.ray import RaySettings, classify_dataset  # noqa: E402
+from slmclassify.ray.local import start_ray  # noqa: E402
 
 from test_ray import LABELS, TASK, _texts  # noqa: E402
 
@@ -29,7 +30,7 @@ def test_100k_rows_in_order_and_equal_to_single_process(llama_dir, llama_loaded)
     began = time.perf_counter()
     expected = Classifier(TASK, model=llama_loaded).classify(texts)
     single = time.perf_counter() - began
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_ray(num_cpus=2)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         ds = ray.data.from_items([{"row": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=16)

@@ -13,7 +13,8 @@ ray = pytest.importorskip("ray")
 
 from slmclassify.errors import InputError  # noqa: E402
 from slmclassify.ray import reading  # noqa: E402
-from slmclassify.ray.dataset import _cut  # noqa: E402
+from slmclassify.ray.blocks import cut_blocks  # noqa: E402
+from slmclassify.ray.dataset import _cut, _ready_blocks  # noqa: E402
 
 
 def _inputs(folder) -> dict[str, str]:
@@ -33,7 +34,7 @@ def _inputs(folder) -> dict[str, str]:
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_the_driver_read_gives_the_rows_order_and_types_of_rays_readers(local_ray, tmp_path, fmt):
     path = _inputs(tmp_path)[fmt]
-    blocks = reading.driver_blocks(fmt, path, 25)
+    blocks = cut_blocks(reading.driver_table(fmt, path), 25)
     assert [b.num_rows for b in blocks] == [25, 25, 25, 25, 3]
     mine = pa.concat_tables(blocks)
     theirs = reading.ray_read(fmt, [path]).to_arrow_refs()
@@ -45,14 +46,15 @@ def test_the_driver_read_gives_the_rows_order_and_types_of_rays_readers(local_ra
 
 
 def test_blocks_read_by_the_driver_are_not_cut_again(local_ray, tmp_path):
-    """No cut task (and no Ray worker process for it) when the blocks are already cut; any other
-    Dataset is still cut into blocks of exactly block_rows rows, in order."""
+    """No cut task (and no Ray worker process for it) when the blocks are ready in memory, each of
+    at most block_rows rows (they go to the actors as they are); any other Dataset is cut."""
     path = _inputs(tmp_path)["csv"]
-    ready = ray.data.from_blocks(reading.driver_blocks("csv", path, 25))
-    assert _cut(ready, 25) is ready
-    assert _cut(ready, 30) is not ready  # blocks of 25 are not blocks of 30
-    one_block = ray.data.from_blocks([pa.concat_tables(reading.driver_blocks("csv", path, 25))])
-    assert _cut(one_block, 25) is not one_block
+    ready = ray.data.from_blocks(cut_blocks(reading.driver_table("csv", path), 25))
+    assert _ready_blocks(ready, 25) and _ready_blocks(ready, 30)
+    assert not _ready_blocks(ready, 20)  # blocks of 25 rows are too big for calls of 20
+    one_block = ray.data.from_blocks([reading.driver_table("csv", path)])
+    assert not _ready_blocks(one_block, 25)
+    assert not _ready_blocks(reading.ray_read("csv", [path]), 1000)  # read by Ray: cut as it comes
 
 
 def test_which_inputs_the_driver_reads(tmp_path, monkeypatch):
@@ -68,10 +70,10 @@ def test_bad_rows_are_named(local_ray, tmp_path):
     (tmp_path / "bad.csv").write_text("id,text\n1,fine\n2,one, too many\n3,fine\n")
     with pytest.raises(InputError, match=r"bad.csv: not readable as CSV \(line 3: Expected 2 columns, got 3: "
                                          r"2,one, too many\)$"):
-        reading.driver_blocks("csv", str(tmp_path / "bad.csv"), 10)
+        reading.driver_table("csv", str(tmp_path / "bad.csv"))
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n')
     with pytest.raises(InputError, match=r"bad.jsonl: not readable as JSONL \(line 3 is not valid JSON: Expecting value\)$"):
-        reading.driver_blocks("jsonl", str(tmp_path / "bad.jsonl"), 10)
+        reading.driver_table("jsonl", str(tmp_path / "bad.jsonl"))
 
 
 def test_a_csv_error_without_a_row_number_still_names_the_line(tmp_path):
@@ -83,3 +85,44 @@ def test_a_csv_error_without_a_row_number_still_names_the_line(tmp_path):
     bad.write_text('id,text\n1,"two\nlines"\n2,one, too many\n3,fine\n')
     error = ValueError("CSV parse error: Expected 2 columns, got 3: 2,one, too many")
     assert _bad_row("csv", str(bad), error) == "line 4: Expected 2 columns, got 3: 2,one, too many"
+
+
+def test_rows_go_out_longest_first_and_come_back_in_input_order():
+    """`ordering.py`: the driver sends the rows of a file it read longest text first (equal lengths
+    in input order, missing and empty texts last), so each block holds rows of about one length;
+    `restore` puts the rows that come back in that order where they were."""
+    import numpy as np
+
+    from slmclassify.ray.blocks import longest_first, restore
+
+    table = pa.table({"id": list(range(6)), "text": ["abc", "ten chars!", "", None, "ten chars?", "héllo"]})
+    order = longest_first(table, "text")
+    assert order.tolist() == [1, 4, 5, 0, 2, 3]  # "héllo" is 5 characters, not 6 bytes
+    sent = table.take(order)
+    assert [b.column("id").to_pylist() for b in cut_blocks(sent, 2)] == [[1, 4], [5, 0], [2, 3]]
+    assert restore(sent, order).equals(table)
+    assert longest_first(table, "body") is None  # no such column: the classifier names the problem
+    numbers = pa.table({"text": [7, 12345, None]})  # JSONL may type a column as numbers
+    assert longest_first(numbers, "text").tolist() == [1, 0, 2]
+    empty = table.slice(0, 0)
+    assert restore(empty.take(longest_first(empty, "text")), np.array([], dtype=np.int64)).num_rows == 0
+
+
+def test_the_driver_cuts_blocks_of_about_equal_work_longest_first():
+    """`blocks.spread`: equal rows per block gave one actor the 150 longest of the article's 600
+    tickets (half of the work: 51 s against 30 s for the 450 others). Blocks now hold about equal
+    work (a repeated text counts once: it is run once), at least 4 per actor, each of at most
+    block_rows rows, longest first; put back together they are the input, in order."""
+    from slmclassify.ray.blocks import ROW_CHARS, restore, spread
+
+    texts = ["a" * 2000] * 5 + [f"{i:03d}" + "b" * 297 for i in range(60)] + [f"{i:03d}" + "c" * 57 for i in range(335)]
+    table = pa.table({"id": list(range(400)), "text": texts[::-1]})  # shortest first in the file
+    blocks, order = spread(table, "text", block_rows=150, actors=2)
+    assert [len(t) for t in blocks[0].column("text").to_pylist()][:5] == [2000] * 5
+    assert sum(b.num_rows for b in blocks) == 400 and max(b.num_rows for b in blocks) <= 150
+    assert len(blocks) >= 8
+    work = [sum(len(t) + ROW_CHARS for t in set(b.column("text").to_pylist())) for b in blocks]
+    assert max(work) < 1.6 * sum(work) / len(work), work
+    assert restore(pa.concat_tables(blocks), order).equals(table)
+    blocks, order = spread(table, "body", block_rows=150, actors=2)  # no such column: input order
+    assert order is None and [b.num_rows for b in blocks] == [150, 150, 100]

@@ -133,12 +133,15 @@ def _unescape(template: str | None) -> str | None:
 def ray_options(fn):
     """`classify --ray`: the run on a Ray cluster (the `slmclassify[ray]` extra)."""
     options = [
-        click.option("--ray", "use_ray", is_flag=True, help="Run on Ray actors (a local Ray without --ray-address); "
-                     "INPUT may be a folder, OUTPUT a folder of Parquet parts."),
-        click.option("--ray-address", help="Ray cluster to join: auto, ray://HOST:10001 (implies --ray)."),
+        click.option("--ray", "use_ray", is_flag=True, help="Run on Ray actors (without --ray-address: the Ray of "
+                     "RAY_ADDRESS or `ray start` on this machine, else a new local one); INPUT may be a folder, "
+                     "OUTPUT a folder of Parquet parts."),
+        click.option("--ray-address", help="Ray to join: auto, HOST:PORT, ray://HOST:10001, or local for a new "
+                     "local Ray (implies --ray)."),
         click.option("--actors", type=int, help="Classifier actors under --ray (default 2)."),
         click.option("--cpus-per-actor", type=float, default=1, show_default=True, help="CPUs (torch threads) per actor."),
-        click.option("--block-rows", type=int, help="Rows per Ray block, sorted and batched together (default 256)."),
+        click.option("--block-rows", type=int, help="Most rows per Ray block, sorted and batched together (default "
+                     "256; one small file is cut into blocks of equal work, at least 4 per actor)."),
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -1,7 +1,8 @@
 """`classify_dataset`: a Ray Dataset in, the same Dataset with the result columns added out.
 
     Dataset (text column, any others)
-    → repartition(target_num_rows_per_block=block_rows): blocks cut in row order (streaming)
+    → repartition(target_num_rows_per_block=block_rows): blocks cut in row order (streaming),
+      unless it is blocks in memory of at most block_rows rows each (the CLI's driver read), kept
     → map_batches(ClassifierActor, one call per block, `actors` actors × `cpus_per_actor` CPUs)
     → Dataset (input columns as read + label, confidence, needs_review, p_*, status)
 
@@ -97,12 +98,13 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
             raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
                              "so the results do not overwrite it")
     board = RunBoard.remote()
-    classified = _cut(dataset, rs.block_rows).map_batches(
+    ready = _ready_blocks(dataset, rs.block_rows)
+    classified = (dataset if ready else _cut(dataset, rs.block_rows)).map_batches(
         ClassifierActor,
         fn_constructor_kwargs=dict(task=task, model=model, settings=settings, text_column=text_column,
                                    result_prefix=result_prefix, threads=rs.threads, errors=errors, board=board,
                                    precision_sample=precision_sample),
-        batch_size=rs.block_rows,
+        batch_size=None if ready else rs.block_rows,  # ready blocks go as they are: one call each
         batch_format="pyarrow",
         zero_copy_batch=True,
         # one block at a time per actor: a block waits for the next idle actor instead of queueing behind
@@ -127,12 +129,9 @@ def _cut(dataset, rows: int, tasks: int = 1):
     while every task running at once may need a Ray worker process of its own, started while the
     actors start (without a limit, 0-CPU tasks started one per input block; with 2, a 600-row CSV
     started a second worker for one slice: importing ray and ray.data alone is 1.6 s of CPU).
-    Blocks that are cut already (the driver's read of a small file) are left as they are.
     """
     from ray.data._internal.compute import TaskPoolStrategy
 
-    if _cut_already(dataset, rows):
-        return dataset
     cut = dataset.repartition(target_num_rows_per_block=rows, strict=True)  # not strict: 1.5 × rows stay whole
     op = cut._logical_plan.dag
     op.ray_remote_args["num_cpus"] = 0
@@ -140,17 +139,17 @@ def _cut(dataset, rows: int, tasks: int = 1):
     return cut
 
 
-def _cut_already(dataset, rows: int) -> bool:
-    """Whether the dataset is blocks in memory that the cut would leave as they are: every block of
-    `rows` rows, the last one of at most `rows` (what the driver's read makes, `reading.py`). Then
-    no cut task is run, and no Ray worker process is started for one."""
+def _ready_blocks(dataset, rows: int) -> bool:
+    """Whether the dataset is blocks in memory of at most `rows` rows each (what the driver's read
+    makes: `blocks.spread`). They go to the actors as they are, one call per block, with no cut
+    task (and no Ray worker process started for one); any other Dataset is cut (`_cut`)."""
     from ray.data._internal.logical.operators.from_operators import AbstractFrom
 
     op = dataset._logical_plan.dag
     if not isinstance(op, AbstractFrom):
         return False
     sizes = [m.num_rows for bundle in op.input_data for m in bundle.metadata]
-    return None not in sizes and all(n == rows for n in sizes[:-1]) and (not sizes or sizes[-1] <= rows)
+    return None not in sizes and all(n <= rows for n in sizes)
 
 
 def _column_names(dataset) -> list[str] | None:

@@ -23,8 +23,10 @@ from ..io.formats import FORMATS, check_output, table_format
 from ..results import RunStats
 from ..task import Task
 from .actors import process_started
+from .blocks import restore, spread
 from .dataset import RaySettings, classify_dataset
-from .reading import driver_blocks, ray_read, reads_on_driver
+from .local import start_ray
+from .reading import driver_table, ray_read, reads_on_driver
 from .sharing import SHARED_ITEMS
 
 
@@ -48,16 +50,16 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     in_fmt, files = _input_files(input_path)
 
     began = time.time()
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+    own_ray = start_ray(address)
     try:
         initialised = time.time()
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = progress
+        order = None  # the rows' order on the actors when it is not the input's (`blocks.py`)
         if reads_on_driver(in_fmt, files):
-            dataset = ray.data.from_blocks(driver_blocks(in_fmt, files[0], ray_settings.block_rows))
+            blocks, order = spread(driver_table(in_fmt, files[0]), text_column, ray_settings.block_rows,
+                                   ray_settings.actors)
+            dataset = ray.data.from_blocks(blocks)
         else:
             dataset = ray_read(in_fmt, files)
         sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
@@ -69,11 +71,13 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
         with warnings.catch_warnings():
             # the cut into blocks (`dataset._cut`) may get fewer input blocks than its task limit: as meant
             warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks", category=UserWarning)
-            if folder_out:
+            if folder_out and order is None:
                 run.dataset.write_parquet(output_path)
                 rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
+            elif folder_out:
+                rows = _write_part(_in_order(run.dataset, order), output_path)
             else:
-                rows = _write_file(run.dataset, output_path, out_fmt)
+                rows = _write_file(_in_order(run.dataset, order), output_path, out_fmt)
         seconds = time.perf_counter() - started
         figures = run.figures()
         phases = {"ray_init": initialised - began, "began": began, "submitted": submitted, "finished": time.time(),
@@ -129,14 +133,43 @@ def _input_files(path: str) -> tuple[str, list[str]]:
     return next(iter(found.items()))
 
 
-def _write_file(dataset, output_path: str, fmt: str) -> int:
-    """Stream the rows in order into OUTPUT.partial, then rename it; returns the rows written."""
+def _in_order(dataset, order):
+    """The classified rows as pyarrow Tables, in input order: streamed as they come when they went
+    out in that order; else all at once (an input the driver read: at most 32 MiB), put back."""
+    import pyarrow as pa
+
+    batches = dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+    if order is None:
+        yield from batches
+        return
+    tables = list(batches)
+    if tables:
+        yield restore(pa.concat_tables(tables), order)
+
+
+def _write_part(tables, folder: str) -> int:
+    """The rows (an input the driver read) as one Parquet part in a new folder; returns the rows."""
+    import pyarrow.parquet as pq
+
+    from ..io.writers import atomic_output
+
+    table = next(iter(tables), None)
+    if table is None:
+        raise InputError("the input has no rows")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with atomic_output(str(Path(folder) / "part-00000.parquet")) as fh:
+        pq.write_table(table, fh)
+    return table.num_rows
+
+
+def _write_file(tables, output_path: str, fmt: str) -> int:
+    """Write the rows in order into OUTPUT.partial, then rename it; returns the rows written."""
     from ..io.writers import ChunkWriter, atomic_output
 
     rows = 0
     with atomic_output(output_path) as fh:
         writer = None
-        for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for batch in tables:
             if writer is None:
                 schema = batch.schema if fmt == "parquet" else list(batch.column_names)
                 writer = ChunkWriter(fh, fmt, schema, name=output_path)
@@ -163,7 +196,7 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
         _echo("labels: " + "; ".join(info["labels"]))
     where = address or "a local Ray on this machine"
     _echo(f"ray: {rs.actors} actors × {rs.cpus_per_actor:g} CPU ({rs.threads} torch threads each) on {where}; "
-          f"blocks of {rs.block_rows} rows; actor processes started: {len(actors)}")
+          f"blocks of at most {rs.block_rows} rows; actor processes started: {len(actors)}")
     rate = rows / seconds if seconds else 0.0
     _echo(f"items: {rows} ({total.scored} scored, {total.items - total.scored} empty) in {seconds:.2f} s: "
           f"{rate:.1f} items/s, {(total.real_tokens + total.prefix_reused) / seconds if seconds else 0:.0f} tokens/s")

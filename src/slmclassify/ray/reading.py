@@ -1,9 +1,10 @@
 """The `--ray` job's input as a Ray Dataset: read by this process (the driver) when it is one small
 file, by Ray's readers on the workers otherwise.
 
-    one CSV/JSONL file of at most DRIVER_READ_BYTES → read here by Ray's own reader code, cut into
-        blocks of block_rows rows, handed to Ray as ready blocks (`ray.data.from_blocks`): no read
-        task and no cut task run, so no Ray worker process is started for them
+    one CSV/JSONL file of at most DRIVER_READ_BYTES → read here by Ray's own reader code, ordered
+        longest text first and cut into blocks of about equal work (`blocks.py`), handed to Ray as
+        ready blocks (`ray.data.from_blocks`): no read task and no cut task run, so no Ray worker
+        process is started for them
     a folder, a Parquet file or a bigger file → Ray's readers on the workers (parallel, streamed,
         never held whole here), then cut into blocks by `dataset._cut`
 
@@ -34,10 +35,10 @@ def reads_on_driver(fmt: str, files: list[str]) -> bool:
     return fmt in ("csv", "jsonl") and len(files) == 1 and os.path.getsize(files[0]) <= DRIVER_READ_BYTES
 
 
-def driver_blocks(fmt: str, path: str, block_rows: int) -> list:
-    """The file as pyarrow Tables of `block_rows` rows (the last one shorter), in row order. Read by
-    Ray's own reader (`ray_read`'s datasource, its read tasks run here instead of in a worker), so
-    the rows and types are those of Ray's readers by construction. Errors name the line."""
+def driver_table(fmt: str, path: str):
+    """The file as one pyarrow Table, in row order. Read by Ray's own reader (`ray_read`'s
+    datasource, its read tasks run here instead of in a worker), so the rows and types are those
+    of Ray's readers by construction. Errors name the line."""
     import pyarrow as pa
     from ray.data.block import BlockAccessor
 
@@ -47,10 +48,7 @@ def driver_blocks(fmt: str, path: str, block_rows: int) -> list:
                   for task in source.get_read_tasks(1) for block in task()]
     except Exception as exc:  # pyarrow, pandas and json raise many types for a bad file
         raise InputError(f"{path}: not readable as {fmt.upper()} ({_bad_row(fmt, path, exc)})") from None
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    if table.num_rows == 0:
-        return [table]
-    return [table.slice(start, block_rows) for start in range(0, table.num_rows, block_rows)]
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 def ray_read(fmt: str, files: list[str]) -> ray.data.Dataset:
