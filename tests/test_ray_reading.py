@@ -93,7 +93,7 @@ def test_rows_go_out_longest_first_and_come_back_in_input_order():
     `restore` puts the rows that come back in that order where they were."""
     import numpy as np
 
-    from slmclassify.ray.blocks import longest_first, restore
+    from slmclassify.ray.blocks import longest_first, restore, spread
 
     table = pa.table({"id": list(range(6)), "text": ["abc", "ten chars!", "", None, "ten chars?", "héllo"]})
     order = longest_first(table, "text")
@@ -104,6 +104,8 @@ def test_rows_go_out_longest_first_and_come_back_in_input_order():
     assert longest_first(table, "body") is None  # no such column: the classifier names the problem
     numbers = pa.table({"text": [7, 12345, None]})  # JSONL may type a column as numbers
     assert longest_first(numbers, "text").tolist() == [1, 0, 2]
+    blocks, order = spread(numbers, "text", block_rows=2, actors=2)
+    assert order.tolist() == [1, 0, 2] and restore(pa.concat_tables(blocks), order).equals(numbers)
     empty = table.slice(0, 0)
     assert restore(empty.take(longest_first(empty, "text")), np.array([], dtype=np.int64)).num_rows == 0
 

@@ -39,7 +39,7 @@ def spread(table, text_column: str, block_rows: int, actors: int) -> tuple[list,
     if order is None:
         return cut_blocks(table, block_rows), None
     sent = table.take(order)
-    work = _work(sent.column(text_column))
+    work = _work(_as_text(sent, text_column))
     pieces = max(math.ceil(table.num_rows / block_rows), min(actors * BLOCKS_PER_ACTOR, table.num_rows))
     return _equal_work(sent, work, block_rows, pieces), order
 
