@@ -93,7 +93,7 @@ def test_rows_go_out_longest_first_and_come_back_in_input_order():
     `restore` puts the rows that come back in that order where they were."""
     import numpy as np
 
-    from slmclassify.ray.blocks import longest_first, restore, spread
+    from slmclassify.ray.blocks import _sort_keys, _work, longest_first, restore, spread
 
     table = pa.table({"id": list(range(6)), "text": ["abc", "ten chars!", "", None, "ten chars?", "héllo"]})
     order = longest_first(table, "text")
@@ -102,6 +102,10 @@ def test_rows_go_out_longest_first_and_come_back_in_input_order():
     assert [b.column("id").to_pylist() for b in cut_blocks(sent, 2)] == [[1, 4], [5, 0], [2, 3]]
     assert restore(sent, order).equals(table)
     assert longest_first(table, "body") is None  # no such column: the classifier names the problem
+    # work per sorted row: length + ROW_CHARS; none for a repeat of the row before nor an empty/missing text
+    assert _work(_sort_keys(table, "text"), order).tolist() == [74, 74, 69, 67, 0, 0]
+    twice = pa.table({"text": ["aa", "b", "aa"]})
+    assert _work(_sort_keys(twice, "text"), longest_first(twice, "text")).tolist() == [66, 0, 65]
     numbers = pa.table({"text": [7, 12345, None]})  # JSONL may type a column as numbers
     assert longest_first(numbers, "text").tolist() == [1, 0, 2]
     blocks, order = spread(numbers, "text", block_rows=2, actors=2)

@@ -132,6 +132,9 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
         for side in names[1:]:
             row[f"{side}_overhead"] = row[f"{side}_wall_s"] / row["single_wall_s"] - 1
             row[f"{side}_overhead_in_process"] = row[f"{side}_submit_to_written_s"] / row["single_in_process_s"] - 1
+            if row[f"{side}_driver_to_submit_s"] is not None:  # the summary, the shutdown and the exit
+                row[f"{side}_after_written_s"] = (row[f"{side}_wall_s"] - row[f"{side}_driver_to_submit_s"]
+                                                  - row[f"{side}_submit_to_written_s"])
             row.update({f"{side}_{k}": v for k, v in _compare(folder / "single.csv", folder / f"{side}.csv",
                                                               task.labels).items()})
         rows.append(row)
@@ -233,12 +236,9 @@ def main(n_items, rounds, actors, block_rows, running, model):
                        f"{row['single_scored_by_model']:>5}/{row[f'{side}_scored_by_model']:<6} "
                        f"{str(row[f'{side}_identical_labels']):>5} {str(row[f'{side}_in_order']):>5} "
                        f"{row[f'{side}_max_dp']:>8.1e}  {row['single_load_avg']} | {row[f'{side}_load_avg']}")
-            after = (row[f"{side}_wall_s"] - row[f"{side}_driver_to_submit_s"] - row[f"{side}_submit_to_written_s"]
-                     if row[f"{side}_driver_to_submit_s"] is not None else None)  # summary, shutdown, exit
-            row[f"{side}_after_written_s"] = after
             click.echo(f"      {side}: driver start to Dataset submitted {_s(row[f'{side}_driver_to_submit_s'])}, "
                        f"ray.init {row[f'{side}_ray_init_s']:.1f} s of it, actor load {row[f'{side}_load_s']:.1f} s, "
-                       f"last row written to exit {_s(after)}")
+                       f"last row written to exit {_s(row.get(f'{side}_after_written_s'))}")
             for actor in row[f"{side}_actors"]:
                 click.echo(f"        actor {actor['key']}: {actor['rows']} rows in {actor['blocks']} blocks, busy "
                            f"{actor['busy_s']:.1f} s, {actor['scored_by_model']} run through the model, waited "

@@ -35,26 +35,19 @@ def spread(table, text_column: str, block_rows: int, actors: int) -> tuple[list,
     Blocks of about equal work, longest texts first, each of at most `block_rows` rows; without the
     text column (the classifier then names the problem) blocks of `block_rows` rows in input order.
     """
-    order = longest_first(table, text_column)
-    if order is None:
+    keys = _sort_keys(table, text_column)
+    if keys is None:
         return cut_blocks(table, block_rows), None
-    sent = table.take(order)
-    work = _work(_as_text(sent, text_column))
+    order = _longest_first(keys)
     pieces = max(math.ceil(table.num_rows / block_rows), min(actors * BLOCKS_PER_ACTOR, table.num_rows))
-    return _equal_work(sent, work, block_rows, pieces), order
+    return _equal_work(table.take(order), _work(keys, order), block_rows, pieces), order
 
 
 def longest_first(table, text_column: str) -> np.ndarray | None:
     """The row order: longest text first, identical texts together (then stable: input order);
     missing and empty texts last. None when there is no such column or it is not text-like."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    texts = _as_text(table, text_column)
-    if texts is None:
-        return None
-    keys = pa.table({"length": pc.fill_null(pc.utf8_length(texts), 0), "text": texts})
-    return pc.sort_indices(keys, sort_keys=[("length", "descending"), ("text", "ascending")]).to_numpy()
+    keys = _sort_keys(table, text_column)
+    return None if keys is None else _longest_first(keys)
 
 
 def restore(table, order: np.ndarray):
@@ -71,42 +64,57 @@ def cut_blocks(table, block_rows: int) -> list:
     return [table.slice(start, block_rows) for start in range(0, table.num_rows, block_rows)]
 
 
-def _as_text(table, text_column: str):
+def _sort_keys(table, text_column: str):
+    """pyarrow Table {length (characters, 0 for missing), text} of the rows, or None when there is
+    no such column or it is not text-like."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if text_column not in table.column_names:
         return None
     texts = table.column(text_column)
-    if pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type):
-        return texts
-    try:
-        return pc.cast(texts, pa.string())  # JSONL may type a column as numbers
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None  # e.g. nested values: left in input order, and the classifier reports them
+    if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+        try:
+            texts = pc.cast(texts, pa.string())  # JSONL may type a column as numbers
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None  # e.g. nested values: left in input order, and the classifier reports them
+    return pa.table({"length": pc.fill_null(pc.utf8_length(texts), 0), "text": texts})
 
 
-def _work(texts) -> np.ndarray:
-    """Each sorted row's expected work: its length plus ROW_CHARS, and none for a repeat of the row
-    before it (identical texts are run once, `sharing.py`)."""
+def _longest_first(keys) -> np.ndarray:
     import pyarrow.compute as pc
 
-    values = texts.to_pylist()
-    lengths = pc.fill_null(pc.utf8_length(texts), 0).to_numpy(zero_copy_only=False).astype(np.float64)
-    repeat = np.array([i > 0 and values[i] == values[i - 1] for i in range(len(values))], dtype=bool)
-    return np.where(repeat, 0.0, lengths + ROW_CHARS)
+    return pc.sort_indices(keys, sort_keys=[("length", "descending"), ("text", "ascending")]).to_numpy()
+
+
+def _work(keys, order: np.ndarray) -> np.ndarray:
+    """Each row's expected work in `order`: its length plus ROW_CHARS; none for a repeat of the row
+    before it (identical texts are next to each other there, and run once: `sharing.py`) nor for a
+    missing or empty text (not run)."""
+    import pyarrow.compute as pc
+
+    texts = keys.column("text").take(order)
+    repeat = np.zeros(len(order), dtype=bool)
+    if len(order) > 1:
+        same = pc.equal(texts.slice(1), texts.slice(0, len(order) - 1))
+        repeat[1:] = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+    lengths = keys.column("length").to_numpy().astype(np.float64)[order]
+    return np.where(repeat | (lengths == 0), 0.0, lengths + ROW_CHARS)
 
 
 def _equal_work(table, work: np.ndarray, block_rows: int, pieces: int) -> list:
-    """`table` cut in its order into about `pieces` blocks of equal summed `work`, each of at most
-    `block_rows` rows (so there may be more blocks)."""
-    if table.num_rows == 0:
+    """`table` cut in its order into about `pieces` blocks of equal summed `work` (block k ends at the
+    first row where the running total reaches k + 1 targets), each of at most `block_rows` rows (so
+    there may be more blocks)."""
+    n = table.num_rows
+    if n == 0:
         return [table]
-    target = float(work.sum()) / pieces
-    blocks, start, done = [], 0, 0.0
-    for end in range(1, table.num_rows + 1):
-        done += work[end - 1]
-        if end - start == block_rows or done >= target * (len(blocks) + 1) or end == table.num_rows:
-            blocks.append(table.slice(start, end - start))
-            start = end
+    total = np.cumsum(work)
+    target = float(total[-1]) / pieces
+    blocks, start = [], 0
+    while start < n:
+        reach = int(np.searchsorted(total, target * (len(blocks) + 1))) + 1
+        end = min(start + block_rows, max(reach, start + 1), n)
+        blocks.append(table.slice(start, end - start))
+        start = end
     return blocks
