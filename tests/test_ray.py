@@ -108,6 +108,77 @@ def test_killed_actor_is_restarted_and_no_row_is_lost_or_doubled(local_ray, llam
     _assert_same(frame, single_process(n), n)
 
 
+def _pool_run(model_dir, n: int, block_rows: int, on_start=None, actors: int = 2):
+    """`_texts(n)` through a `BlockPool` as the CLI runs one small file: longest first in blocks of
+    equal work (`blocks.spread`), fed to the actors, put back in input order; (frame, pool)."""
+    import pyarrow as pa
+
+    from slmclassify.ray.blocks import restore, spread
+    from slmclassify.ray.pool import start_pool
+
+    pool = start_pool(TASK, model=str(model_dir), ray_settings=RaySettings(actors=actors, block_rows=block_rows))
+    blocks, order = spread(pa.table({"row": list(range(n)), "text": _texts(n)}), "text", block_rows, actors)
+    if on_start is not None:
+        on_start(pool)
+    rows = []
+    table = restore(pa.concat_tables(pool.classify(blocks, done=rows.append)), order)
+    assert sum(rows) == n and len(rows) == len(blocks)
+    return table.to_pandas(), pool
+
+
+def test_pool_order_and_results_match_single_process(local_ray, llama_dir, single_process):
+    """`--ray` on one small file: actors fed by the driver (`pool.py`), not Ray Data."""
+    n = 700
+    frame, pool = _pool_run(llama_dir, n, block_rows=37)
+    _assert_same(frame, single_process(n), n)
+    assert list(frame.columns) == ["row", "text", "label", "confidence", "needs_review",
+                                   *(f"p_{lab}" for lab in LABELS), "status"]
+    figures = pool.figures()
+    working = [e for e in figures["actors"].values() if e["calls"]]
+    assert len(working) == 2  # both actors took blocks
+    assert sum(e["stats"]["items"] for e in working) == n
+    assert sum(e["stats"]["scored"] - e["stats"]["reused"] for e in working) == figures["shared"]["kept"]
+    assert figures["info"]["threads"] == 1
+
+
+def test_pool_killed_actor_is_restarted_and_no_row_is_lost_or_doubled(local_ray, llama_dir, single_process):
+    n = 4000
+    killed = []
+
+    def kill_first_busy_actor(pool):
+        def kill():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not killed:
+                for key, entry in pool.figures()["actors"].items():
+                    if entry["calls"] >= 1:
+                        os.kill(int(key.rsplit(":", 1)[1]), signal.SIGKILL)
+                        killed.append(key)
+                        return
+                time.sleep(0.01)
+
+        threading.Thread(target=kill, daemon=True).start()
+
+    frame, pool = _pool_run(llama_dir, n, block_rows=40, on_start=kill_first_busy_actor)
+    assert killed, "no actor reported work in time"
+    processes = pool.figures()["actors"]
+    assert killed[0] in processes and any(k != killed[0] and e["calls"] >= 1 for k, e in processes.items())
+    _assert_same(frame, single_process(n), n)
+
+
+def test_pool_refuses_an_input_without_the_text_column_or_with_a_result_column(local_ray, llama_dir):
+    import pyarrow as pa
+
+    from slmclassify.ray.pool import start_pool
+
+    pool = start_pool(TASK, model=str(llama_dir), ray_settings=RaySettings(actors=1))
+    with pytest.raises(InputError, match="no text column 'text'; columns are: body"):
+        pool.classify([pa.table({"body": ["x"]})])
+    with pytest.raises(InputError, match="already has column 'label'"):
+        pool.classify([pa.table({"text": ["x"], "label": ["billing"]})])
+    with pytest.raises(TaskError, match="model must be a path or hub id"):
+        start_pool(TASK, model=object())
+
+
 def test_duplicates_in_blocks_of_different_actors_are_run_once_in_total(local_ray, llama_dir, llama_loaded):
     """Regression: a text in blocks of two actors was run through the model by both (the article's 600
     tickets: 335 distinct texts, 427 runs); the actors now share their scores through the board."""

@@ -32,6 +32,39 @@ import ray
 from .sharing import Pace, SharedScores, score_block
 
 
+def check_model(model) -> None:
+    """Under Ray each actor loads its own copy, so the model is named (None: the embedded one)."""
+    from ..errors import TaskError
+
+    if model is not None and not isinstance(model, str):
+        raise TaskError("under Ray, model must be a path or hub id (each actor loads its own copy)")
+
+
+def check_columns(names: list[str], task, text_column: str, result_prefix: str) -> None:
+    """The input has the text column, and none that a result column would overwrite."""
+    from ..errors import InputError
+    from ..results import result_columns
+
+    if text_column not in names:
+        raise InputError(f"no text column {text_column!r}; columns are: {', '.join(names)}")
+    clash = [c for c in result_columns(task.labels, result_prefix) if c in names]
+    if clash:
+        raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
+                         "so the results do not overwrite it")
+
+
+def actor_arguments(task, model, settings, ray_settings, text_column: str, result_prefix: str, errors: str,
+                    board, precision_sample) -> tuple[dict, dict]:
+    """(ClassifierActor's constructor arguments, its Ray options) for a run: `ray_settings`' CPUs and
+    GPUs, restarted when its process dies, and a call whose actor died run again."""
+    rs = ray_settings
+    kwargs = dict(task=task, model=model, settings=settings, text_column=text_column, result_prefix=result_prefix,
+                  threads=rs.threads, errors=errors, board=board, precision_sample=precision_sample)
+    options = dict(num_cpus=rs.cpus_per_actor, num_gpus=rs.gpus_per_actor or None, max_restarts=rs.max_restarts,
+                   max_task_retries=-1)
+    return kwargs, options
+
+
 def process_started() -> float | None:
     """When this process started, on `time.time()`'s clock; None where psutil cannot tell."""
     try:

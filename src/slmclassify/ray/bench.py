@@ -1,13 +1,16 @@
 """Ray's overhead, measured side by side in one run: `python -m slmclassify.ray.bench`.
 
-The same command a user runs, end to end, three ways, alternated round by round (the side that
+The same command a user runs, end to end, four ways, alternated round by round (the side that
 goes first rotates too) so that drift of a shared host hits all of them:
 
     slmclassify classify tickets.csv -o one.csv --no-verify --quiet          # one process, 2 threads
     slmclassify classify tickets.csv -o ray.csv --ray --actors 2 --quiet     # starts a local Ray, 2 actors × 1 CPU
-                                    # (given --ray-address local here, so that it does not join the running one)
+                          # fed by the driver, which reads the file (given --ray-address local here,
+                          # so that it does not join the running one)
+    slmclassify classify in/ -o ray.csv --ray --actors 2 --quiet             # the same file in a folder:
+                          # Ray's readers and Ray Data (`dataset.py`), as a big input runs
     slmclassify classify tickets.csv -o ray.csv --ray --ray-address HOST:PORT --actors 2 --quiet
-                                                   # the same on a local Ray that is running already
+                          # the file on a local Ray that is running already
 
 on the article's 600 tickets with the embedded model. The running Ray is started by the bench
 before the first round (`ray start --head --block`, on a free port, stopped after the last one)
@@ -16,7 +19,7 @@ find there (round 1 is that first run). Each side's wall time covers everything:
 imports, `ray.init` (starting or joining Ray), model loads, calibration, scoring and the written
 file. Neither side checks probes against the per-item path (`--no-verify`; `--ray` never does).
 The in-process figures come from each run's own summary: the single process's model load and
-scoring seconds; Ray's `ray.init`, the time from submitting the Dataset to the last row written,
+scoring seconds; Ray's `ray.init`, the time from handing Ray the work to the last row written,
 each actor's start-up phases, rows and busy seconds. Both sides' "run through the model" count
 the distinct items each scored (the single process scores identical texts of a 1024-row window
 once; the Ray actors share their scores, so each distinct text is run once in total). The outputs
@@ -48,7 +51,7 @@ _SINGLE = {
 }
 _RAY = {
     "ray_init_s": r"^phases: ray\.init ([\d.]+) s",
-    "driver_to_submit_s": r"submitted the Dataset ([\d.]+) s after it started",
+    "driver_to_submit_s": r"handed Ray the work ([\d.]+) s after it started",
     "submit_to_written_s": r"to the last row written ([\d.]+) s",
     "scored_by_model": r"run through the model: (\d+)$",
     "load_s": r"\(loaded in ([\d.]+) s per actor\)",
@@ -94,7 +97,9 @@ def _compare(one: Path, other: Path, labels) -> dict:
             "max_dp": delta}
 
 
-RAY_SIDES = {"ray": "Ray started by the command", "cluster": "a running local Ray"}
+RAY_SIDES = {"ray": "Ray started by the command, the file (actors fed by the driver)",
+             "raydata": "Ray started by the command, a folder holding the file (Ray Data)",
+             "cluster": "a running local Ray, the file"}
 
 
 def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, block_rows: int, model,
@@ -103,6 +108,8 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
     "cluster" side runs only with `address` (a running Ray)."""
     source = folder / "tickets.csv"
     pd.DataFrame({"id": [f"{i:05d}" for i in range(len(texts))], "text": texts}).to_csv(source, index=False)
+    (folder / "in").mkdir()
+    (folder / "in" / "tickets.csv").write_bytes(source.read_bytes())  # a folder: Ray's readers and Ray Data
     with open(folder / "task.toml", "w") as fh:
         fh.write(f"labels = {json.dumps(list(task.labels))}\nsystem = {json.dumps(task.system)}\n"
                  f"user_template = {json.dumps(task.user_template)}\nmode = {json.dumps(task.mode)}\n")
@@ -110,7 +117,9 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
             "--task", str(folder / "task.toml"), "--quiet", *(["--model", model] if model else [])]
     on_ray = ["--ray", "--actors", str(actors), "--cpus-per-actor", "1", "--block-rows", str(block_rows)]
     sides = {"single": base + ["-o", str(folder / "single.csv"), "--no-verify"],
-             "ray": base + ["-o", str(folder / "ray.csv"), *on_ray, "--ray-address", "local"]}  # not the running one
+             "ray": base + ["-o", str(folder / "ray.csv"), *on_ray, "--ray-address", "local"],  # not the running one
+             "raydata": [*base[:4], str(folder / "in"), *base[5:], "-o", str(folder / "raydata.csv"), *on_ray,
+                         "--ray-address", "local"]}
     if address:
         sides["cluster"] = base + ["-o", str(folder / "cluster.csv"), *on_ray, "--ray-address", address]
     names = list(sides)
@@ -223,7 +232,7 @@ def main(n_items, rounds, actors, block_rows, running, model):
                f"one process (2 torch threads) vs Ray ({actors} actors × 1 CPU, blocks of at most {block_rows} rows) "
                f"on: {'; '.join(f'{side} = {RAY_SIDES[side]}' for side in sides)}")
     click.echo("end to end = the whole CLI command; in process: single = model load + scoring, "
-               "ray = Dataset submitted → last row written (actor start and load included)")
+               "ray = work handed to Ray → last row written (actor start and load included)")
     click.echo(f"{'round':>5} {'side':>8} {'single s':>9} {'ray s':>7} {'overhead':>9} {'1 in-proc':>9} "
                f"{'ray in-proc':>11} {'overhead':>9} {'scored 1/ray':>12} {'same':>5} {'order':>5} {'max|Δp|':>8}"
                f"  load avg 1 | ray")
@@ -236,7 +245,7 @@ def main(n_items, rounds, actors, block_rows, running, model):
                        f"{row['single_scored_by_model']:>5}/{row[f'{side}_scored_by_model']:<6} "
                        f"{str(row[f'{side}_identical_labels']):>5} {str(row[f'{side}_in_order']):>5} "
                        f"{row[f'{side}_max_dp']:>8.1e}  {row['single_load_avg']} | {row[f'{side}_load_avg']}")
-            click.echo(f"      {side}: driver start to Dataset submitted {_s(row[f'{side}_driver_to_submit_s'])}, "
+            click.echo(f"      {side}: driver start to work handed to Ray {_s(row[f'{side}_driver_to_submit_s'])}, "
                        f"ray.init {row[f'{side}_ray_init_s']:.1f} s of it, actor load {row[f'{side}_load_s']:.1f} s, "
                        f"last row written to exit {_s(row.get(f'{side}_after_written_s'))}")
             for actor in row[f"{side}_actors"]:

@@ -2,12 +2,13 @@
 
     Dataset (text column, any others)
     → repartition(target_num_rows_per_block=block_rows): blocks cut in row order (streaming),
-      unless it is blocks in memory of at most block_rows rows each (the CLI's driver read), kept
+      unless it is blocks in memory of at most block_rows rows each (e.g. `ray.data.from_blocks`), kept
     → map_batches(ClassifierActor, one call per block, `actors` actors × `cpus_per_actor` CPUs)
     → Dataset (input columns as read + label, confidence, needs_review, p_*, status)
 
 Spreading: Ray hands a map task whole input blocks, and a single CSV/JSONL file is read as one
 block; without the cut, one actor would do all of such an input's work while the others wait.
+(The CLI feeds one small file to actors of its own instead: `pool.py` says why.)
 
 Order: Ray Data may hand blocks back in the order they finish; the returned Dataset's own context
 has `preserve_order` set, so its rows come out in input order whatever the actors do. Faults: the
@@ -24,10 +25,9 @@ import dataclasses
 import ray
 
 from ..settings import EngineSettings
-from ..errors import InputError, TaskError
-from ..results import result_columns
+from ..errors import TaskError
 from ..task import Task
-from .actors import ClassifierActor, RunBoard
+from .actors import ClassifierActor, RunBoard, actor_arguments, check_columns, check_model
 
 DEFAULT_BLOCK_ROWS = 256
 
@@ -85,35 +85,25 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
     Needs `ray.init()` (or a running cluster) first. Returns lazily; consume `run.dataset`.
     `precision_sample`: texts of the input for `--precision auto`'s check (`Classifier`), the same on every actor.
     """
-    settings = settings or EngineSettings()
     rs = ray_settings or RaySettings()
-    if model is not None and not isinstance(model, str):
-        raise TaskError("under Ray, model must be a path or hub id (each actor loads its own copy)")
+    check_model(model)
     names = _column_names(dataset)
     if names is not None:
-        if text_column not in names:
-            raise InputError(f"no text column {text_column!r}; columns are: {', '.join(names)}")
-        clash = [c for c in result_columns(task.labels, result_prefix) if c in names]
-        if clash:
-            raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
-                             "so the results do not overwrite it")
+        check_columns(names, task, text_column, result_prefix)
     board = RunBoard.remote()
+    kwargs, options = actor_arguments(task, model, settings or EngineSettings(), rs, text_column, result_prefix,
+                                      errors, board, precision_sample)
     ready = _ready_blocks(dataset, rs.block_rows)
     classified = (dataset if ready else _cut(dataset, rs.block_rows)).map_batches(
         ClassifierActor,
-        fn_constructor_kwargs=dict(task=task, model=model, settings=settings, text_column=text_column,
-                                   result_prefix=result_prefix, threads=rs.threads, errors=errors, board=board,
-                                   precision_sample=precision_sample),
+        fn_constructor_kwargs=kwargs,
         batch_size=None if ready else rs.block_rows,  # ready blocks go as they are: one call each
         batch_format="pyarrow",
         zero_copy_batch=True,
         # one block at a time per actor: a block waits for the next idle actor instead of queueing behind
         # the first actor that is ready (with few blocks, that actor took them all while the others loaded)
         compute=ray.data.ActorPoolStrategy(size=rs.actors, max_tasks_in_flight_per_actor=1),
-        num_cpus=rs.cpus_per_actor,
-        num_gpus=rs.gpus_per_actor or None,
-        max_restarts=rs.max_restarts,
-        max_task_retries=-1,
+        **options,
     )
     classified.context.execution_options.preserve_order = True
     return RayRun(classified, board)
@@ -140,9 +130,9 @@ def _cut(dataset, rows: int, tasks: int = 1):
 
 
 def _ready_blocks(dataset, rows: int) -> bool:
-    """Whether the dataset is blocks in memory of at most `rows` rows each (what the driver's read
-    makes: `blocks.spread`). They go to the actors as they are, one call per block, with no cut
-    task (and no Ray worker process started for one); any other Dataset is cut (`_cut`)."""
+    """Whether the dataset is blocks in memory of at most `rows` rows each (`from_blocks`, `from_items`,
+    ... of small blocks). They go to the actors as they are, one call per block, with no cut task
+    (and no Ray worker process started for one); any other Dataset is cut (`_cut`)."""
     from ray.data._internal.logical.operators.from_operators import AbstractFrom
 
     op = dataset._logical_plan.dag

@@ -1,9 +1,10 @@
 """`slmclassify classify INPUT -o OUTPUT --ray`: the job behind the CLI flag.
 
-    connect (--ray-address) or start a local Ray → read INPUT (a file or a folder of CSV/JSONL/Parquet
-    files; one small file here, anything else with Ray's readers: `reading.py`) → classify_dataset
-    → stream the rows back in order into one file (OUTPUT.partial, renamed when complete), or let
-    Ray write a folder of Parquet parts → summary → shut down the Ray it started
+    connect (--ray-address) or start a local Ray →
+      one small file: start the actors, read it here meanwhile, feed them its blocks (`pool.py`)
+      anything else: Ray's readers (`reading.py`) → classify_dataset (Ray Data)
+    → write the rows in input order into one file (OUTPUT.partial, renamed when complete), or a
+      folder of Parquet parts → summary → shut down the Ray it started
 
 CSV columns are read as strings, as in a single-process run (so `007` stays `007`).
 """
@@ -53,40 +54,65 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     own_ray = start_ray(address)
     try:
         initialised = time.time()
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = progress
-        order = None  # the rows' order on the actors when it is not the input's (`blocks.py`)
-        if reads_on_driver(in_fmt, files):
-            blocks, order = spread(driver_table(in_fmt, files[0]), text_column, ray_settings.block_rows,
-                                   ray_settings.actors)
-            dataset = ray.data.from_blocks(blocks)
-        else:
-            dataset = ray_read(in_fmt, files)
         sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
-        run = classify_dataset(dataset, task, model=model, settings=settings, ray_settings=ray_settings,
-                               text_column=text_column, result_prefix=result_prefix, errors=errors,
-                               precision_sample=sample)
-        submitted = time.time()
-        started = time.perf_counter()
-        with warnings.catch_warnings():
-            # the cut into blocks (`dataset._cut`) may get fewer input blocks than its task limit: as meant
-            warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks", category=UserWarning)
-            if folder_out and order is None:
-                run.dataset.write_parquet(output_path)
-                rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
-            elif folder_out:
-                rows = _write_part(_in_order(run.dataset, order), output_path)
-            else:
-                rows = _write_file(_in_order(run.dataset, order), output_path, out_fmt)
-        seconds = time.perf_counter() - started
-        figures = run.figures()
-        phases = {"ray_init": initialised - began, "began": began, "submitted": submitted, "finished": time.time(),
-                  "driver": process_started()}
+        how = dict(task=task, model=model, settings=settings, ray_settings=ray_settings, text_column=text_column,
+                   result_prefix=result_prefix, errors=errors, precision_sample=sample)
+        if reads_on_driver(in_fmt, files):
+            feed = "actors fed by this process, which read the file"
+            handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, progress, how)
+        else:
+            feed = "Ray Data: Ray's readers, an actor pool"
+            handed, rows, figures = _on_dataset(in_fmt, files, output_path, out_fmt, folder_out, progress, how)
+        finished = time.time()
+        phases = {"ray_init": initialised - began, "began": began, "submitted": handed, "finished": finished,
+                  "driver": process_started(), "feed": feed}
+        seconds = finished - handed
         _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
         return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
     finally:
         if own_ray:  # here, not at exit: Ray's exit hook first sleeps 0.5 s "for log messages"
             ray.shutdown()
+
+
+def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bool, progress: bool,
+             how: dict) -> tuple[float, int, dict]:
+    """One small file: the actors start loading, the driver reads and spreads the file meanwhile, then
+    feeds them its blocks (`pool.py`); (when the actors were started, rows written, figures)."""
+    import pyarrow as pa
+
+    from ..progress import Progress
+    from .pool import start_pool
+
+    handed = time.time()
+    pool = start_pool(**how)
+    rs = how["ray_settings"]
+    blocks, order = spread(driver_table(fmt, path), how["text_column"], rs.block_rows, rs.actors)
+    meter = Progress(sum(b.num_rows for b in blocks), None, enabled=progress)
+    table = pa.concat_tables(pool.classify(blocks, done=meter.update))
+    meter.close()
+    if order is not None:
+        table = restore(table, order)
+    rows = _write_part(table, output_path) if folder_out else _write_file([table], output_path, out_fmt)
+    return handed, rows, pool.figures()
+
+
+def _on_dataset(fmt: str, files: list[str], output_path: str, out_fmt: str, folder_out: bool, progress: bool,
+                how: dict) -> tuple[float, int, dict]:
+    """Anything else: Ray's readers and `classify_dataset` (Ray Data); (when the Dataset was
+    submitted, rows written, figures)."""
+    ray.data.DataContext.get_current().enable_progress_bars = progress
+    run = classify_dataset(ray_read(fmt, files), **how)
+    handed = time.time()
+    with warnings.catch_warnings():
+        # the cut into blocks (`dataset._cut`) may get fewer input blocks than its task limit: as meant
+        warnings.filterwarnings("ignore", message="The maximum number of concurrent tasks", category=UserWarning)
+        if folder_out:
+            run.dataset.write_parquet(output_path)
+            rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
+        else:
+            batches = run.dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+            rows = _write_file(batches, output_path, out_fmt)
+    return handed, rows, run.figures()
 
 
 def pq_rows(path: Path) -> int:
@@ -133,29 +159,12 @@ def _input_files(path: str) -> tuple[str, list[str]]:
     return next(iter(found.items()))
 
 
-def _in_order(dataset, order):
-    """The classified rows as pyarrow Tables, in input order: streamed as they come when they went
-    out in that order; else all at once (an input the driver read: at most 32 MiB), put back."""
-    import pyarrow as pa
-
-    batches = dataset.iter_batches(batch_size=None, batch_format="pyarrow")
-    if order is None:
-        yield from batches
-        return
-    tables = list(batches)
-    if tables:
-        yield restore(pa.concat_tables(tables), order)
-
-
-def _write_part(tables, folder: str) -> int:
+def _write_part(table, folder: str) -> int:
     """The rows (an input the driver read) as one Parquet part in a new folder; returns the rows."""
     import pyarrow.parquet as pq
 
     from ..io.writers import atomic_output
 
-    table = next(iter(tables), None)
-    if table is None:
-        raise InputError("the input has no rows")
     Path(folder).mkdir(parents=True, exist_ok=True)
     with atomic_output(str(Path(folder) / "part-00000.parquet")) as fh:
         pq.write_table(table, fh)
@@ -195,7 +204,8 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
               f"mode: {info['mode']} ({info['mode_reason']}); calibrated: {info['calibrated']}")
         _echo("labels: " + "; ".join(info["labels"]))
     where = address or "a local Ray on this machine"
-    _echo(f"ray: {rs.actors} actors × {rs.cpus_per_actor:g} CPU ({rs.threads} torch threads each) on {where}; "
+    _echo(f"ray: {rs.actors} actors × {rs.cpus_per_actor:g} CPU ({rs.threads} torch threads each) on {where} "
+          f"({phases['feed']}); "
           f"blocks of at most {rs.block_rows} rows; actor processes started: {len(actors)}")
     rate = rows / seconds if seconds else 0.0
     _echo(f"items: {rows} ({total.scored} scored, {total.items - total.scored} empty) in {seconds:.2f} s: "
@@ -210,9 +220,9 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
               f"(at most {SHARED_ITEMS:,})")
     t0 = phases["submitted"]
     driver = "" if phases["driver"] is None else (
-        f" (began {phases['began'] - phases['driver']:.2f} s after the driver process started, which submitted "
-        f"the Dataset {t0 - phases['driver']:.2f} s after it started)")
-    _echo(f"phases: ray.init {phases['ray_init']:.2f} s{driver}; from submitting the Dataset (0 s) to the last row "
+        f" (began {phases['began'] - phases['driver']:.2f} s after the driver process started, which handed Ray "
+        f"the work {t0 - phases['driver']:.2f} s after it started)")
+    _echo(f"phases: ray.init {phases['ray_init']:.2f} s{driver}; from handing Ray the work (0 s) to the last row "
           f"written {phases['finished'] - t0:.2f} s")
     for key, entry in sorted(actors.items()):
         s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
@@ -231,7 +241,7 @@ def _waited(entry: dict) -> float:
 
 
 def _actor_phases(entry: dict, t0: float) -> str:
-    """When an actor's phases ended, in seconds after the Dataset was submitted (`actors.py`)."""
+    """When an actor's phases ended, in seconds after Ray was handed the work (`actors.py`)."""
     p, blocks = entry.get("phases") or {}, entry.get("blocks") or []
     names = (("process", "process started"), ("imports_began", "__init__ began"), ("imports", "imports done"),
              ("load", "model loaded"),

@@ -1,19 +1,19 @@
-"""The `--ray` job's input as a Ray Dataset: read by this process (the driver) when it is one small
-file, by Ray's readers on the workers otherwise.
+"""The `--ray` job's input: read by this process (the driver) when it is one small file, by Ray's
+readers on the workers otherwise.
 
-    one CSV/JSONL file of at most DRIVER_READ_BYTES → read here by Ray's own reader code, ordered
-        longest text first and cut into blocks of about equal work (`blocks.py`), handed to Ray as
-        ready blocks (`ray.data.from_blocks`): no read task and no cut task run, so no Ray worker
-        process is started for them
+    one CSV/JSONL file of at most DRIVER_READ_BYTES → read here by Ray's own reader code (one
+        pyarrow Table), ordered longest text first and cut into blocks of about equal work
+        (`blocks.py`), fed to the actors by this process (`pool.py`): no read task, no cut task
+        and no Ray Data executor run, so no Ray worker process is started for them
     a folder, a Parquet file or a bigger file → Ray's readers on the workers (parallel, streamed,
-        never held whole here), then cut into blocks by `dataset._cut`
+        never held whole here), then cut into blocks by `dataset._cut` (Ray Data)
 
 Why: on a small cluster every task or actor of a run may need a Ray worker process of its own,
 and each one imports ray and ray.data (~1.5 s of CPU) while the classifier actors start on the
 same cores; reading a few MB here costs milliseconds. Both paths run the same reader code, so they
 give the same rows in the same order with the same types (CSV columns as strings, JSONL as Ray's
 pandas-based reader types it) and results do not depend on the path (`tests/test_ray_reading.py`).
-A bad file fails here, before any actor starts, with an error naming the line.
+A bad file fails here with an error naming the line (while the actors load the model).
 """
 
 from __future__ import annotations
