@@ -85,27 +85,39 @@ def test_killed_actor_is_restarted_and_no_row_is_lost_or_doubled(local_ray, llam
     n = 4000
     run = classify_dataset(_dataset(n, blocks=20), TASK, model=str(llama_dir),
                            ray_settings=RaySettings(actors=2, block_rows=40))
-    killed = []
+    killer = _kill_first_busy_actor(run.figures)
+    frame = run.dataset.to_pandas()
+    _assert_killed_and_replaced(killer, run.figures)
+    _assert_same(frame, single_process(n), n)
 
-    def kill_first_busy_actor():
+
+def _kill_first_busy_actor(figures) -> threading.Thread:
+    """A started thread that SIGKILLs the first actor process that has reported a block; its key
+    goes in the thread's `killed` list."""
+
+    def kill():
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
-            for key, entry in run.figures()["actors"].items():
+        while time.monotonic() < deadline:
+            for key, entry in figures()["actors"].items():
                 if entry["calls"] >= 1:
                     os.kill(int(key.rsplit(":", 1)[1]), signal.SIGKILL)
-                    killed.append(key)
+                    killer.killed.append(key)
                     return
             time.sleep(0.01)
 
-    killer = threading.Thread(target=kill_first_busy_actor)
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.killed = []
     killer.start()
-    frame = run.dataset.to_pandas()
+    return killer
+
+
+def _assert_killed_and_replaced(killer: threading.Thread, figures) -> None:
+    """An actor was killed, and another process (its restart, or the other actor) did work after it."""
     killer.join()
+    killed = killer.killed
     assert killed, "no actor reported work in time"
-    processes = run.figures()["actors"]
-    # after the kill another process (its restart, or the other actor) did the work that was left
+    processes = figures()["actors"]
     assert killed[0] in processes and any(k != killed[0] and e["calls"] >= 1 for k, e in processes.items())
-    _assert_same(frame, single_process(n), n)
 
 
 def _pool_run(model_dir, n: int, block_rows: int, on_start=None, actors: int = 2):
@@ -143,25 +155,10 @@ def test_pool_order_and_results_match_single_process(local_ray, llama_dir, singl
 
 def test_pool_killed_actor_is_restarted_and_no_row_is_lost_or_doubled(local_ray, llama_dir, single_process):
     n = 4000
-    killed = []
-
-    def kill_first_busy_actor(pool):
-        def kill():
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not killed:
-                for key, entry in pool.figures()["actors"].items():
-                    if entry["calls"] >= 1:
-                        os.kill(int(key.rsplit(":", 1)[1]), signal.SIGKILL)
-                        killed.append(key)
-                        return
-                time.sleep(0.01)
-
-        threading.Thread(target=kill, daemon=True).start()
-
-    frame, pool = _pool_run(llama_dir, n, block_rows=40, on_start=kill_first_busy_actor)
-    assert killed, "no actor reported work in time"
-    processes = pool.figures()["actors"]
-    assert killed[0] in processes and any(k != killed[0] and e["calls"] >= 1 for k, e in processes.items())
+    killers = []
+    frame, pool = _pool_run(llama_dir, n, block_rows=40,
+                            on_start=lambda pool: killers.append(_kill_first_busy_actor(pool.figures)))
+    _assert_killed_and_replaced(killers[0], pool.figures)
     _assert_same(frame, single_process(n), n)
 
 
@@ -314,9 +311,11 @@ from ray._private import parameter
 from slmclassify.ray.local import start_ray
 
 original = parameter.RayParams.__init__
+original_api = ray._private.node.Node.start_api_server
 assert start_ray(num_cpus=1)
 assert not start_ray(), "up already: not started again"
 assert parameter.RayParams.__init__ is original
+assert ray._private.node.Node.start_api_server is original_api
 node = ray._private.worker._global_node
 print(sorted(node.all_processes))
 
@@ -330,8 +329,8 @@ assert not ray.is_initialized()
 """
 
 
-def test_the_local_ray_has_no_autoscaler_monitor_nor_log_monitor():
-    """`classify --ray` without --ray-address starts Ray here without the two processes a run on
+def test_the_local_ray_has_no_autoscaler_monitor_nor_log_monitor_nor_api_server():
+    """`classify --ray` without --ray-address starts Ray here without the three processes a run on
     one machine does not use (`ray/local.py`); the monitor also held up `ray.shutdown()` by 1 s.
     Tasks still run, Ray's parameters are restored, and it shuts down."""
     import subprocess
@@ -343,3 +342,4 @@ def test_the_local_ray_has_no_autoscaler_monitor_nor_log_monitor():
     processes = done.stdout.strip()
     assert "'gcs_server'" in processes and "'raylet'" in processes, processes
     assert "'monitor'" not in processes and "'log_monitor'" not in processes, processes
+    assert "'dashboard'" not in processes, processes  # the API server

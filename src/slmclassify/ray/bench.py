@@ -7,8 +7,8 @@ goes first rotates too) so that drift of a shared host hits all of them:
     slmclassify classify tickets.csv -o ray.csv --ray --actors 2 --quiet     # starts a local Ray, 2 actors × 1 CPU
                           # fed by the driver, which reads the file (given --ray-address local here,
                           # so that it does not join the running one)
-    slmclassify classify in/ -o ray.csv --ray --actors 2 --quiet             # the same file in a folder:
-                          # Ray's readers and Ray Data (`dataset.py`), as a big input runs
+    slmclassify classify in/ -o ray.csv --ray --actors 2 --quiet             # the same rows as two files in a
+                          # folder: Ray's readers and Ray Data (`dataset.py`), as a big input runs
     slmclassify classify tickets.csv -o ray.csv --ray --ray-address HOST:PORT --actors 2 --quiet
                           # the file on a local Ray that is running already
 
@@ -98,7 +98,7 @@ def _compare(one: Path, other: Path, labels) -> dict:
 
 
 RAY_SIDES = {"ray": "Ray started by the command, the file (actors fed by the driver)",
-             "raydata": "Ray started by the command, a folder holding the file (Ray Data)",
+             "raydata": "Ray started by the command, the file as a folder of two halves (Ray Data)",
              "cluster": "a running local Ray, the file"}
 
 
@@ -108,8 +108,11 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
     "cluster" side runs only with `address` (a running Ray)."""
     source = folder / "tickets.csv"
     pd.DataFrame({"id": [f"{i:05d}" for i in range(len(texts))], "text": texts}).to_csv(source, index=False)
-    (folder / "in").mkdir()
-    (folder / "in" / "tickets.csv").write_bytes(source.read_bytes())  # a folder: Ray's readers and Ray Data
+    (folder / "in").mkdir()  # two files in a folder: Ray's readers and Ray Data (one file is read by the driver)
+    frame = pd.read_csv(source, dtype=str, keep_default_na=False)
+    half = (len(frame) + 1) // 2
+    for k, part in enumerate((frame[:half], frame[half:])):
+        part.to_csv(folder / "in" / f"tickets-{k}.csv", index=False)
     with open(folder / "task.toml", "w") as fh:
         fh.write(f"labels = {json.dumps(list(task.labels))}\nsystem = {json.dumps(task.system)}\n"
                  f"user_template = {json.dumps(task.user_template)}\nmode = {json.dumps(task.mode)}\n")
