@@ -246,6 +246,17 @@ def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     assert back["label"].fillna("").tolist() == one["label"].fillna("").tolist()
 
 
+def test_cli_ray_names_the_bad_line_of_a_small_file_and_writes_nothing(local_ray, llama_dir, tmp_path):
+    """One small file is read while the actors load (`pool.py`): a bad row still fails the run with
+    the line named, and no output (nor a .partial file) is left."""
+    (tmp_path / "bad.csv").write_text("id,text\n1,fine\n2,one, too many\n3,fine\n")
+    done = CliRunner().invoke(cli, ["classify", str(tmp_path / "bad.csv"), "-o", str(tmp_path / "out.csv"), "--ray",
+                                    "--model", str(llama_dir), "--labels", ",".join(LABELS), "--quiet"])
+    assert isinstance(done.exception, InputError)  # `main()` prints it as one line
+    assert "not readable as CSV (line 3: Expected 2 columns, got 3" in str(done.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
+
+
 def test_bad_input_is_refused_before_any_actor_starts(local_ray):
     no_text = ray.data.from_items([{"body": "x"}])
     with pytest.raises(InputError, match="no text column 'text'; columns are: body"):

@@ -29,8 +29,10 @@ from collections.abc import Callable
 
 import ray
 
+from ..settings import EngineSettings
 from ..task import Task
 from .actors import ClassifierActor, RunBoard, actor_arguments, check_columns, check_model
+from .dataset import RaySettings
 
 
 @dataclasses.dataclass
@@ -74,14 +76,12 @@ class BlockPool:
         return ray.get(self.board.snapshot.remote())
 
 
-def start_pool(task: Task, *, model=None, settings=None, ray_settings=None, text_column: str = "text",
+def start_pool(task: Task, *, model=None, settings: EngineSettings | None = None,
+               ray_settings: RaySettings | None = None, text_column: str = "text",
                result_prefix: str = "", errors: str = "strict",
                precision_sample: list[str] | None = None) -> BlockPool:
     """Create the board and `ray_settings.actors` classifier actors; returns at once (they load in
     the background). Needs `ray.init()` first."""
-    from ..settings import EngineSettings
-    from .dataset import RaySettings
-
     check_model(model)
     rs = ray_settings or RaySettings()
     board = RunBoard.remote()
