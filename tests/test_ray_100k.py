@@ -25,27 +25,40 @@ pytestmark = pytest.mark.skipif(not os.environ.get("SLMCLASSIFY_RAY_100K"), reas
 
 
 def test_100k_rows_in_order_and_equal_to_single_process(llama_dir, llama_loaded):
+    """Both paths: Ray Data (`classify_dataset`) and actors fed by the driver (`pool.py`, one small file)."""
+    import pyarrow as pa
+
+    from slmclassify.ray.blocks import restore, spread
+    from slmclassify.ray.pool import start_pool
+
     n = 100_000
     texts = _texts(n, seed=7)
     began = time.perf_counter()
     expected = Classifier(TASK, model=llama_loaded).classify(texts)
     single = time.perf_counter() - began
+    settings = RaySettings(actors=2, block_rows=1024)
     start_ray(num_cpus=2)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         ds = ray.data.from_items([{"row": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=16)
         began = time.perf_counter()
-        frame = classify_dataset(ds, TASK, model=str(llama_dir),
-                                 ray_settings=RaySettings(actors=2, block_rows=1024)).dataset.to_pandas()
-        on_ray = time.perf_counter() - began
+        on_data = classify_dataset(ds, TASK, model=str(llama_dir), ray_settings=settings).dataset.to_pandas()
+        data_s = time.perf_counter() - began
+        began = time.perf_counter()
+        pool = start_pool(TASK, model=str(llama_dir), ray_settings=settings)
+        blocks, order = spread(pa.table({"row": list(range(n)), "text": texts}), "text", settings.block_rows,
+                               settings.actors)
+        on_pool = restore(pa.concat_tables(pool.classify(blocks)), order).to_pandas()
+        pool_s = time.perf_counter() - began
     finally:
         ray.shutdown()
-    assert frame["row"].tolist() == list(range(n))
-    assert [None if pd.isna(v) else v for v in frame["label"]] == [r.label for r in expected]
-    assert frame["status"].tolist() == [r.status for r in expected]
-    delta = max(float(np.nanmax(np.abs(frame[f"p_{lab}"].to_numpy()
-                                       - np.array([r.probabilities.get(lab, np.nan) for r in expected]))))
-                for lab in LABELS)
-    assert delta <= 1e-4
-    print(f"\n100k rows: single process {single:.1f} s, ray 2 actors x 1 CPU {on_ray:.1f} s; "
-          f"labels identical, in order, max |dp| {delta:.1e}")
+    for frame in (on_data, on_pool):
+        assert frame["row"].tolist() == list(range(n))
+        assert [None if pd.isna(v) else v for v in frame["label"]] == [r.label for r in expected]
+        assert frame["status"].tolist() == [r.status for r in expected]
+    deltas = [max(float(np.nanmax(np.abs(frame[f"p_{lab}"].to_numpy()
+                                         - np.array([r.probabilities.get(lab, np.nan) for r in expected]))))
+                  for lab in LABELS) for frame in (on_data, on_pool)]
+    assert max(deltas) <= 1e-4
+    print(f"\n100k rows: single process {single:.1f} s; ray 2 actors x 1 CPU: Ray Data {data_s:.1f} s, "
+          f"fed by the driver {pool_s:.1f} s; labels identical, in order, max |dp| {deltas[0]:.1e} / {deltas[1]:.1e}")
