@@ -14,7 +14,6 @@ ray = pytest.importorskip("ray")
 from slmclassify.errors import InputError  # noqa: E402
 from slmclassify.ray import reading  # noqa: E402
 from slmclassify.ray.blocks import cut_blocks  # noqa: E402
-from slmclassify.ray.dataset import _cut, _ready_blocks  # noqa: E402
 
 
 def _inputs(folder) -> dict[str, str]:
@@ -43,18 +42,6 @@ def test_the_driver_read_gives_the_rows_order_and_types_of_rays_readers(local_ra
     assert mine.to_pylist() == theirs.to_pylist()
     if fmt == "csv":
         assert mine["id"].to_pylist()[:2] == ["000", "001"]  # strings, as without Ray
-
-
-def test_blocks_read_by_the_driver_are_not_cut_again(local_ray, tmp_path):
-    """No cut task (and no Ray worker process for it) when the blocks are ready in memory, each of
-    at most block_rows rows (they go to the actors as they are); any other Dataset is cut."""
-    path = _inputs(tmp_path)["csv"]
-    ready = ray.data.from_blocks(cut_blocks(reading.driver_table("csv", path), 25))
-    assert _ready_blocks(ready, 25) and _ready_blocks(ready, 30)
-    assert not _ready_blocks(ready, 20)  # blocks of 25 rows are too big for calls of 20
-    one_block = ray.data.from_blocks([reading.driver_table("csv", path)])
-    assert not _ready_blocks(one_block, 25)
-    assert not _ready_blocks(reading.ray_read("csv", [path]), 1000)  # read by Ray: cut as it comes
 
 
 def test_which_inputs_the_driver_reads(tmp_path, monkeypatch):
@@ -88,12 +75,15 @@ def test_a_csv_error_without_a_row_number_still_names_the_line(tmp_path):
 
 
 def test_rows_go_out_longest_first_and_come_back_in_input_order():
-    """`ordering.py`: the driver sends the rows of a file it read longest text first (equal lengths
+    """`blocks.py`: the driver sends the rows of a file it read longest text first (equal lengths
     in input order, missing and empty texts last), so each block holds rows of about one length;
     `restore` puts the rows that come back in that order where they were."""
     import numpy as np
 
-    from slmclassify.ray.blocks import _sort_keys, _work, longest_first, restore, spread
+    from slmclassify.ray.blocks import _sort_keys, _work, restore, spread
+
+    def longest_first(table, column="text"):  # the order `spread` sends the rows in
+        return spread(table, column, block_rows=1000, actors=1)[1]
 
     table = pa.table({"id": list(range(6)), "text": ["abc", "ten chars!", "", None, "ten chars?", "héllo"]})
     order = longest_first(table, "text")

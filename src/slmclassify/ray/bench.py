@@ -106,25 +106,27 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
             address: str | None) -> list[dict]:
     """Every side, `rounds` times, rotating which goes first; one dict of figures per round. The
     "cluster" side runs only with `address` (a running Ray)."""
-    source = folder / "tickets.csv"
-    pd.DataFrame({"id": [f"{i:05d}" for i in range(len(texts))], "text": texts}).to_csv(source, index=False)
+    frame = pd.DataFrame({"id": [f"{i:05d}" for i in range(len(texts))], "text": texts})
+    frame.to_csv(folder / "tickets.csv", index=False)
     (folder / "in").mkdir()  # two files in a folder: Ray's readers and Ray Data (one file is read by the driver)
-    frame = pd.read_csv(source, dtype=str, keep_default_na=False)
     half = (len(frame) + 1) // 2
     for k, part in enumerate((frame[:half], frame[half:])):
         part.to_csv(folder / "in" / f"tickets-{k}.csv", index=False)
     with open(folder / "task.toml", "w") as fh:
         fh.write(f"labels = {json.dumps(list(task.labels))}\nsystem = {json.dumps(task.system)}\n"
                  f"user_template = {json.dumps(task.user_template)}\nmode = {json.dumps(task.mode)}\n")
-    base = [sys.executable, "-c", "from slmclassify.cli import main; main()", "classify", str(source),
-            "--task", str(folder / "task.toml"), "--quiet", *(["--model", model] if model else [])]
+
+    def classify(source: str, output: str, *flags: str) -> list[str]:
+        return [sys.executable, "-c", "from slmclassify.cli import main; main()", "classify", str(folder / source),
+                "-o", str(folder / output), "--task", str(folder / "task.toml"), "--quiet",
+                *(["--model", model] if model else []), *flags]
+
     on_ray = ["--ray", "--actors", str(actors), "--cpus-per-actor", "1", "--block-rows", str(block_rows)]
-    sides = {"single": base + ["-o", str(folder / "single.csv"), "--no-verify"],
-             "ray": base + ["-o", str(folder / "ray.csv"), *on_ray, "--ray-address", "local"],  # not the running one
-             "raydata": [*base[:4], str(folder / "in"), *base[5:], "-o", str(folder / "raydata.csv"), *on_ray,
-                         "--ray-address", "local"]}
+    sides = {"single": classify("tickets.csv", "single.csv", "--no-verify"),
+             "ray": classify("tickets.csv", "ray.csv", *on_ray, "--ray-address", "local"),  # not the running one
+             "raydata": classify("in", "raydata.csv", *on_ray, "--ray-address", "local")}
     if address:
-        sides["cluster"] = base + ["-o", str(folder / "cluster.csv"), *on_ray, "--ray-address", address]
+        sides["cluster"] = classify("tickets.csv", "cluster.csv", *on_ray, "--ray-address", address)
     names = list(sides)
     rows = []
     for r in range(rounds):

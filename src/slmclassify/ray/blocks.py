@@ -43,13 +43,6 @@ def spread(table, text_column: str, block_rows: int, actors: int) -> tuple[list,
     return _equal_work(table.take(order), _work(keys, order), block_rows, pieces), order
 
 
-def longest_first(table, text_column: str) -> np.ndarray | None:
-    """The row order: longest text first, identical texts together (then stable: input order);
-    missing and empty texts last. None when there is no such column or it is not text-like."""
-    keys = _sort_keys(table, text_column)
-    return None if keys is None else _longest_first(keys)
-
-
 def restore(table, order: np.ndarray):
     """`table`'s rows, which came in `order`, back in input order."""
     inverse = np.empty_like(order)
@@ -82,6 +75,8 @@ def _sort_keys(table, text_column: str):
 
 
 def _longest_first(keys) -> np.ndarray:
+    """The row order: longest text first, identical texts together (then stable: input order);
+    missing and empty texts last."""
     import pyarrow.compute as pc
 
     return pc.sort_indices(keys, sort_keys=[("length", "descending"), ("text", "ascending")]).to_numpy()

@@ -1,8 +1,7 @@
 """`classify_dataset`: a Ray Dataset in, the same Dataset with the result columns added out.
 
     Dataset (text column, any others)
-    → repartition(target_num_rows_per_block=block_rows): blocks cut in row order (streaming),
-      unless it is blocks in memory of at most block_rows rows each (e.g. `ray.data.from_blocks`), kept
+    → repartition(target_num_rows_per_block=block_rows): blocks cut in row order (streaming)
     → map_batches(ClassifierActor, one call per block, `actors` actors × `cpus_per_actor` CPUs)
     → Dataset (input columns as read + label, confidence, needs_review, p_*, status)
 
@@ -93,11 +92,10 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
     board = RunBoard.remote()
     kwargs, options = actor_arguments(task, model, settings or EngineSettings(), rs, text_column, result_prefix,
                                       errors, board, precision_sample)
-    ready = _ready_blocks(dataset, rs.block_rows)
-    classified = (dataset if ready else _cut(dataset, rs.block_rows)).map_batches(
+    classified = _cut(dataset, rs.block_rows).map_batches(
         ClassifierActor,
         fn_constructor_kwargs=kwargs,
-        batch_size=None if ready else rs.block_rows,  # ready blocks go as they are: one call each
+        batch_size=rs.block_rows,
         batch_format="pyarrow",
         zero_copy_batch=True,
         # one block at a time per actor: a block waits for the next idle actor instead of queueing behind
@@ -127,19 +125,6 @@ def _cut(dataset, rows: int, tasks: int = 1):
     op.ray_remote_args["num_cpus"] = 0
     object.__setattr__(op, "compute", TaskPoolStrategy(size=tasks))  # a frozen dataclass
     return cut
-
-
-def _ready_blocks(dataset, rows: int) -> bool:
-    """Whether the dataset is blocks in memory of at most `rows` rows each (`from_blocks`, `from_items`,
-    ... of small blocks). They go to the actors as they are, one call per block, with no cut task
-    (and no Ray worker process started for one); any other Dataset is cut (`_cut`)."""
-    from ray.data._internal.logical.operators.from_operators import AbstractFrom
-
-    op = dataset._logical_plan.dag
-    if not isinstance(op, AbstractFrom):
-        return False
-    sizes = [m.num_rows for bundle in op.input_data for m in bundle.metadata]
-    return None not in sizes and all(n <= rows for n in sizes)
 
 
 def _column_names(dataset) -> list[str] | None:
