@@ -4,7 +4,6 @@ and the CUDA kernels (skipped without a GPU)."""
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from slmclassify import Classifier, EngineSettings, Task
+from slmclassify.errors import TaskError
 from slmclassify.backends import attention, cpu_native, gemm
 from slmclassify.backends.choice import CACHE_FILE, int8_choice, kernel_for, machine_key, model_key
 from slmclassify.loading import load_model
@@ -54,7 +54,10 @@ def test_precision_matches_reference(tiny_model_dir, precision):
     else:
         assert diff > 1e-3  # really computed in low precision
         agree = agreement(fast, ref)
-        assert agree.share >= 0.9 and agree.max_prob_diff <= 0.15, agree
+        # 7-bit weights (CPUs without VNNI) double the weight step: 21/24 on the tiny Llama (the random
+        # models' labels are nearly tied, so their argmax flips first)
+        floor = 0.85 if precision == "int8" and gemm.int8_weight_levels(clf.engine.backend.gemm) == 63 else 0.9
+        assert agree.share >= floor and agree.max_prob_diff <= 0.15, agree
 
 
 def test_attention_kernel_matches_math(tiny_model_dir):
@@ -110,6 +113,59 @@ def test_int8_quantises_activations_per_token():
     assert rel.max() < 0.03, rel  # per-tensor activation scales gave ~0.7 on the other rows
     alone = op(x[1:])  # the other rows without the outlier: nearly the same results
     assert ((alone - got[1:]).abs().max() / exact[1:].abs().max()) < 0.01
+
+
+@pytest.mark.parametrize("kernel", ["int8-eager", "int8-fused"])
+def test_int8_products_are_exact_on_this_cpu(kernel):
+    """Full-range 8-bit activations times the op's int8 weights give the exact integer product on
+    whatever instruction set this runs under (`make test` runs it under AVX2 and AVX-512-without-VNNI
+    caps too): without VNNI, 8-bit weights saturated oneDNN's 16-bit pair sums (errors of 1e6 on
+    the AVX2 cap), so the weights have 7 bits there."""
+    kernel = gemm.int8_engine() if kernel == "int8-eager" else kernel
+    if kernel is None or (kernel == "int8-fused" and gemm.int8_kernels.load() is None):
+        pytest.skip(f"{kernel} does not run here")
+    levels = gemm.int8_weight_levels(kernel)
+    assert levels in (127, 63)
+    assert gemm._int8_exact(kernel, levels)
+    if levels == 63:
+        assert not gemm._int8_exact(kernel, 127)  # 7 bits only where 8 really saturate
+        assert "7-bit weights" in gemm.int8_arithmetic(kernel)
+
+
+def test_int8_is_refused_where_no_weight_width_is_exact(monkeypatch):
+    engine = gemm.int8_engine()
+    if engine is None:
+        pytest.skip("no quantized CPU engine here")
+    monkeypatch.setattr(gemm, "_int8_exact", lambda kernel, levels: False)
+    gemm.int8_weight_levels.cache_clear()
+    try:
+        assert not cpu_native("int8")  # so --precision auto never tries it
+        with pytest.raises(TaskError, match=r"precision int8 cannot run on this CPU: .*saturates.*use precision fp32"):
+            kernel_for("int8", torch.device("cpu"), int8_kernel=engine)
+    finally:
+        gemm.int8_weight_levels.cache_clear()
+
+
+@pytest.mark.parametrize("env, march", [
+    ({}, "native"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "x86-64-v3"),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, "x86-64-v3"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx2"}, "x86-64-v3"),  # the lower cap
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, "x86-64-v4"),
+    ({"ONEDNN_MAX_CPU_ISA": "ALL"}, "native"),
+])
+def test_c_kernels_follow_the_isa_cap(monkeypatch, env, march):
+    """One capped run computes as a CPU of that level would, the C kernels included."""
+    from slmclassify.backends import isa, native
+
+    monkeypatch.setattr(isa.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(isa, "native_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512_vnni"}))
+    for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert isa.march() == march
+    assert f"-march={march}" in native.compile_flags()
 
 
 def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):
@@ -210,33 +266,32 @@ def test_auto_never_tries_a_precision_that_is_not_faster(llama_dir):
 def test_onednn_isa_cap_hides_the_flags_above_it(cap, left):
     """Under ONEDNN_MAX_CPU_ISA=AVX2 an AVX-512 machine's bf16 matmuls crawl (~1 GFLOP/s, measured):
     bf16 must then not count as native, so neither auto nor bench tries it."""
-    from slmclassify.backends import device
+    from slmclassify.backends import isa
 
     flags = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "fma"})
-    assert flags - device._above_isa_cap(flags, cap) == left
+    assert flags - isa.above_cap(flags, cap) == left
 
 
 def test_cpu_native_follows_the_isa_cap(monkeypatch):
-    from slmclassify.backends import device
+    from slmclassify.backends import device, isa
 
-    flags = "fpu avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile"
-    monkeypatch.setattr(device, "open", lambda *a, **k: io.StringIO(f"processor : 0\nflags\t\t: {flags}\n"),
-                        raising=False)  # the module's /proc/cpuinfo
+    flags = frozenset("fpu avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile".split())
+    monkeypatch.setattr(isa, "native_flags", lambda: flags)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    device._cpu_flags.cache_clear()
+    isa.cpu_flags.cache_clear()
     try:
         assert not device.cpu_native("bf16") and device.matmul_flags() == ["avx2"]
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-        device._cpu_flags.cache_clear()
+        isa.cpu_flags.cache_clear()
         assert device.cpu_native("bf16")
     finally:
-        device._cpu_flags.cache_clear()
+        isa.cpu_flags.cache_clear()
 
 
 def test_bf16_is_not_a_candidate_without_native_support(monkeypatch):
-    from slmclassify.backends import device
+    from slmclassify.backends import device, isa
 
-    monkeypatch.setattr(device, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert not device.cpu_native("bf16") and not device.cpu_native("fp16")
     from slmclassify.precision import candidates
 

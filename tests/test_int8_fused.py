@@ -46,9 +46,9 @@ def _emulated(w, bias, smooth, x):
     xs, w = xs.index_fill(1, outl, 0.0), w.index_fill(0, outl, 0.0)
     lo, hi = xs.amin(1, keepdim=True).clamp_max(0), xs.amax(1, keepdim=True).clamp_min(0)
     rscale = (hi - lo) / 255
-    zero = torch.round(lo / rscale) + 128
-    col = w.abs().amax(0, keepdim=True) / 127
-    qx, qw = (torch.round(xs / rscale) - zero).clamp(-128, 127), torch.round(w / col)
+    zero = torch.round(lo / rscale)
+    col = w.abs().amax(0, keepdim=True) / gemm.int8_weight_levels("int8-fused")  # 63 where 127 would saturate
+    qx, qw = (torch.round(xs / rscale) - zero).clamp(0, 255), torch.round(w / col)  # uint8 activations
     return ((qx + zero).double() @ qw.double()).float() * col * rscale + exact_part + bias
 
 
@@ -79,7 +79,9 @@ def test_normed_folds_the_rms_into_the_row_scale():
     eager = gemm.KERNELS[gemm.int8_engine()](w, bias, torch.float32, smooth)
     exact = (gemm.rms_norm(h, 1e-6) @ w + bias) / smooth.cols
     for got in (op.normed(h, 1e-6), eager.normed(h, 1e-6)):
-        assert float((got - exact).abs().max() / exact.abs().max()) < 0.04  # measured 0.024
+        # measured 0.024 with 8-bit weights, 0.041 with 7-bit ones (no VNNI: `gemm.int8_weight_levels`)
+        bound = 0.04 if gemm.int8_weight_levels(gemm.int8_engine()) == 127 else 0.06
+        assert float((got - exact).abs().max() / exact.abs().max()) < bound
 
 
 def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monkeypatch):
@@ -94,7 +96,8 @@ def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monke
                              gemm=choice.kernel_for("int8", torch.device("cpu"), int8_kernel=choice.int8_choice(rates)))
     assert backend.gemm == gemm.int8_engine()
     missing = f"no C compiler found (install gcc, or name one in {native.COMPILER_ENV})"
-    assert backend.describe() == (f"cpu int8 ({gemm.int8_engine()} GEMM; eager int8 passes: {missing}; "
+    arithmetic = gemm.int8_arithmetic(gemm.int8_engine())
+    assert backend.describe() == (f"cpu int8 ({gemm.int8_engine()} GEMM; {arithmetic}; eager int8 passes: {missing}; "
                                   f"torch attention ({missing}))")
     # a choice cached where a compiler was does not pick the fused op here
     assert choice.kernel_for("int8", torch.device("cpu"), int8_kernel="int8-fused") == gemm.int8_engine()
@@ -150,7 +153,7 @@ def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
     built = []
     for cpu in ("cpu A flags avx2", "cpu B flags avx2 avx512f"):
         monkeypatch.setattr(native, "cpu_identity", lambda cpu=cpu: cpu)
-        lib, why = native.build(tmp_path, int8_kernels.SOURCE, "int8", int8_kernels._bind, native.FLAGS)
+        lib, why = native.build(tmp_path, int8_kernels.SOURCE, "int8", int8_kernels._bind, native.compile_flags())
         assert lib is not None, why
         built.append(sorted(p.name for p in (tmp_path / "kernels").glob("*.so")))
     assert len(built[0]) == 1 and len(built[1]) == 2

@@ -59,7 +59,12 @@ def test_duplicates_are_scored_once_per_window(clf):
     assert clf.stats.scored == 9
     assert clf.stats.reused == 4 + 1
     crash = [r for t, r in zip(texts, results) if t == "crash"]
-    assert all(r.scores == crash[0].scores for r in crash[:5])  # identical: one scoring, shared
+    assert all(r.scores == crash[0].scores for r in crash[1:4])  # identical: one scoring, shared
+    # window 2 scores "crash" again in another batch: the same label, scores within float32 rounding
+    # (bit-equal only where every kernel is batch-invariant, which no guarantee covers; README)
+    assert all(r.label == crash[0].label for r in crash)
+    np.testing.assert_allclose(list(crash[4].scores.values()), list(crash[0].scores.values()), rtol=0, atol=1e-5)
+    assert crash[5].scores == crash[4].scores  # shared within window 2
     assert results[3].status == "empty"
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import gemm
+from . import gemm, isa
 from .device import DTYPES, Backend, cpu_native
 
 CACHE_FILE = "backends.json"
@@ -46,12 +46,11 @@ def cpu_name() -> str:
 
 
 def machine_key(device: torch.device) -> str:
-    """What the measurement depends on besides the model: the processor (and the instruction set
-    oneDNN is limited to, `ONEDNN_MAX_CPU_ISA`), threads and torch."""
+    """What the measurement depends on besides the model: the processor (and the instruction-set
+    caps in force, `isa.describe_cap`), threads and torch."""
     chip = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if device.type == "cpu" and cap not in ("", "ALL", "DEFAULT"):
-        chip += f" (ONEDNN_MAX_CPU_ISA={cap})"
+    if device.type == "cpu" and isa.describe_cap():
+        chip += f" ({isa.describe_cap()})"
     return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}"
 
 
@@ -81,7 +80,9 @@ def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm", in
                             "use bf16 or fp16 on CUDA")
         if int8_kernel == "int8-fused" and gemm.int8_kernels.load() is None:
             int8_kernel = None  # measured where a compiler was; not here
-        return int8_kernel or gemm.int8_engine() or "int8-onednn"
+        kernel = int8_kernel or gemm.int8_engine() or "int8-onednn"
+        gemm.check_int8(kernel)
+        return kernel
     return precision  # bf16, fp16
 
 

@@ -8,15 +8,13 @@ are quantised per call).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
 from ..errors import TaskError
 from ..task import DEVICES, PRECISIONS
-from . import attention, fp32_kernels, gemm
+from . import attention, fp32_kernels, gemm, isa
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 
@@ -75,8 +73,10 @@ class Backend:
 
     def describe(self) -> str:
         line = f"{self.device.type} {self.precision} ({self.gemm} GEMM"
-        if self.precision == "int8" and self.gemm != "int8-fused" and (why := gemm.int8_kernels.unavailable()):
-            line += f"; eager int8 passes: {why}"  # the fused passes would have been timed, and likely chosen
+        if self.precision == "int8":
+            line += f"; {gemm.int8_arithmetic(self.gemm)}"
+            if self.gemm != "int8-fused" and (why := gemm.int8_kernels.unavailable()):
+                line += f"; eager int8 passes: {why}"  # the fused passes would have been timed, and likely chosen
         if self.device.type == "cpu" and self.dtype == torch.float32:  # which attention kernel, and why
             why = fp32_kernels.attention_off()
             wide = fp32_kernels.MAX_HEAD_DIM
@@ -97,54 +97,13 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return torch.device(name)
 
 
-@lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
-    """This CPU's flags (/proc/cpuinfo), less those above the instruction set oneDNN is limited to
-    (`ONEDNN_MAX_CPU_ISA`, see `_above_isa_cap`)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = frozenset(line.split(":", 1)[1].split())
-                    return flags - _above_isa_cap(flags, os.environ.get("ONEDNN_MAX_CPU_ISA"))
-    except OSError:
-        pass
-    return frozenset()
-
-
-_ISA_LEVELS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-               "AVX512_CORE_BF16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16")
-"""oneDNN's `ONEDNN_MAX_CPU_ISA` values, lowest first (its older names map onto them below)."""
-_ISA_ALIASES = {"AVX512_CORE_FP16": "AVX10_1_512", "AVX512_CORE_AMX": "AVX10_1_512_AMX",
-                "AVX512_CORE_AMX_FP16": "AVX10_1_512_AMX_FP16"}
-_FLAG_ISA = {"avx2": "AVX2", "avx_vnni": "AVX2_VNNI", "avx512_vnni": "AVX512_CORE_VNNI",
-             "avx512_bf16": "AVX512_CORE_BF16", "avx512_fp16": "AVX10_1_512", "amx_tile": "AVX10_1_512_AMX",
-             "amx_int8": "AVX10_1_512_AMX", "amx_bf16": "AVX10_1_512_AMX", "amx_fp16": "AVX10_1_512_AMX_FP16"}
-
-
-def _above_isa_cap(flags: frozenset[str], cap: str | None) -> frozenset[str]:
-    """The flags oneDNN may not use under `ONEDNN_MAX_CPU_ISA=cap` (e.g. AVX2 on an AVX-512 machine:
-    its bf16 matmuls then crawl at ~1 GFLOP/s, as on a CPU without AVX512-BF16)."""
-    cap = _ISA_ALIASES.get((cap or "").upper(), (cap or "").upper())
-    if cap not in _ISA_LEVELS:  # unset, ALL, DEFAULT or unknown: no limit
-        return frozenset()
-    limit = _ISA_LEVELS.index(cap)
-
-    def level(flag: str) -> int:
-        if flag in _FLAG_ISA:
-            return _ISA_LEVELS.index(_FLAG_ISA[flag])
-        return _ISA_LEVELS.index("AVX512_CORE") if flag.startswith("avx512") else -1
-
-    return frozenset(f for f in flags if level(f) > limit)
-
-
 MATMUL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
 """The CPU flags that decide low-precision matmul speed (what a figure's machine line should name)."""
 
 
 def matmul_flags() -> list[str]:
     """The `MATMUL_FLAGS` this CPU has (/proc/cpuinfo; empty elsewhere)."""
-    return [flag for flag in MATMUL_FLAGS if flag in _cpu_flags()]
+    return [flag for flag in MATMUL_FLAGS if flag in isa.cpu_flags()]
 
 
 def cpu_native(precision: str) -> bool:
@@ -153,13 +112,15 @@ def cpu_native(precision: str) -> bool:
     bf16 needs AVX512-BF16 or AMX-BF16, fp16 AVX512-FP16 or AMX-FP16: without them PyTorch's
     bf16/fp16 matmuls fall back to scalar code (~1 GFLOP/s measured on an AMD EPYC, 100x slower
     than float32), so `--precision auto` never tries them there. int8 dynamic quantisation
-    runs on any x86 CPU PyTorch supports (VNNI makes it faster).
+    runs on any x86 CPU PyTorch supports (VNNI makes it faster; without it the weights have 7 bits,
+    `gemm.int8_weight_levels`), unless its kernel cannot multiply exactly even then.
     """
-    flags = _cpu_flags()
+    flags = isa.cpu_flags()
     if precision == "bf16":
         return bool({"avx512_bf16", "amx_bf16"} & flags)
     if precision == "fp16":
         return bool({"avx512_fp16", "amx_fp16"} & flags)
     if precision == "int8":
-        return gemm.int8_engine() is not None
+        engine = gemm.int8_engine()
+        return engine is not None and gemm.int8_weight_levels(engine) is not None
     return precision == "fp32"

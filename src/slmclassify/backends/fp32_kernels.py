@@ -227,7 +227,7 @@ void swiglu_rows(float *gu, int64_t n, int64_t m, int nthreads)
 
 def load(cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
     """The compiled library (ctypes), or None where it cannot be built (see `unavailable`).
-    `flags` (tests): compile with these instead of `native.FLAGS` (e.g. AVX2 only)."""
+    `flags` (tests): compile with these instead of `native.compile_flags()` (e.g. AVX2 only)."""
     return LIBRARY.load(cache_dir, flags)
 
 

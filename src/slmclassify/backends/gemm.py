@@ -8,6 +8,7 @@
                  optionally smoothed (SmoothQuant scales, float32 outlier channels: `smoothing.py`)
     int8-fused   the same smoothing and weights, activations asymmetric per token, one C pass each side
                  of oneDNN's prepacked int8 GEMM (`int8_kernels.py`); needs a C compiler at first use
+                 (int8 weights use 7 bits where the CPU's int8 kernel would saturate: `int8_weight_levels`)
     bf16, fp16   the weight cast once; inputs cast per call; output in that precision
 
 `add_(h, x)` adds the product into the float32 residual stream in place; `normed(h, eps)` computes
@@ -19,13 +20,79 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import TaskError
 from . import fp32_kernels as fp32_passes
 from . import int8_kernels
 from .smoothing import Smoothing, split_weight
+
+
+@lru_cache(maxsize=None)
+def int8_weight_levels(kernel: str) -> int | None:
+    """The largest |int8 weight| with which `kernel` multiplies exactly on this CPU (probed once).
+
+    127 (8-bit weights) with VNNI or AMX, which add u8 x s8 products in 32 bits. Without them
+    (AVX2-only CPUs such as AMD Zen 2/3, AVX-512 without VNNI such as Skylake servers) oneDNN adds
+    pairs of products in 16 bits (`vpmaddubsw`), which saturates for full-range values: 2 * 255 * 127
+    > 32767. With 7-bit weights (|w| <= 63) no pair can: 2 * 255 * 63 = 32130. None where neither
+    is exact: int8 is then refused here (`check_int8`).
+    """
+    for levels in (127, 63):
+        if _int8_exact(kernel, levels):
+            return levels
+    return None
+
+
+def _int8_exact(kernel: str, levels: int) -> bool:
+    """Whether `kernel`'s int8 GEMM gives the exact integer product of full-range activations and
+    weights within ±`levels` (the fused op's uint8 activations 0..255; the eager op's -128..127
+    quantise to themselves: scale 1, zero point 128)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (64, 256), generator=g)  # [N, K]
+    x[0], x[1, ::2], x[1, 1::2] = 127, -128, 127  # the extremes, in pairs
+    w = torch.randint(-levels, levels + 1, (96, 256), generator=g)  # [M, K]
+    w[0], w[1] = levels, -levels
+    if kernel == "int8-fused":
+        x = x + 128  # its activations are uint8
+        exact = x.double() @ w.double().t()  # below 2**24: exact in float32 too
+        packed = torch.ops.onednn.qlinear_prepack(w.to(torch.int8), None)
+        got = torch.ops.onednn.qlinear_pointwise(x.to(torch.uint8), 1.0, 0, packed, torch.ones(96),
+                                                 torch.zeros(96, dtype=torch.long), None, 1.0, 0, torch.float32,
+                                                 "none", [], "")
+    else:
+        exact = x.double() @ w.double().t()
+        previous = torch.backends.quantized.engine
+        try:
+            torch.backends.quantized.engine = kernel.removeprefix("int8-")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                q = torch.quantize_per_channel(w.float(), torch.ones(96, dtype=torch.double),
+                                               torch.zeros(96, dtype=torch.long), 0, torch.qint8)
+                got = torch.ops.quantized.linear_dynamic(x.float(), torch.ops.quantized.linear_prepack(q, None), False)
+        finally:
+            torch.backends.quantized.engine = previous
+    return bool(torch.equal(got.double(), exact))
+
+
+def int8_arithmetic(kernel: str) -> str:
+    """How `kernel` multiplies here, for the engine line."""
+    levels = int8_weight_levels(kernel)
+    if levels == 127:
+        return "8-bit weights"
+    if levels == 63:
+        return "7-bit weights: this CPU's int8 kernel adds products in 16 bits (no VNNI)"
+    return "not exact here"
+
+
+def check_int8(kernel: str) -> None:
+    """Raise where `kernel` cannot multiply int8 exactly on this CPU (`int8_weight_levels` is None)."""
+    if int8_weight_levels(kernel) is None:
+        raise TaskError(f"precision int8 cannot run on this CPU: its int8 kernel ({kernel}) saturates even with "
+                        f"7-bit weights; use precision fp32 (or bf16 where the CPU has it)")
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -116,8 +183,10 @@ class Int8Linear(LinearOp):
         self.out_features = weight.shape[1]
 
     def _pack(self, w: torch.Tensor):
-        """The [out, in] weight quantised per output channel and packed for `_matmul`."""
-        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
+        """The [out, in] weight quantised per output channel (±`int8_weight_levels`) and packed for `_matmul`."""
+        kernel = f"int8-{self.engine}"
+        check_int8(kernel)
+        scale = (w.abs().amax(dim=1) / int8_weight_levels(kernel)).clamp_min(1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         previous = torch.backends.quantized.engine
         try:
@@ -182,8 +251,6 @@ class Int8FusedLinear(LinearOp):
     def __init__(self, weight, bias, dtype, smooth=None):
         self.lib = int8_kernels.load()
         if self.lib is None:
-            from ..errors import TaskError
-
             raise TaskError(f"the int8-fused kernel cannot run here: {int8_kernels.unavailable()}; use int8-onednn")
         w, bias, self.outlier_weight = split_weight(weight, bias, smooth)  # [in, out], [out], [k, out]
         divided = smooth is not None and smooth.inv_in is not None
@@ -195,8 +262,10 @@ class Int8FusedLinear(LinearOp):
             mult[self.outliers] = 0.0  # their int8 part is zero and sets no scale
         self.mult = mult.contiguous()
         w = w.t().contiguous()  # [out, in]
-        self.col_scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)  # [out] per output channel
-        q = torch.round(w / self.col_scale[:, None]).to(torch.int8)
+        check_int8("int8-fused")
+        levels = int8_weight_levels("int8-fused")  # 63 where 8-bit weights would saturate
+        self.col_scale = (w.abs().amax(dim=1) / levels).clamp_min(1e-12)  # [out] per output channel
+        q = torch.round(w / self.col_scale[:, None]).clamp(-levels, levels).to(torch.int8)
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
         self.colsum = (q.sum(dim=1, dtype=torch.int64).float() * self.col_scale).contiguous()  # [out] for the zeros
         self.zero = torch.zeros(w.shape[0], dtype=torch.long)

@@ -7,7 +7,7 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
     quantise    x [N, in] (a float32 row; optionally the un-normed residual stream, the RMSNorm's
                 1/rms folded into the row scale, since per-token quantisation is invariant to a
                 per-row factor) → q [N, in] int8, asymmetric per token over the row's own range of
-                x * mult: x * mult ~ r (q + z), r = (max - min) / 255; the row scales [N] = r (* 1/rms),
+                x * mult: x * mult ~ r (q + z), q uint8, r = (max - min) / 255; the row scales [N] = r (* 1/rms),
                 zeros [N] = z and the outlier channels' float32 values [N, k] (their `mult` is 0)
     dequantise  h [N, out] (+)= (acc [N, out] + z colsum) * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out]),
                 acc = q @ w_int8 * column scales and colsum = the same of a row of ones
@@ -34,11 +34,11 @@ SOURCE = r"""
 
 /* rintf rounds half to even (the default rounding mode) and, unlike roundevenf, vectorises.
    Per row, asymmetric over the row's own range [lo, hi] of v = x * mult (0 for outlier channels):
-   scale = (hi - lo) / 255, zero z = rint(lo / scale) + 128, q [n, d] int8 = clamp(rint(v / scale) - z),
+   scale = (hi - lo) / 255, zero z = rint(lo / scale) (<= 0), q [n, d] uint8 = clamp(rint(v / scale) - z, 0, 255),
    so v ~ scale * (q + z); rscale [n] = scale (* 1/rms(x) when eps >= 0), zrow [n] = z;
    outv [n, k] = x[outl] * outl_mult (* 1/rms). */
 void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const float *mult, float eps,
-                   int8_t *q, float *rscale, float *zrow, const int64_t *outl, int64_t k, const float *outl_mult,
+                   uint8_t *q, float *rscale, float *zrow, const int64_t *outl, int64_t k, const float *outl_mult,
                    float *outv, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -57,13 +57,13 @@ void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const floa
         float scale = (hi - lo) / 255.0f;
         if (scale < 1e-30f) scale = 1e-30f;
         float s = 1.0f / scale;
-        float z = __builtin_rintf(lo * s) + 128.0f;
-        int8_t *qr = q + i * d;
+        float z = __builtin_rintf(lo * s);
+        uint8_t *qr = q + i * d;
         #pragma omp simd
         for (int64_t j = 0; j < d; j++) {
             float v = __builtin_rintf(xr[j] * mult[j] * s) - z;
-            v = v < -128.0f ? -128.0f : (v > 127.0f ? 127.0f : v);
-            qr[j] = (int8_t)(int32_t)v;
+            v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+            qr[j] = (uint8_t)(int32_t)v;
         }
         rscale[i] = scale * rfac;
         zrow[i] = z;
@@ -154,12 +154,12 @@ LIBRARY = native.Library(SOURCE, "int8", _bind)
 
 def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outliers: torch.Tensor | None,
              outlier_mult: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(q [N, in] int8, row scales and zeros [2, N] float32, outliers' values [N, k] or None) for x [N, in]
+    """(q [N, in] uint8, row scales and zeros [2, N] float32, outliers' values [N, k] or None) for x [N, in]
     float32 with unit stride along rows; `eps`: x is un-normed and the row scale includes 1/rms(x)
     (None: no norm). x * mult ~ scale * (q + zero) per row."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
     n, d = x.shape
-    q = torch.empty(n, d, dtype=torch.int8)
+    q = torch.empty(n, d, dtype=torch.uint8)
     rows = torch.empty(2, n)
     k = 0 if outliers is None else len(outliers)
     values = torch.empty(n, k) if k else None

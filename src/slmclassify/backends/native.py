@@ -1,7 +1,8 @@
 """Small C libraries compiled at first use (`int8_kernels.py`, `fp32_kernels.py`).
 
 Each source is compiled with the system's C compiler (`cc`, else `gcc`; `SLMCLASSIFY_CC` names
-another, an empty value disables them) with -O3 -march=native -fopenmp into the user cache folder,
+another, an empty value disables them) with -O3 -march=native -fopenmp (-march=x86-64-v3 or v4
+under an instruction-set cap, `isa.march`) into the user cache folder,
 once per CPU (model and flags: a home folder may be shared between machines, and -march=native
 code may use instructions another CPU lacks) and source, and loaded through ctypes. OpenMP resolves
 to the libgomp that PyTorch has already loaded (same soname), so no second thread pool appears;
@@ -21,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from . import isa
 
 VEXP = r"""
 /* exp(x), Cephes' polynomial (relative error ~1e-7) in a form the compiler vectorises. */
@@ -45,7 +48,13 @@ static inline float vexp(float x)
 """
 """exp(x) for the C sources (`int8_kernels.SOURCE`, `fp32_kernels.SOURCE`), included by name."""
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+
+
+def compile_flags() -> list[str]:
+    """The compiler flags: -march follows the instruction-set cap (`isa.march`)."""
+    return ["-O3", f"-march={isa.march()}", "-fopenmp", "-shared", "-fPIC"]
+
+
 COMPILER_ENV = "SLMCLASSIFY_CC"
 """Names the C compiler (default: cc, else gcc); an empty value disables every C library."""
 
@@ -62,11 +71,11 @@ class Library:
 
     def load(self, cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
         """The library (ctypes, signatures declared by `bind`), or None where it cannot be built.
-        `flags` (tests): compile with these instead of FLAGS (e.g. AVX2 only)."""
+        `flags` (tests): compile with these instead of `compile_flags()` (e.g. AVX2 only)."""
         key = (str(cache_dir), flags)
         if key not in self._built:
             self._built[key] = build(cache_dir, self.source, self.stem, self.bind,
-                                     FLAGS if flags is None else list(flags))
+                                     compile_flags() if flags is None else list(flags))
         return self._built[key][0]
 
     def unavailable(self, cache_dir: Path | None = None, flags: tuple[str, ...] | None = None) -> str | None:
