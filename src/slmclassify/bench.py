@@ -18,7 +18,7 @@ Configurations (same model, same threads, same items):
   i  CTranslate2 fp32 and int8 on the same weights (converted once into the user cache; if
      ctranslate2 is importable, on a CPU), with its best recipe for this job: the shared prefix as
      its cached `static_prompt`, one step of vocabulary logits, items sorted by length; per item
-     and in batches of 8, all timed interleaved with (d) like (g); each row is the faster mode
+     and in batches of 2 (its fastest batching), all timed interleaved with (d) like (g); each row is the faster mode
      (`bench_ct2`)
   h  on CUDA: the best plain-transformers configurations (sorted token-budget batches, with and
      without a prefix cache; `backends.hf_plain`)
