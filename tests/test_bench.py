@@ -12,6 +12,13 @@ from slmclassify.bench import article_batched, non_embedding_params, roofline, r
 from slmclassify.cli import cli
 from slmclassify.workload import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
 
+try:
+    import ctranslate2  # noqa: F401  (the optional (i) rows: `pip install 'slmclassify[ctranslate2]'`)
+
+    CT2 = True
+except ImportError:
+    CT2 = False
+
 
 def test_workload_is_the_articles():
     tickets = article_tickets(600)
@@ -52,27 +59,31 @@ def test_bench_report_schema(llama_loaded):
     assert llama_loaded.tokenizer.padding_side == side  # the shared tokenizer is left as it was
     data = report.to_json()
     low = [p for p in ("int8", "bf16") if cpu_native(p)]
+    peers = ["fp32", "int8"] if CT2 else []
     assert data["schema"] == 1
     assert set(data["machine"]) >= {"cpu", "threads", "torch", "transformers", "date"}
     assert data["matmul_gflops"] > 0
     names = [r["name"] for r in data["rows"]]
-    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 7 + len(low)
-    # (g): ours in the other precisions this CPU runs natively, after the float32 rows
-    assert names[7:] == [f"g ours {p}" for p in low]
+    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 7 + len(low) + len(peers)
+    # (g): ours in the other precisions this CPU runs natively, after the float32 rows; then (i)
+    assert names[7 : 7 + len(low)] == [f"g ours {p}" for p in low]
+    assert [n.removesuffix(" per item").removesuffix(" batched") for n in names[7 + len(low):]] == \
+           [f"i ctranslate2 {p}" for p in peers]  # each precision's faster mode
+    assert all(n.endswith((" per item", " batched")) for n in names[7 + len(low):])
     assert data["engine"].startswith("cpu fp32 (")
     for row in data["rows"]:
         assert set(row) >= {"name", "seconds", "items_per_s", "tokens_per_s", "padding", "speedup",
                             "agree", "items", "max_abs_diff", "roofline"}
         assert row["items"] == 12
-        if not row["name"].startswith("g "):
+        if not row["name"].startswith(("g ", "i ctranslate2 int8")):
             assert row["agree"] == 12  # every float32 path predicts what the loop predicts
             assert row["max_abs_diff"] < 1e-3
     ours = data["rows"][3]
     assert ours["peak_rss_mb"] > 0
-    # (g) timed interleaved with (d): its speed-up over (a) is (g over d) x (d over a), its seconds
-    # d's over (g over d), so that no row timed at another moment enters the ratio.
+    # (g) and (i) timed interleaved with (d): the speed-up over (a) is (row over d) x (d over a),
+    # its seconds d's over (row over d), so that no row timed at another moment enters the ratio.
     for row in data["rows"][7:]:
-        assert row["vs_d"] > 0 and row["padding"] == ours["padding"]
+        assert row["vs_d"] > 0 and row["padding"] == (ours["padding"] if row["name"][0] == "g" else None)
         assert row["seconds"] == pytest.approx(ours["seconds"] / row["vs_d"])
         assert row["speedup"] == pytest.approx(row["vs_d"] * ours["speedup"])
     assert all(row["vs_d"] is None for row in data["rows"][:7])
@@ -131,7 +142,8 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
     assert "speedup" in result.stdout and "a article per-item loop" in result.stdout
     last = json.loads(lines[-1])
     assert last == json.loads(out.read_text())
-    assert [r["agree"] for r in last["rows"] if not r["name"].startswith("g ")] == [6] * 7
+    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * 7
+    assert [r["agree"] for r in last["rows"] if r["name"].startswith("i ctranslate2 fp32")] == [6] * CT2
     assert "engine: cpu fp32 (" in result.stdout
 
 
@@ -176,12 +188,57 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
 
     with_f = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).stdout.splitlines()[-1])
     names = [r["name"][0] for r in with_f["rows"]]
-    assert names == list("abcdeee") + ["g"] * (len(names) - 8) + ["f"]
+    peers = 2 if CT2 else 0
+    assert names == list("abcdeee") + ["g"] * (len(names) - 8 - peers) + ["i"] * peers + ["f"]
     assert calls == [str(tmp_path / "model.gguf")]
 
     without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])
     assert len(without_f["rows"]) == len(names) - 1 and len(calls) == 1
 
+
+
+@pytest.mark.skipif(not CT2, reason="ctranslate2 is not installed (pip install 'slmclassify[ctranslate2]')")
+def test_ctranslate2_scores_equal_the_reference(tiny_loaded, tmp_path):
+    """(i)'s scores, per item and batched, in float32 equal the per-item reference path (Llama and
+    Qwen2 with its biases): the conversion, the static prompt, the token strings and the last
+    logits row of a ragged batch are all right. int8 still names the same labels."""
+    from slmclassify import Classifier
+    from slmclassify.bench import _article_first_ids
+    from slmclassify.bench_ct2 import CT2Scorer, converted
+
+    clf = Classifier(ARTICLE_TASK.with_overrides(mode="first"), model=tiny_loaded)
+    encoded = clf.encode(short_tickets(10))
+    assert encoded.cached.all() and len({len(encoded.own(i)) for i in range(10)}) > 3  # ragged
+    reference = clf.reference(encoded, range(10))
+    folder = converted(tiny_loaded.model, tiny_loaded.tokenizer, tmp_path)
+    first = _article_first_ids(tiny_loaded.tokenizer, ARTICLE_TASK.labels).tolist()
+    fp32 = CT2Scorer(folder, "fp32", tiny_loaded.tokenizer, first, clf.prefix_ids, threads=1, batch_rows=4)
+    for scores in (fp32.per_item(encoded), fp32.batched(encoded)):
+        assert np.abs(scores - reference).max() < 1e-4, np.c_[scores, reference]
+    int8 = CT2Scorer(folder, "int8", tiny_loaded.tokenizer, first, clf.prefix_ids, threads=1)
+    assert (int8.per_item(encoded).argmax(1) == reference.argmax(1)).mean() >= 0.8
+
+
+@pytest.mark.skipif(not CT2, reason="ctranslate2 is not installed (pip install 'slmclassify[ctranslate2]')")
+def test_ctranslate2_converts_once(llama_loaded, tmp_path, monkeypatch):
+    import ctranslate2.converters
+
+    from slmclassify.bench_ct2 import converted
+
+    folder = converted(llama_loaded.model, llama_loaded.tokenizer, tmp_path)
+    assert folder.parent == tmp_path and folder.name.startswith("ctranslate2-") and (folder / "model.bin").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work folder left
+    monkeypatch.setattr(ctranslate2.converters, "TransformersConverter", lambda *a: pytest.fail("converted twice"))
+    assert converted(llama_loaded.model, llama_loaded.tokenizer, tmp_path) == folder
+
+
+def test_ctranslate2_rows_skipped_without_the_package(llama_loaded, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "ctranslate2", None)  # import ctranslate2 -> ImportError
+    lines = []
+    report = run_bench(llama_loaded, short_tickets(4), ARTICLE_TASK, log=lines.append)
+    assert not any(r.name.startswith("i ") for r in report.rows)
+    assert "  i ctranslate2: skipped (ctranslate2 is not installed: pip install 'slmclassify[ctranslate2]' " \
+           "(ctranslate2==4.8.5))" in lines
 
 
 @pytest.mark.parametrize("option,value,instead", [("--token-budget", "512", "--budgets"), ("--max-rows", "8", "--row-caps")])

@@ -15,6 +15,11 @@ Configurations (same model, same threads, same items):
      so that its speed-up is (g over d, interleaved) x (d over a, interleaved) and a machine whose
      speed drifts between rows cannot move it; its seconds are d's seconds / (g over d), i.e.
      what g would have taken at the speed the machine had during (d)
+  i  CTranslate2 fp32 and int8 on the same weights (converted once into the user cache; if
+     ctranslate2 is importable, on a CPU), with its best recipe for this job: the shared prefix as
+     its cached `static_prompt`, one step of vocabulary logits, items sorted by length; per item
+     and in batches of 2 (its fastest batching), all timed interleaved with (d) like (g); each row is the faster mode
+     (`bench_ct2`)
   h  on CUDA: the best plain-transformers configurations (sorted token-budget batches, with and
      without a prefix cache; `backends.hf_plain`)
 On CUDA the Hugging Face rows (a, b, c, h) run in bfloat16, as a user would run them there.
@@ -345,11 +350,22 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     for precision in _other_precisions(loaded):
         other = _with_precision(loaded, precision)
         low = Classifier(task, model=other, settings=settings)
-        ratio, scores = _interleaved_with(clf, low, encoded, device)
-        seconds = d_seconds / ratio  # g at the machine speed of the (d) run
-        add(f"g ours {precision}", f"as d, {other.backend.describe()}; {ratio:.2f}x d, timed interleaved with d",
-            seconds, scores, padding=report.rows[3].padding, roofline=share(seconds))  # d's batches
-        report.rows[-1].vs_d = ratio
+        ratios, scores = _interleaved(clf, {"g": low.score}, encoded, device)
+        seconds = d_seconds / ratios["g"]  # g at the machine speed of the (d) run
+        add(f"g ours {precision}", f"as d, {other.backend.describe()}; {ratios['g']:.2f}x d, timed interleaved with d",
+            seconds, scores["g"], padding=report.rows[3].padding, roofline=share(seconds))  # d's batches
+        report.rows[-1].vs_d = ratios["g"]
+
+    from . import bench_ct2
+
+    skipped = bench_ct2.skipped(device)
+    if skipped:
+        log(f"  i ctranslate2: skipped ({skipped})")
+    for peer in [] if skipped else bench_ct2.measure(loaded, task, clf, encoded, device):
+        add(peer.name, peer.description, d_seconds / peer.vs_d, peer.scores)  # at the speed of the (d) run
+        report.rows[-1].vs_d = peer.vs_d
+        ours = _ours_vs_d(report, loaded, peer.precision)
+        log(f"    {peer.modes}" + (f"; ours {peer.precision} is {ours / peer.vs_d:.2f}x it" if ours else ""))
 
     if device.type == "cuda":
         from .backends.hf_plain import token_budget_scores
@@ -374,29 +390,40 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     return report
 
 
-def _interleaved_with(base: Classifier, other: Classifier, encoded, device: torch.device) -> tuple[float, np.ndarray]:
-    """(items/s of `other` over `base`, other's [n, L] scores), the two timed batch by batch.
+def _interleaved(base: Classifier, others: dict, encoded, device: torch.device) -> tuple[dict, dict]:
+    """({name: items/s of others[name] over `base`}, {name: its [n, L] scores}), all timed batch by batch.
 
-    The batches are those `base.score` makes (`Classifier.plan`), planned once; each is scored by
-    both classifiers in turn (its items as one `score` call, which plans them as the same single
-    batch), the order alternating, so that drift in the machine's speed hits both.
+    `others`: name -> a scorer of `EncodedItems` ([b, L] scores, like `Classifier.score`). The
+    batches are those `base.score` makes (`Classifier.plan`), planned once; each is scored by
+    `base` and by every other in turn (its items as one call; a Classifier plans them as the same
+    single batch), the order rotating by one each batch, so that drift in the machine's speed hits all.
     """
     batches = [rows for _, rows in base.plan(encoded)]  # input indices of each batch's items
-    scores = np.full((len(encoded), len(base.task.labels)), np.nan)
-    seconds = {id(base): 0.0, id(other): 0.0}
+    runners = [*others.items(), (None, base.score)]  # None: the base
+    scores = {name: np.full((len(encoded), len(base.task.labels)), np.nan) for name in others}
+    seconds = dict.fromkeys([*others, None], 0.0)
     if batches:
-        other.score(encoded.subset(batches[-1]))  # warm-up of the other kernels
+        for score in others.values():
+            score(encoded.subset(batches[-1]))  # warm-up of the other kernels (and caches)
     for k, rows in enumerate(batches):
         items = encoded.subset(rows)
-        for clf in ((base, other) if k % 2 else (other, base)):
+        shift = k % len(runners)
+        for name, score in runners[shift:] + runners[:shift]:
             _sync(device)
             start = time.perf_counter()
-            batch_scores = clf.score(items)
+            batch_scores = score(items)
             _sync(device)
-            seconds[id(clf)] += time.perf_counter() - start
-            if clf is other:
-                scores[rows] = batch_scores
-    return seconds[id(base)] / seconds[id(other)], scores
+            seconds[name] += time.perf_counter() - start
+            if name is not None:
+                scores[name][rows] = batch_scores
+    return {name: seconds[None] / seconds[name] for name in others}, scores
+
+
+def _ours_vs_d(report: BenchReport, loaded: LoadedModel, precision: str) -> float | None:
+    """items/s of ours in `precision` over (d): 1 for d's own, a (g) row's ratio, else None."""
+    if precision == loaded.backend.precision:
+        return 1.0
+    return next((r.vs_d for r in report.rows if r.name == f"g ours {precision}"), None)
 
 
 def _sync(device: torch.device) -> None:
