@@ -28,7 +28,8 @@ from .encode import EncodedItems
 from .errors import InputError
 from .interrupts import Interrupted, handle_sigterm
 from .io.checkpoint import Checkpoint, changed, digest, input_fingerprint, refuse_resume
-from .io.formats import check_output
+from .io.formats import check_not_input, check_output
+from .io.lock import OutputLock
 from .io.readers import open_table
 from .io.writers import ChunkWriter, ipc_to_parquet, parquet_schema, write_error
 from .precision import auto_line
@@ -66,8 +67,24 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     probabilities, read from the same pass; probes still check the label scores against the per-item path.
 
     Raises `Interrupted` on Ctrl-C/SIGTERM (finished chunks stay in OUTPUT.partial for --resume).
+    Refuses, before any work, an output that is the input, and an output another run is writing.
     """
     out_fmt = check_output(output_path, fmt if output_path == "-" else None)
+    check_not_input(input_path, output_path)
+    lock = OutputLock(output_path).acquire() if output_path != "-" else None
+    try:
+        return _run_classify(input_path, output_path, out_fmt, task, settings, model=model, text_column=text_column,
+                             id_column=id_column, fmt=fmt, errors=errors, probes=probes, gold_column=gold_column,
+                             progress=progress, result_prefix=result_prefix, resume=resume, restart=restart,
+                             status_every=status_every, head=head, scorer=scorer, head_source=head_source)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, text_column, id_column, fmt, errors,
+                  probes, gold_column, progress, result_prefix, resume, restart, status_every, head, scorer,
+                  head_source) -> JobOutcome:
     in_fmt = fmt if input_path == "-" else None
     resumable = output_path != "-" and input_path != "-"
     checkpoint = Checkpoint(output_path) if output_path != "-" else None

@@ -53,6 +53,23 @@ def check_output(path: str, fmt: str | None = None) -> str:
     return fmt
 
 
+def check_not_input(input_path: str, output_path: str) -> None:
+    """Refuse an output (or its partial, progress record or lock) that is the input file itself,
+    however it is spelled (`./data/../data/x.csv`, a symlink, a hard link): the input is never
+    overwritten."""
+    if "-" in (input_path, output_path):
+        return
+    source = os.path.realpath(input_path)
+    for path in (output_path, f"{output_path}.partial", f"{output_path}.progress.json", f"{output_path}.lock"):
+        same = os.path.realpath(path) == source
+        if not same and os.path.exists(path) and os.path.exists(input_path):
+            same = os.path.samefile(path, input_path)
+        if same:
+            what = "" if path == output_path else f" ({path}, where the run keeps its state)"
+            raise InputError(f"the output {output_path} is the input file {input_path}{what}; write to another "
+                             "file (the input is never overwritten)")
+
+
 def check_text_encoding(head: bytes, name: str) -> None:
     """Refuse UTF-16/32 text files up front: their columns would come out as garbled names."""
     boms = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
