@@ -116,3 +116,119 @@ def test_input_named_like_the_outputs_partial_is_refused(run_main, tmp_path, lla
     src = make_input(tmp_path / "out.csv.partial", 12)
     code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir, "--format", "csv"))
     assert "is the input file" in _one_error(code, err)
+
+
+# --------------------------------------------------------------------------- 3, 4. what --resume trusts
+
+
+def _interrupted_run(run_main, monkeypatch, src, target, model_dir, windows=2):
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, windows)
+        code, _, err = run_main(*_args(src, target, model_dir))
+    assert code == 130, err
+    assert json.loads(Path(f"{target}.progress.json").read_text())["rows_done"] == 8 * windows
+
+
+@pytest.mark.parametrize("damage", ["cut", "changed"])
+def test_resume_refuses_a_partial_cut_short_or_changed(run_main, monkeypatch, tmp_path, llama_dir, damage):
+    """Before: `--resume` over a partial 1,000 bytes shorter than its record wrote past its end:
+    exit 0, a 1,000-byte NUL hole in the output and rows lost. Now a partial shorter than its
+    record, or whose last bytes differ from those the record saw, is refused; --restart recovers."""
+    src = make_input(tmp_path / "in.csv", 40)
+    target = tmp_path / "out.csv"
+    _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
+    partial = Path(f"{target}.partial")
+    data = partial.read_bytes()
+    length = json.loads(Path(f"{target}.progress.json").read_text())["partial_bytes"]
+    if damage == "cut":
+        os.truncate(partial, length - 100)
+        reason = f"{partial} is shorter than its progress record says ({length - 100} bytes, the record says {length}): it was cut or replaced"
+    else:
+        partial.write_bytes(data[: length - 5] + b"XXXXX" + data[length:])
+        reason = f"{partial} does not end with the bytes its progress record saw: it was changed or replaced"
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert _one_error(code, err) == (f"slmclassify: error: cannot resume {target}: {reason}; its rows cannot be "
+                                     "trusted, pass --restart to start over")
+    assert not target.exists()
+    code, _, err = run_main(*_args(src, target, llama_dir, "--restart"))
+    assert code == 0, err
+    whole = tmp_path / "whole.csv"
+    assert run_main(*_args(src, whole, llama_dir))[0] == 0
+    assert target.read_bytes() == whole.read_bytes()
+
+
+def test_resume_still_accepts_a_partial_longer_than_its_record(run_main, monkeypatch, tmp_path, llama_dir):
+    """A chunk half-written when the run died is dropped (the record's length and tail still match)."""
+    src = make_input(tmp_path / "in.csv", 40)
+    target = tmp_path / "out.csv"
+    _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
+    with open(f"{target}.partial", "ab") as fh:
+        fh.write(b"00099,half a row")
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert code == 0, err
+    whole = tmp_path / "whole.csv"
+    assert run_main(*_args(src, whole, llama_dir))[0] == 0
+    assert target.read_bytes() == whole.read_bytes()
+
+
+def _big_rows_input(path: Path) -> Path:
+    """40 rows, the first 16 with a 100 KB note: rows done after 2 windows of 8 reach past 1 MiB."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"id": [f"{i:05d}" for i in range(40)],
+                          "note": [("n" * 100_000) if i < 16 else "" for i in range(40)],
+                          "text": [f"card charged twice {i}" for i in range(40)]})
+    if path.suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_json(path, orient="records", lines=True)
+    return path
+
+
+@pytest.mark.parametrize("ext", ["csv", "jsonl"])
+def test_resume_refuses_an_input_edited_where_it_was_read(run_main, monkeypatch, tmp_path, llama_dir, ext):
+    """Before: an edit past the first MiB, same size, mtime restored, was resumed silently and the
+    output kept the old row's text and label. Now the bytes already read are re-hashed on resume."""
+    src = _big_rows_input(tmp_path / f"in.{ext}")
+    target = tmp_path / "out.csv"
+    _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
+    data = src.read_bytes()
+    at = data.index(b"card charged twice 12")
+    assert at > 1 << 20
+    stat = src.stat()
+    src.write_bytes(data[:at] + b"crash" + data[at + 5:])
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    read = json.loads(Path(f"{target}.progress.json").read_text())["input_read"]["bytes"]
+    assert read > at
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert _one_error(code, err) == (
+        f"slmclassify: error: cannot resume {target}: the input file changed in the {read} bytes already read for "
+        f"the 16 rows done since {target}.partial was started; run with the same input and options, or pass "
+        "--restart to start over")
+
+
+def test_resume_checks_a_parquet_input_whole(run_main, monkeypatch, tmp_path, llama_dir):
+    """A Parquet file is read by row groups from anywhere in it: its record hashes all of it."""
+    import pandas as pd
+
+    src = tmp_path / "in.parquet"
+    pd.read_csv(make_input(tmp_path / "in.csv", 40), dtype=str, keep_default_na=False).to_parquet(src)
+    target = tmp_path / "out.csv"
+    _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
+    record = json.loads(Path(f"{target}.progress.json").read_text())
+    assert record["input_read"]["bytes"] == src.stat().st_size
+
+
+def test_resume_refuses_a_record_without_the_input_read(run_main, monkeypatch, tmp_path, llama_dir):
+    """A record of an older slmclassify cannot vouch for the input it read: refused, not trusted."""
+    src = make_input(tmp_path / "in.csv", 40)
+    target = tmp_path / "out.csv"
+    _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
+    record_path = Path(f"{target}.progress.json")
+    record = json.loads(record_path.read_text())
+    del record["input_read"]
+    record_path.write_text(json.dumps(record))
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert _one_error(code, err) == (
+        f"slmclassify: error: cannot resume {target}: its progress record was written by an older slmclassify and "
+        "does not say which input bytes were read; its rows cannot be trusted, pass --restart to start over")

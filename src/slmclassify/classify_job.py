@@ -27,7 +27,8 @@ from .classifier import Classifier, EngineSettings
 from .encode import EncodedItems
 from .errors import InputError
 from .interrupts import Interrupted, handle_sigterm
-from .io.checkpoint import Checkpoint, changed, digest, input_fingerprint, refuse_resume
+from .io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
+                            refuse_resume, tail_digest)
 from .io.formats import check_not_input, check_output
 from .io.lock import OutputLock
 from .io.readers import open_table
@@ -119,7 +120,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
         identity["head"] = digest([file_digest(head_source) if head_source else repr(head.coef.tolist()), scorer])
     if resumable:
         identity["input"] = input_fingerprint(input_path)
-    saved = _saved_run(checkpoint, identity, resume, restart)
+    saved = _saved_run(checkpoint, identity, resume, restart, input_path)
 
     done = saved["rows_done"] if saved is not None else 0
     if settings.precision == "auto" or getattr(model, "auto_precision", False):
@@ -166,7 +167,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
             results_frame = result_frame(window.results, labels, result_prefix, index=frame.index)
             sink.writer.write(pd.concat([frame, results_frame], axis=1))
             state.add(window, classifier.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
-            sink.chunk_done(state)
+            sink.chunk_done(state, reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
     except KeyboardInterrupt as exc:
         bar.close()
@@ -216,7 +217,7 @@ def _after(chunks, skip_rows: int):
         yield start, frame
 
 
-def _saved_run(checkpoint, identity, resume, restart) -> dict | None:
+def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None:
     """The record of the run to continue (resume), or None to start fresh; refuses what it must."""
     if checkpoint is None or not checkpoint.exists():
         return None
@@ -231,7 +232,10 @@ def _saved_run(checkpoint, identity, resume, restart) -> dict | None:
     if saved is None:  # a partial without a record never completed a chunk
         checkpoint.discard()
         return None
-    reason = changed(saved, identity)
+    damage = checkpoint.damage(saved)
+    if damage:
+        raise refuse_damaged(checkpoint, damage)
+    reason = changed(saved, identity) or input_read_changed(saved, input_path)
     if reason:
         raise refuse_resume(checkpoint, reason)
     return saved
@@ -257,13 +261,15 @@ class _Sink:
         self.output, self.checkpoint, self.fmt, self.writer, self.fh, self.record = (
             output, checkpoint, fmt, writer, fh, record)
 
-    def chunk_done(self, state: _RunState) -> None:
+    def chunk_done(self, state: _RunState, input_read: dict) -> None:
         if self.checkpoint is None:
             self.fh.flush()
             return
         self.fh.flush()
         os.fsync(self.fh.fileno())
-        self.record.update(rows_done=state.rows, partial_bytes=self.fh.tell(), state=state.to_json())
+        length = self.fh.tell()
+        self.record.update(rows_done=state.rows, partial_bytes=length, state=state.to_json(),
+                           partial_tail_sha256=tail_digest(self.fh.fileno(), length), input_read=input_read)
         self.checkpoint.save(self.record)
 
     def finish(self) -> None:
@@ -320,7 +326,7 @@ def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity
             fh.seek(saved["partial_bytes"])
             record = dict(saved)
         else:
-            fh = open(checkpoint.partial, "wb")  # noqa: SIM115
+            fh = open(checkpoint.partial, "w+b")  # noqa: SIM115 - readable: its tail is hashed
             record = dict(identity)
     except OSError as exc:
         raise write_error(output, exc) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import io
 import json
 import math
@@ -49,6 +50,7 @@ class _Utf8Stream(io.RawIOBase):
         self.raw, self.pending, self.head = raw, b"", head
         self.decoder = codecs.getincrementaldecoder("utf-8-sig")("replace" if errors == "replace" else "slmclassify-mark")
         self.consumed = 0
+        self.sha256 = hashlib.sha256()  # of the raw bytes consumed so far (`--resume` re-checks them)
 
     def readable(self) -> bool:
         return True
@@ -58,6 +60,7 @@ class _Utf8Stream(io.RawIOBase):
             block = self.head or self.raw.read(1 << 18)
             self.head = b""
             self.consumed += len(block)
+            self.sha256.update(block)
             self.pending = self.decoder.decode(block, final=not block).encode("utf-8")
             if not block:
                 break
@@ -90,6 +93,16 @@ class TableReader:
     @property
     def bytes_read(self) -> int:
         return getattr(self._source, "consumed", 0)
+
+    def read_digest(self) -> dict:
+        """How many bytes of the input file were consumed so far and their SHA-256, recorded with each
+        chunk so that `--resume` can check that what was already read is still in the file. A Parquet
+        file is read by row groups from anywhere in it: its digest covers the whole file."""
+        if self.fmt == "parquet":
+            if getattr(self, "_whole_digest", None) is None:
+                self._whole_digest = {"bytes": self.total_bytes, "sha256": file_digest(self.path, self.total_bytes)}
+            return self._whole_digest
+        return {"bytes": self._source.consumed, "sha256": self._source.sha256.hexdigest()}
 
     def json_kinds(self) -> dict[str, set[str]]:
         """For JSONL: the Python types seen per column (the whole file; the first chunk for stdin)."""
@@ -302,6 +315,19 @@ class TableReader:
     def texts(self, frame: pd.DataFrame) -> list[str]:
         """The text column of a chunk as strings (see `texts_of`); bytes are decoded as UTF-8."""
         return texts_of(frame, self.text_column, name=self.name, errors=self.errors, id_column=self.id_column)
+
+
+def file_digest(path: str, length: int) -> str | None:
+    """SHA-256 of the first `length` bytes of a file; None when it has fewer."""
+    sha, left = hashlib.sha256(), length
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(left, 1 << 20))
+            if not block:
+                return None
+            sha.update(block)
+            left -= len(block)
+    return sha.hexdigest()
 
 
 def _kind(value) -> str:
