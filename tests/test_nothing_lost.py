@@ -232,3 +232,50 @@ def test_resume_refuses_a_record_without_the_input_read(run_main, monkeypatch, t
     assert _one_error(code, err) == (
         f"slmclassify: error: cannot resume {target}: its progress record was written by an older slmclassify and "
         "does not say which input bytes were read; its rows cannot be trusted, pass --restart to start over")
+
+
+# --------------------------------------------------------------------------- 5. cells as the model saw them
+
+
+def test_parquet_list_and_binary_cells_are_written_as_text(run_main, tmp_path, llama_dir):
+    """Before: a Parquet list cell was written to CSV as numpy's repr `['a' 'b']` and a binary cell
+    as `b'hello'`, while the model scored `["a", "b"]` and `hello`. Now the CSV holds the text the
+    model saw: JSON for lists and structs, UTF-8 for binary."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({
+        "id": ["1", "2"],
+        "tags": pa.array([["a", "b"], ["c"]]),
+        "nested": pa.array([[["x"]], []], pa.list_(pa.list_(pa.string()))),
+        "meta": pa.array([{"k": 1}, {"k": 2}]),
+        "blob": pa.array([b"hello", "caf\u00e9".encode()], pa.binary()),
+        "text": pa.array([["card", "charged"], ["app crash"]]),
+    }), src)
+    target = tmp_path / "out.csv"
+    code, _, err = run_main(*_args(src, target, llama_dir, "--probes", "2"))
+    assert code == 0, err
+    out = pd.read_csv(target, dtype=str, keep_default_na=False)
+    assert out["tags"].tolist() == ['["a", "b"]', '["c"]']
+    assert out["nested"].tolist() == ['[["x"]]', "[]"]
+    assert out["meta"].tolist() == ['{"k": 1}', '{"k": 2}']
+    assert out["blob"].tolist() == ["hello", "caf\u00e9"]
+    assert out["text"].tolist() == ['["card", "charged"]', '["app crash"]']
+
+
+def test_binary_cells_that_are_not_utf8_are_refused_in_csv(run_main, tmp_path, llama_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"blob": pa.array([b"ok", b"\xff\xfe"], pa.binary()), "text": ["card", "crash"]}), src)
+    target = tmp_path / "out.csv"
+    code, _, err = run_main(*_args(src, target, llama_dir))
+    assert _one_error(code, err) == (f"slmclassify: error: cannot write {target} as CSV: row 2, column 'blob' holds "
+                                     "bytes that are not UTF-8 text; write .parquet, or pass --errors replace")
+    assert not target.exists()
+    code, _, err = run_main(*_args(src, target, llama_dir, "--errors", "replace"))
+    assert code == 0, err
+    assert "\ufffd" in target.read_text(encoding="utf-8")

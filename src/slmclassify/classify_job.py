@@ -153,7 +153,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
     schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + columns)
-    sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity)
+    sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity, errors)
     bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
     previous = handle_sigterm()
     try:
@@ -312,12 +312,12 @@ class _Sink:
             self.checkpoint.discard()
 
 
-def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity: dict) -> _Sink:
+def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity: dict, errors: str) -> _Sink:
     import sys
 
     if checkpoint is None:
         fh = sys.stdout.buffer
-        return _Sink(output, None, fmt, ChunkWriter(fh, fmt, schema, name=output), fh, {})
+        return _Sink(output, None, fmt, ChunkWriter(fh, fmt, schema, name=output, errors=errors), fh, {})
     ipc = fmt == "parquet"
     try:
         if saved is not None:
@@ -332,7 +332,7 @@ def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity
         raise write_error(output, exc) from None
     record["resumable"] = resumable
     record.pop("version", None)
-    writer = ChunkWriter(fh, fmt, schema, header=saved is None, ipc=ipc, name=output)
+    writer = ChunkWriter(fh, fmt, schema, header=saved is None, ipc=ipc, name=output, errors=errors)
     return _Sink(output, checkpoint, fmt, writer, fh, record)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 import os
 from pathlib import Path
 
@@ -79,3 +80,21 @@ def check_text_encoding(head: bytes, name: str) -> None:
         found = "UTF-16" if head[:4096].count(b"\x00") * 4 < len(head[:4096]) * 3 else "UTF-32"
     if found is not None:
         raise InputError(f"{name}: the file is not UTF-8 (it looks like {found}); save it as UTF-8 and try again")
+
+
+def json_text(value) -> str:
+    """A list or object cell (a Parquet list or struct, a JSON array) as its JSON text: what the model
+    scores when it is the text, and what a CSV output holds (not numpy's `['a' 'b']`)."""
+    return json.dumps(_plain(value), ensure_ascii=False, default=str)
+
+
+def _plain(value):
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays and scalars
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value

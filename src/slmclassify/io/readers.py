@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from .formats import BAD_BYTE, check_text_encoding, table_format
+from .formats import BAD_BYTE, check_text_encoding, json_text, table_format
 
 _HEAD = 1 << 16  # bytes looked at before reading: encoding check, empty file, CSV header
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -392,10 +392,8 @@ def _as_text(value, errors: str) -> str | None:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
             return bytes(value).decode("utf-8", "replace") if errors == "replace" else None
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, (list, tuple, dict)):  # a list as the text: scored as its JSON text
-        return json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, (np.ndarray, list, tuple, dict)):  # a list as the text: scored as its JSON text
+        return json_text(value)
     return str(value)
 
 
