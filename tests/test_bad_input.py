@@ -82,3 +82,110 @@ def test_csv_row_over_the_limit_is_one_line(run_main, tmp_path, llama_dir, monke
     code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
     assert _one_error(code, err) == (f"slmclassify: error: {src}: a row is larger than 1 MiB, the largest CSV row "
                                      "read; give such texts as JSONL or Parquet (or pass the file itself)")
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def _failing_after(monkeypatch, owner, name, calls: int):
+    """`owner.name` raises ENOSPC from call number `calls` (0-based) on."""
+    original, seen = getattr(owner, name), []
+
+    def failing(*args, **kwargs):
+        seen.append(1)
+        if len(seen) > calls:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, failing)
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet"])
+@pytest.mark.parametrize("where", ["chunk", "record", "finish"])
+def test_full_disk_is_one_line_and_resumes(run_main, monkeypatch, tmp_path, llama_dir, ext, where):
+    """Before: `OSError: [Errno 28]` as a traceback (two chained ones for Parquet). Now one line that
+    says what is kept; after space is freed, --resume gives the uninterrupted run's bytes."""
+    from slmclassify import classify_job
+    from slmclassify.io.checkpoint import Checkpoint
+    from slmclassify.io.writers import ChunkWriter
+
+    src = make_input(tmp_path / "in.csv", 40)
+    whole, target = tmp_path / f"whole.{ext}", tmp_path / f"out.{ext}"
+    assert run_main(*_args(src, whole, llama_dir))[0] == 0
+    with monkeypatch.context() as patch:
+        if where == "chunk":
+            _failing_after(patch, ChunkWriter, "write", 2)
+        elif where == "record":
+            _failing_after(patch, Checkpoint, "save", 2)
+        elif ext == "parquet":
+            _failing_after(patch, classify_job, "ipc_to_parquet", 0)
+        else:  # the rename of the finished partial (os.replace is also how records are saved)
+            replace = os.replace
+
+            def renaming(source, *args):
+                if str(source).endswith(".partial"):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                return replace(source, *args)
+
+            patch.setattr(classify_job.os, "replace", renaming)
+        code, _, err = run_main(*_args(src, target, llama_dir))
+    rows = 40 if where == "finish" else 16
+    assert _one_error(code, err) == (
+        f"slmclassify: error: cannot write {target}: No space left on device; the {rows} rows done are kept in "
+        f"{target}.partial: free some space and run the same command with --resume")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == [
+        f"out.{ext}.partial", f"out.{ext}.progress.json"]
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert code == 0, err
+    assert target.read_bytes() == whole.read_bytes()
+
+
+def test_full_tmpfs_is_one_line_and_resumes(tmp_path, llama_dir):
+    """The real thing where a tmpfs can be mounted (root): 200 KB fill up mid-run."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        src = make_input(tmp_path / "in.csv", 2000)
+        env = _env(tmp_path)
+        base = [*_command(), "classify", str(src), "--labels", LABELS, "--model", str(llama_dir), "--window", "64",
+                "--quiet", "--no-verify"]
+        whole, target = tmp_path / "whole.csv", disk / "out.csv"
+        subprocess.run([*base, "-o", str(whole)], check=True, env=env, capture_output=True, timeout=300)
+        assert whole.stat().st_size > 200_000
+        proc = subprocess.run([*base, "-o", str(target)], env=env, capture_output=True, timeout=300)
+        line = _one_error(proc.returncode, proc.stderr.decode())
+        assert line.startswith(f"slmclassify: error: cannot write {target}: No space left on device; the ")
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+        proc = subprocess.run([*base, "-o", str(target), "--resume"], env=env, capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert target.read_bytes() == whole.read_bytes()
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+# --------------------------------------------------------------------------- duplicate columns
+
+
+@pytest.mark.parametrize("header, name", [("text,text,id", "text"), ("id,id,text", "id")])
+def test_duplicate_csv_columns_are_one_line(run_main, tmp_path, llama_dir, header, name):
+    """Before: traceback `KeyError: 'Field "text" exists 2 times in schema'`."""
+    src = tmp_path / "in.csv"
+    src.write_text(f"{header}\na,b,c\n", encoding="utf-8")
+    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
+    assert _one_error(code, err) == (f"slmclassify: error: {src}: column {name!r} appears 2 times in the header; "
+                                     "give each column its own name")
+
+
+def test_duplicate_parquet_columns_are_one_line(run_main, tmp_path, llama_dir):
+    """Before: classified, with an output of two columns of one name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"]), src)
+    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
+    assert "column 'text' appears 2 times in the header" in _one_error(code, err)

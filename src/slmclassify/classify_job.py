@@ -165,13 +165,17 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
             else:
                 window = classifier.score_window(texts, start)
             results_frame = result_frame(window.results, labels, result_prefix, index=frame.index)
-            sink.writer.write(pd.concat([frame, results_frame], axis=1))
             state.add(window, classifier.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
-            sink.chunk_done(state, reader.read_digest() if resumable else None)
+            sink.write(pd.concat([frame, results_frame], axis=1), state,
+                       reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
     except KeyboardInterrupt as exc:
         bar.close()
         raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
+    except _WriteFailed as failed:  # a full disk: the finished chunks stay for --resume
+        bar.close()
+        sink.abandon(state)
+        raise sink.write_failed(failed.error) from None
     except BaseException:
         bar.close()
         sink.abandon(state)
@@ -254,12 +258,35 @@ def _model_fingerprint(classifier: Classifier) -> str:
 # --------------------------------------------------------------------------- output
 
 
+class _WriteFailed(Exception):
+    """Writing a chunk or its record failed (an OSError such as a full disk)."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
 class _Sink:
     """Where chunks go: stdout directly, or OUTPUT.partial with a progress record after each chunk."""
 
     def __init__(self, output, checkpoint, fmt, writer, fh, record):
         self.output, self.checkpoint, self.fmt, self.writer, self.fh, self.record = (
             output, checkpoint, fmt, writer, fh, record)
+
+    def write(self, frame, state: _RunState, input_read: dict | None) -> None:
+        """Append one chunk and record it; an OSError (ENOSPC, EIO, a closed pipe) becomes `_WriteFailed`."""
+        try:
+            self.writer.write(frame)
+            self.chunk_done(state, input_read)
+        except OSError as exc:
+            raise _WriteFailed(exc) from None
+
+    def write_failed(self, error: OSError) -> InputError:
+        message = str(write_error(self.output, error))
+        if self.checkpoint is not None and self.record.get("rows_done") and self.record.get("resumable"):
+            message += (f"; the {self.record['rows_done']} rows done are kept in {self.checkpoint.partial}: "
+                        "free some space and run the same command with --resume")
+        return InputError(message)
 
     def chunk_done(self, state: _RunState, input_read: dict) -> None:
         if self.checkpoint is None:
@@ -268,27 +295,32 @@ class _Sink:
         self.fh.flush()
         os.fsync(self.fh.fileno())
         length = self.fh.tell()
-        self.record.update(rows_done=state.rows, partial_bytes=length, state=state.to_json(),
-                           partial_tail_sha256=tail_digest(self.fh.fileno(), length), input_read=input_read)
-        self.checkpoint.save(self.record)
+        record = {**self.record, "rows_done": state.rows, "partial_bytes": length, "state": state.to_json(),
+                  "partial_tail_sha256": tail_digest(self.fh.fileno(), length), "input_read": input_read}
+        self.checkpoint.save(record)
+        self.record = record  # only once saved: what a failed save leaves is the previous record
 
     def finish(self) -> None:
-        self.writer.close()
-        if self.checkpoint is None:
-            self.fh.flush()
-            return
         try:
+            self.writer.close()
+            if self.checkpoint is None:
+                self.fh.flush()
+                return
             self.fh.flush()
             os.fsync(self.fh.fileno())
             self.fh.close()
             if self.fmt == "parquet":
                 tmp = f"{self.checkpoint.partial}.parquet"
-                ipc_to_parquet(self.checkpoint.partial, tmp)
-                os.replace(tmp, self.output)
+                try:
+                    ipc_to_parquet(self.checkpoint.partial, tmp)
+                    os.replace(tmp, self.output)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
             else:
                 os.replace(self.checkpoint.partial, self.output)
         except OSError as exc:
-            raise write_error(self.output, exc) from None
+            raise self.write_failed(exc) from None
         self.checkpoint.discard()
 
     def interrupted(self, state: _RunState, signum) -> Interrupted:
@@ -307,7 +339,10 @@ class _Sink:
         if self.checkpoint is None:
             return
         if not self.fh.closed:
-            self.fh.close()
+            try:
+                self.fh.close()
+            except OSError:  # its buffer could not be flushed (a full disk): resuming cuts the partial anyway
+                pass
         if not (self.record.get("rows_done") and self.record.get("resumable")):
             self.checkpoint.discard()
 

@@ -82,11 +82,16 @@ class Checkpoint:
     def save(self, record: dict) -> None:
         """Replace the record atomically and durably (the partial must already be fsynced)."""
         tmp = f"{self.record}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"version": VERSION, **record}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.record)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"version": VERSION, **record}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.record)
+        except OSError:
+            if os.path.exists(tmp):  # the previous record stays whole and in force
+                os.unlink(tmp)
+            raise
         _fsync_dir(self.record)
 
     def damage(self, saved: dict) -> str | None:

@@ -172,7 +172,15 @@ class TableReader:
         if raw is not None and raw is not sys.stdin.buffer:
             raw.close()
 
+    def _check_unique_columns(self) -> None:
+        seen: set = set()
+        repeated = next((c for c in self.columns if c in seen or seen.add(c)), None)
+        if repeated is not None:  # pyarrow and pandas cannot pick one of them (a KeyError deep inside)
+            raise InputError(f"{self.name}: column {repeated!r} appears {self.columns.count(repeated)} times in the "
+                             "header; give each column its own name")
+
     def _check_columns(self) -> None:
+        self._check_unique_columns()
         if self.text_column not in self.columns:
             cols = ", ".join(map(str, self.columns)) or "(none)"
             raise InputError(f"{self.name}: no column {self.text_column!r} (use --text-column); columns are: {cols}")
@@ -197,6 +205,7 @@ class TableReader:
             raise InputError(f"{self.name}: the file is empty (expected a CSV header row)")
         first = next(csv.reader(io.StringIO(text.lstrip("\r\n"))), [])
         self.columns = first
+        self._check_unique_columns()
         if self.path != "-":  # a quick first pass (pyarrow only): the row count, ragged rows, invalid UTF-8
             while True:
                 try:
