@@ -189,3 +189,25 @@ def test_duplicate_parquet_columns_are_one_line(run_main, tmp_path, llama_dir):
     pq.write_table(pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"]), src)
     code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
     assert "column 'text' appears 2 times in the header" in _one_error(code, err)
+
+
+# --------------------------------------------------------------------------- the service
+
+
+def test_service_lone_surrogate_is_the_json_422(llama_loaded):
+    """Before: `{"texts": ["\\ud800"]}` got `500 Internal Server Error` as plain text and a traceback
+    in the log. Now the documented JSON error, 422, naming the text (as the Python API does)."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from test_serve import running
+
+    with running(llama_loaded) as (url, _app):
+        for body, where in ((b'{"task": "support", "texts": ["ok", "\\ud800x"]}', "texts[1]"),
+                            (b'{"task": "support", "text": "a\\udc00b"}', "text")):
+            answer = httpx.post(f"{url}/v1/classify", content=body, headers={"content-type": "application/json"},
+                                timeout=60)
+            assert answer.status_code == 422, answer.text
+            field = where.split("[")[0]
+            assert answer.json()["error"] == (f"invalid request body: {field}: Value error, {where} is not valid "
+                                              "Unicode (it holds a lone surrogate)")
+        assert httpx.post(f"{url}/v1/classify", json={"task": "support", "text": "refund"}, timeout=60).status_code == 200
