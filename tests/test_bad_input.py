@@ -211,3 +211,103 @@ def test_service_lone_surrogate_is_the_json_422(llama_loaded):
             assert answer.json()["error"] == (f"invalid request body: {field}: Value error, {where} is not valid "
                                               "Unicode (it holds a lone surrogate)")
         assert httpx.post(f"{url}/v1/classify", json={"task": "support", "text": "refund"}, timeout=60).status_code == 200
+
+
+# --------------------------------------------------------------------------- messages that mislead
+
+
+def test_nul_byte_in_utf8_csv_is_read(run_main, tmp_path, llama_dir):
+    """Before: a valid UTF-8 CSV with one NUL byte was refused as `not UTF-8 (it looks like UTF-16)`."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,text\n1,hello\x00world\n2,card charged twice\n")
+    target = tmp_path / "out.csv"
+    code, _, err = run_main(*_args(src, target, llama_dir))
+    assert code == 0, err
+    assert pd.read_csv(target, dtype=str)["text"].tolist() == ["hello\x00world", "card charged twice"]
+
+
+def test_utf16_without_bom_is_still_named(run_main, tmp_path, llama_dir):
+    src = tmp_path / "in.csv"
+    src.write_bytes("id,text\n1,card charged twice\n".encode("utf-16-le"))
+    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
+    assert "the file is not UTF-8 (it looks like UTF-16)" in _one_error(code, err)
+
+
+@pytest.mark.parametrize("name", ["folder", "folder.csv"])
+def test_folder_as_input_is_named(run_main, tmp_path, llama_dir, name):
+    """Before: `input file not found` (folder.csv) or an extension complaint whose --format hint did not help."""
+    (tmp_path / name).mkdir()
+    code, _, err = run_main(*_args(tmp_path / name, tmp_path / "out.csv", llama_dir))
+    assert _one_error(code, err) == (f"slmclassify: error: input {tmp_path / name} is a folder, not a file; give a "
+                                     ".csv, .jsonl or .parquet file (folders of files are read by --ray)")
+
+
+@pytest.mark.parametrize("name", ["fifo", "fifo.csv"])
+def test_fifo_as_input_is_named(run_main, tmp_path, llama_dir, name):
+    os.mkfifo(tmp_path / name)
+    code, _, err = run_main(*_args(tmp_path / name, tmp_path / "out.csv", llama_dir))
+    assert _one_error(code, err) == (
+        f"slmclassify: error: input {tmp_path / name} is not a regular file (a pipe or a device), and a file is read "
+        f"twice (a check, then the rows); pipe it to stdin instead: slmclassify classify - --format csv ... < "
+        f"{tmp_path / name}")
+
+
+def test_empty_label_between_commas_is_refused(run_main, tmp_path, llama_dir):
+    """Before: `--labels "a,,b"` silently dropped the empty label (the Python Task refuses it)."""
+    src = make_input(tmp_path / "in.csv", 4)
+    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", "a,,b", "--model", llama_dir)
+    assert _one_error(code, err) == ("slmclassify: error: --labels 'a,,b': label 2 is empty; remove the extra comma "
+                                     "or give it a name")
+
+
+@pytest.mark.parametrize("labels, message", [
+    (["a", None], "label None is a NoneType, not a str"),
+    ([1, 2], "label 1 is a int, not a str"),
+])
+def test_task_labels_must_be_strings(labels, message):
+    """Before: Task(labels=["a", None]) and [1, 2] silently became the labels 'None', '1', '2'."""
+    from slmclassify import Task
+    from slmclassify.errors import TaskError
+
+    with pytest.raises(TaskError) as info:
+        Task(labels=labels)
+    assert str(info.value) == f"{message}; labels are names, e.g. labels=('billing', 'technical')"
+
+
+def test_folder_without_tokenizer_is_named(run_main, tmp_path, llama_dir):
+    """Before: the message stopped at `Couldn't instantiate the backend tokenizer from one of: `."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((Path(llama_dir) / "config.json").read_bytes())
+    src = make_input(tmp_path / "in.csv", 4)
+    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABELS, "--model", folder)
+    assert _one_error(code, err) == (
+        f"slmclassify: error: cannot load model '{folder}': no usable tokenizer in the folder (it needs "
+        "tokenizer.json, or tokenizer.model / vocab.json + merges.txt with tokenizer_config.json; found: none); "
+        "copy the tokenizer files next to config.json")
+
+
+def test_truncated_gguf_is_named_before_dequantising(tmp_path, monkeypatch):
+    """Before: a GGUF cut to its first 10 MB failed after 15 s with numpy's `cannot reshape array of
+    size 4052224 into shape (151936,952)`. Now its size is checked against its tensors first."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from slmclassify import load_model, loading
+    from slmclassify.errors import ModelLoadError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "_dequantise", lambda path: pytest.fail("de-quantised a truncated GGUF"))
+    path = tmp_path / "model.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.ones((256, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    size = path.stat().st_size
+    os.truncate(path, size - 1000)
+    with pytest.raises(ModelLoadError) as info:
+        load_model(str(path))
+    assert str(info.value) == (f"GGUF file {path} is truncated: it has {size - 1000:,} bytes, its tensors need "
+                               f"{size:,}; copy or download it again")

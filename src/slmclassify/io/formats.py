@@ -76,8 +76,11 @@ def check_text_encoding(head: bytes, name: str) -> None:
     boms = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
             codecs.BOM_UTF16_BE: "UTF-16"}
     found = next((enc for bom, enc in boms.items() if head.startswith(bom)), None)
-    if found is None and b"\x00" in head[:4096]:
-        found = "UTF-16" if head[:4096].count(b"\x00") * 4 < len(head[:4096]) * 3 else "UTF-32"
+    nuls = head[:4096].count(b"\x00")
+    # Text in UTF-16/32 without a BOM has NUL bytes in most characters (Latin ones); a few NULs in
+    # UTF-8 text (a stray byte in one cell) are not an encoding, and are kept as they are.
+    if found is None and nuls * 8 >= len(head[:4096]) > 0:
+        found = "UTF-16" if nuls * 4 < len(head[:4096]) * 3 else "UTF-32"
     if found is not None:
         raise InputError(f"{name}: the file is not UTF-8 (it looks like {found}); save it as UTF-8 and try again")
 

@@ -485,7 +485,21 @@ def texts_of(frame: pd.DataFrame, text_column: str, *, name: str = "input", erro
 def open_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",
                id_column: str | None = None) -> TableReader:
     """Open `path` for chunked reading; checks the file, its encoding and its columns."""
+    check_input_kind(path)
     return TableReader(path, table_format(path, fmt), text_column, id_column, errors).open()
+
+
+def check_input_kind(path: str) -> None:
+    """A folder or a FIFO is named as such (not as a file not found, or by its missing extension)."""
+    if path == "-" or not os.path.exists(path):
+        return
+    if os.path.isdir(path):
+        raise InputError(f"input {path} is a folder, not a file; give a .csv, .jsonl or .parquet file "
+                         "(folders of files are read by --ray)")
+    if not os.path.isfile(path):
+        raise InputError(f"input {path} is not a regular file (a pipe or a device), and a file is read twice "
+                         f"(a check, then the rows); pipe it to stdin instead: slmclassify classify - --format csv "
+                         f"... < {path}")
 
 
 def read_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",
