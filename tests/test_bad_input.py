@@ -311,3 +311,94 @@ def test_truncated_gguf_is_named_before_dequantising(tmp_path, monkeypatch):
         load_model(str(path))
     assert str(info.value) == (f"GGUF file {path} is truncated: it has {size - 1000:,} bytes, its tensors need "
                                f"{size:,}; copy or download it again")
+
+
+def test_gold_labels_outside_the_task_are_warned(run_main, tmp_path, llama_dir):
+    """Before: `classify --gold-column` counted gold labels outside the task as wrong with no
+    warning (`evaluate` refuses the same file)."""
+    src = tmp_path / "in.csv"
+    pd.DataFrame({"text": ["card charged", "app crash", "login", "refund"],
+                  "gold": ["billing", "shipping", "account", "Shipping"]}).to_csv(src, index=False)
+    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir, "--gold-column", "gold"))
+    assert code == 0, err
+    lines = err.splitlines()
+    warning = ("warning: 2 scored rows have a gold label that is not a label of the task ('Shipping', 'shipping'); "
+               "they count as wrong below")
+    assert warning in lines
+    assert lines[lines.index(warning) + 1].startswith("accuracy vs gold: ")
+
+
+@pytest.mark.parametrize("change, expected", [
+    (["--labels", "billing,technical,refund"],
+     "the task changed (labels ['billing', 'technical', 'account'] → ['billing', 'technical', 'refund'])"),
+    (["--min-confidence", "0.7", "--no-calibrate"], "the task changed (min_confidence 0.5 → 0.7, calibrate True → False)"),
+    (["--window", "4"], "the settings changed (window 8 → 4)"),
+])
+def test_resume_names_every_field_that_changed(run_main, monkeypatch, tmp_path, llama_dir, change, expected):
+    """Before: `--resume` after a label change said only `the task changed` (a --window change named
+    the old and new values); now every field of the task, the settings and the model is named."""
+    src = make_input(tmp_path / "in.csv", 40)
+    target = tmp_path / "out.csv"
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 2)
+        assert run_main(*_args(src, target, llama_dir))[0] == 130
+    args = _args(src, target, llama_dir, "--resume")
+    if change[0] == "--labels":
+        args[args.index("--labels") + 1] = change[1]
+    else:
+        args += change
+    code, _, err = run_main(*args)
+    assert _one_error(code, err) == (f"slmclassify: error: cannot resume {target}: {expected} since {target}.partial "
+                                     "was started; run with the same input and options, or pass --restart to start over")
+
+
+def test_resume_names_the_other_model(run_main, monkeypatch, tmp_path, llama_dir, model_dir_factory):
+    other = model_dir_factory("llama", seed=5)
+    src = make_input(tmp_path / "in.csv", 40)
+    target = tmp_path / "out.csv"
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 2)
+        assert run_main(*_args(src, target, llama_dir))[0] == 130
+    args = _args(src, target, llama_dir, "--resume")
+    args[args.index("--model") + 1] = str(other)
+    code, _, err = run_main(*args)
+    assert f"cannot resume {target}: the model changed (model '{llama_dir}' → '{other}') since" in _one_error(code, err)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::", "myhost"])
+def test_serve_off_loopback_needs_an_api_key(run_main, monkeypatch, tmp_path, host):
+    """Before: `serve --host 0.0.0.0` without --api-key listened on every interface with no warning,
+    and /v1/tasks showed the model's file path to anyone."""
+    monkeypatch.delenv("SLMCLASSIFY_API_KEY", raising=False)
+    code, _, err = run_main("serve", "--task", "a=t.toml", "--host", host)
+    assert _one_error(code, err) == (
+        f"slmclassify: error: --host {host} listens beyond this machine, and without --api-key anyone who reaches "
+        "the port can use the model and read its file path (/v1/tasks); set --api-key (or $SLMCLASSIFY_API_KEY), "
+        "or pass --insecure to serve it openly")
+
+
+@pytest.mark.parametrize("args, warned", [
+    (["--host", "0.0.0.0", "--insecure"], True),
+    (["--host", "0.0.0.0", "--api-key", "k"], False),
+    (["--host", "127.0.0.2"], False),
+    (["--host", "localhost"], False),
+    (["--host", "::1"], False),
+])
+def test_serve_insecure_warns(run_main, monkeypatch, tmp_path, args, warned):
+    pytest.importorskip("fastapi")
+    from slmclassify.errors import TaskError
+    from slmclassify.serve import server
+
+    monkeypatch.delenv("SLMCLASSIFY_API_KEY", raising=False)
+
+    def stop(*_args, **_kwargs):
+        raise TaskError("stopped before binding")
+
+    monkeypatch.setattr(server, "bind", stop)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.toml").write_text('labels = ["billing", "technical"]\n')
+    code, _, err = run_main("serve", "--task", "a=t.toml", *args)
+    assert code == 2
+    warning = ("slmclassify: warning: serving on 0.0.0.0 without --api-key (--insecure): anyone who reaches the port "
+               "can use the model and read its file path")
+    assert err.splitlines() == ([warning] if warned else []) + ["slmclassify: error: stopped before binding"]

@@ -56,6 +56,8 @@ class JobOutcome:
     resumed_at: int
     """Rows already done by earlier sessions (0 for a fresh run)."""
     gold: _GoldTally | None
+    labels: tuple = ()
+    """The labels the results use (the task's, or the head's)."""
 
 
 def run_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
@@ -113,7 +115,9 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
              "max_text_tokens": settings.max_text_tokens, "text_column": text_column, "id_column": id_column,
              "errors": errors, "result_prefix": result_prefix, "output_format": out_fmt}
     identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
+    identity["task_shown"] = _task_shown(task)
     identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
+    identity["head_shown"] = {"head": head_source if use_head else None, "scorer": scorer if use_head else None}
     if use_head:
         from .head.apply import file_digest
 
@@ -142,9 +146,13 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
             raise
         _echo(f"scorer: {scorer} ({head_source or 'head'}: {len(head.labels)} labels, layers {list(head.taps)})")
     identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
+    identity["model_shown"] = {"model": classifier.loaded.name}
     if saved is not None and saved.get("model") != identity["model"]:
         reader.close()
-        raise refuse_resume(checkpoint, "the model changed")
+        same_name = saved.get("model_shown", {}).get("model") == classifier.loaded.name
+        raise refuse_resume(checkpoint, "the model changed (same name, other weights or config)" if same_name
+                            else changed({"model": saved.get("model"), "model_shown": saved.get("model_shown")},
+                                         {"model": identity["model"], "model_shown": identity["model_shown"]}))
     identity["precision"] = classifier.loaded.backend.precision  # what --precision auto picked, too
     if saved is not None and saved.get("precision", identity["precision"]) != identity["precision"]:
         reader.close()
@@ -189,7 +197,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     classifier.stats = state.stats
     report = state.verify(classifier) if probes > 0 else None
     return JobOutcome(classifier, load_seconds, report, state.stats.reused, state.resumed_at,
-                      state.gold if gold_column is not None else None)
+                      state.gold if gold_column is not None else None, tuple(labels))
 
 
 def _read_ahead(reader, window: int, skip_rows: int):
@@ -243,6 +251,13 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
     if reason:
         raise refuse_resume(checkpoint, reason)
     return saved
+
+
+def _task_shown(task: Task) -> dict:
+    """The task's fields as JSON values, so that a refused --resume can name what changed."""
+    shown = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
+    shown["examples"] = [[e.text, e.label] for e in task.examples]
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in shown.items()}
 
 
 def _model_fingerprint(classifier: Classifier) -> str:
@@ -465,9 +480,15 @@ class _GoldTally:
                 self.confident_correct += g == r.label
         self.predicted, self.gold = dict(predicted), dict(golds)
 
-    def print(self) -> None:
+    def print(self, labels) -> None:
         if not self.scored:
             return
+        unknown = sorted(g for g in self.gold if g not in set(labels))
+        if unknown:  # `evaluate` refuses such a file; here the labels are written all the same
+            rows = sum(self.gold[g] for g in unknown)
+            shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+            _echo(f"warning: {rows} scored rows have a gold label that is not a label of the task ({shown}); "
+                  "they count as wrong below")
         counts = dict(sorted(self.predicted.items(), key=lambda kv: -kv[1]))
         majority = max(self.gold.values()) / self.scored
         _echo(f"accuracy vs gold: {self.correct}/{self.scored} = {self.correct / self.scored:.3f} "

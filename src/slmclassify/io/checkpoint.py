@@ -142,13 +142,17 @@ def changed(saved: dict, current: dict) -> str | None:
         if key == "input" and isinstance(saved.get(key), dict):
             diffs = [f"{k} {saved[key].get(k)} → {v}" for k, v in current[key].items() if saved[key].get(k) != v]
             return f"{what} changed ({', '.join(diffs)})"
-        if key == "settings" and isinstance(saved.get("settings_shown"), dict):
-            shown = current.get("settings_shown", {})
-            diffs = [f"{k} {saved['settings_shown'].get(k)!r} → {v!r}" for k, v in shown.items()
-                     if saved["settings_shown"].get(k) != v]
+        before, now = saved.get(f"{key}_shown"), current.get(f"{key}_shown")
+        if isinstance(before, dict) and isinstance(now, dict):  # every field that differs, old → new
+            diffs = [f"{k} {_short(before.get(k))} → {_short(v)}" for k, v in now.items() if before.get(k) != v]
             return f"{what} changed ({', '.join(diffs) or 'see the options'})"
         return f"{what} changed"
     return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def input_read_changed(saved: dict, input_path: str) -> str | None:
