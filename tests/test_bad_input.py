@@ -105,7 +105,7 @@ def _failing_after(monkeypatch, owner, name, calls: int):
 def test_full_disk_is_one_line_and_resumes(run_main, monkeypatch, tmp_path, llama_dir, ext, where):
     """Before: `OSError: [Errno 28]` as a traceback (two chained ones for Parquet). Now one line that
     says what is kept; after space is freed, --resume gives the uninterrupted run's bytes."""
-    from slmclassify import classify_job
+    from slmclassify.io import sink
     from slmclassify.io.checkpoint import Checkpoint
     from slmclassify.io.writers import ChunkWriter
 
@@ -118,7 +118,7 @@ def test_full_disk_is_one_line_and_resumes(run_main, monkeypatch, tmp_path, llam
         elif where == "record":
             _failing_after(patch, Checkpoint, "save", 2)
         elif ext == "parquet":
-            _failing_after(patch, classify_job, "ipc_to_parquet", 0)
+            _failing_after(patch, sink, "ipc_to_parquet", 0)
         else:  # the rename of the finished partial (os.replace is also how records are saved)
             replace = os.replace
 
@@ -127,7 +127,7 @@ def test_full_disk_is_one_line_and_resumes(run_main, monkeypatch, tmp_path, llam
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 return replace(source, *args)
 
-            patch.setattr(classify_job.os, "replace", renaming)
+            patch.setattr(sink.os, "replace", renaming)
         code, _, err = run_main(*_args(src, target, llama_dir))
     rows = 40 if where == "finish" else 16
     assert _one_error(code, err) == (

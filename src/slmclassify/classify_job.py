@@ -1,6 +1,7 @@
 """The `classify` job: stream a table through the classifier into an output, resumably.
 
-    check output → open input (columns) → [partial run? resume or refuse] → load model
+    check output (not the input) → lock OUTPUT → open input (columns) → [partial run? check it, resume
+    or refuse] → load model
     → for each chunk of `window` rows: score → append input + result columns to OUTPUT.partial
       → fsync → progress record → … → rename to OUTPUT → probes → summary
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import signal
 import time
 from collections import Counter
@@ -26,13 +26,14 @@ import pandas as pd
 from .classifier import Classifier, EngineSettings
 from .encode import EncodedItems
 from .errors import InputError
-from .interrupts import Interrupted, handle_sigterm
+from .interrupts import handle_sigterm
 from .io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
-                            refuse_resume, tail_digest)
+                            refuse_resume)
 from .io.formats import check_not_input, check_output
 from .io.lock import OutputLock
 from .io.readers import open_table
-from .io.writers import ChunkWriter, ipc_to_parquet, parquet_schema, write_error
+from .io.sink import WriteFailed, open_sink
+from .io.writers import parquet_schema
 from .precision import auto_line
 from .progress import Progress
 from .results import RunStats, result_arrow_fields, result_columns, result_frame
@@ -161,7 +162,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
     schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + columns)
-    sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity, errors)
+    sink = open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity, errors)
     bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
     previous = handle_sigterm()
     try:
@@ -180,7 +181,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     except KeyboardInterrupt as exc:
         bar.close()
         raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
-    except _WriteFailed as failed:  # a full disk: the finished chunks stay for --resume
+    except WriteFailed as failed:  # a full disk: the finished chunks stay for --resume
         bar.close()
         sink.abandon(state)
         raise sink.write_failed(failed.error) from None
@@ -268,122 +269,6 @@ def _model_fingerprint(classifier: Classifier) -> str:
     weights = model.get_input_embeddings().weight.detach().contiguous().numpy()
     return digest([model.config.to_json_string(), len(classifier.loaded.tokenizer),
                    hashlib.sha256(weights.tobytes()).hexdigest()])
-
-
-# --------------------------------------------------------------------------- output
-
-
-class _WriteFailed(Exception):
-    """Writing a chunk or its record failed (an OSError such as a full disk)."""
-
-    def __init__(self, error: OSError):
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Sink:
-    """Where chunks go: stdout directly, or OUTPUT.partial with a progress record after each chunk."""
-
-    def __init__(self, output, checkpoint, fmt, writer, fh, record):
-        self.output, self.checkpoint, self.fmt, self.writer, self.fh, self.record = (
-            output, checkpoint, fmt, writer, fh, record)
-
-    def write(self, frame, state: _RunState, input_read: dict | None) -> None:
-        """Append one chunk and record it; an OSError (ENOSPC, EIO, a closed pipe) becomes `_WriteFailed`."""
-        try:
-            self.writer.write(frame)
-            self.chunk_done(state, input_read)
-        except OSError as exc:
-            raise _WriteFailed(exc) from None
-
-    def write_failed(self, error: OSError) -> InputError:
-        message = str(write_error(self.output, error))
-        if self.checkpoint is not None and self.record.get("rows_done") and self.record.get("resumable"):
-            message += (f"; the {self.record['rows_done']} rows done are kept in {self.checkpoint.partial}: "
-                        "free some space and run the same command with --resume")
-        return InputError(message)
-
-    def chunk_done(self, state: _RunState, input_read: dict) -> None:
-        if self.checkpoint is None:
-            self.fh.flush()
-            return
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-        length = self.fh.tell()
-        record = {**self.record, "rows_done": state.rows, "partial_bytes": length, "state": state.to_json(),
-                  "partial_tail_sha256": tail_digest(self.fh.fileno(), length), "input_read": input_read}
-        self.checkpoint.save(record)
-        self.record = record  # only once saved: what a failed save leaves is the previous record
-
-    def finish(self) -> None:
-        try:
-            self.writer.close()
-            if self.checkpoint is None:
-                self.fh.flush()
-                return
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-            self.fh.close()
-            if self.fmt == "parquet":
-                tmp = f"{self.checkpoint.partial}.parquet"
-                try:
-                    ipc_to_parquet(self.checkpoint.partial, tmp)
-                    os.replace(tmp, self.output)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-            else:
-                os.replace(self.checkpoint.partial, self.output)
-        except OSError as exc:
-            raise self.write_failed(exc) from None
-        self.checkpoint.discard()
-
-    def interrupted(self, state: _RunState, signum) -> Interrupted:
-        code = 128 + int(signum)
-        if self.checkpoint is None and state.rows:
-            return Interrupted(f"interrupted; the output on stdout is incomplete ({state.rows} rows)", code)
-        if self.checkpoint is None or not self.record.get("rows_done") or not self.record.get("resumable"):
-            self.abandon(state)
-            return Interrupted("interrupted; no output written", code)
-        self.fh.close()
-        return Interrupted(f"interrupted; {self.record['rows_done']} rows done are kept in "
-                           f"{self.checkpoint.partial}; run the same command with --resume to continue", code)
-
-    def abandon(self, state: _RunState) -> None:
-        """After a crash: keep a resumable partial that holds finished chunks, else remove it."""
-        if self.checkpoint is None:
-            return
-        if not self.fh.closed:
-            try:
-                self.fh.close()
-            except OSError:  # its buffer could not be flushed (a full disk): resuming cuts the partial anyway
-                pass
-        if not (self.record.get("rows_done") and self.record.get("resumable")):
-            self.checkpoint.discard()
-
-
-def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity: dict, errors: str) -> _Sink:
-    import sys
-
-    if checkpoint is None:
-        fh = sys.stdout.buffer
-        return _Sink(output, None, fmt, ChunkWriter(fh, fmt, schema, name=output, errors=errors), fh, {})
-    ipc = fmt == "parquet"
-    try:
-        if saved is not None:
-            fh = open(checkpoint.partial, "r+b")  # noqa: SIM115 - closed by the sink
-            fh.truncate(saved["partial_bytes"])  # drop a chunk that was being written
-            fh.seek(saved["partial_bytes"])
-            record = dict(saved)
-        else:
-            fh = open(checkpoint.partial, "w+b")  # noqa: SIM115 - readable: its tail is hashed
-            record = dict(identity)
-    except OSError as exc:
-        raise write_error(output, exc) from None
-    record["resumable"] = resumable
-    record.pop("version", None)
-    writer = ChunkWriter(fh, fmt, schema, header=saved is None, ipc=ipc, name=output, errors=errors)
-    return _Sink(output, checkpoint, fmt, writer, fh, record)
 
 
 # --------------------------------------------------------------------------- run state
