@@ -1,6 +1,7 @@
 """The `classify` job: stream a table through the classifier into an output, resumably.
 
-    check output → open input (columns) → [partial run? resume or refuse] → load model
+    check output (not the input) → lock OUTPUT → open input (columns) → [partial run? check it, resume
+    or refuse] → load model
     → for each chunk of `window` rows: score → append input + result columns to OUTPUT.partial
       → fsync → progress record → … → rename to OUTPUT → probes → summary
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import signal
 import time
 from collections import Counter
@@ -26,11 +26,14 @@ import pandas as pd
 from .classifier import Classifier, EngineSettings
 from .encode import EncodedItems
 from .errors import InputError
-from .interrupts import Interrupted, handle_sigterm
-from .io.checkpoint import Checkpoint, changed, digest, input_fingerprint, refuse_resume
-from .io.formats import check_output
+from .interrupts import handle_sigterm
+from .io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
+                            refuse_resume)
+from .io.formats import check_not_input, check_output
+from .io.lock import OutputLock
 from .io.readers import open_table
-from .io.writers import ChunkWriter, ipc_to_parquet, parquet_schema, write_error
+from .io.sink import WriteFailed, open_sink
+from .io.writers import parquet_schema
 from .precision import auto_line
 from .progress import Progress
 from .results import RunStats, result_arrow_fields, result_columns, result_frame
@@ -54,6 +57,8 @@ class JobOutcome:
     resumed_at: int
     """Rows already done by earlier sessions (0 for a fresh run)."""
     gold: _GoldTally | None
+    labels: tuple = ()
+    """The labels the results use (the task's, or the head's)."""
 
 
 def run_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
@@ -66,8 +71,24 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     probabilities, read from the same pass; probes still check the label scores against the per-item path.
 
     Raises `Interrupted` on Ctrl-C/SIGTERM (finished chunks stay in OUTPUT.partial for --resume).
+    Refuses, before any work, an output that is the input, and an output another run is writing.
     """
     out_fmt = check_output(output_path, fmt if output_path == "-" else None)
+    check_not_input(input_path, output_path)
+    lock = OutputLock(output_path).acquire() if output_path != "-" else None
+    try:
+        return _run_classify(input_path, output_path, out_fmt, task, settings, model=model, text_column=text_column,
+                             id_column=id_column, fmt=fmt, errors=errors, probes=probes, gold_column=gold_column,
+                             progress=progress, result_prefix=result_prefix, resume=resume, restart=restart,
+                             status_every=status_every, head=head, scorer=scorer, head_source=head_source)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, text_column, id_column, fmt, errors,
+                  probes, gold_column, progress, result_prefix, resume, restart, status_every, head, scorer,
+                  head_source) -> JobOutcome:
     in_fmt = fmt if input_path == "-" else None
     resumable = output_path != "-" and input_path != "-"
     checkpoint = Checkpoint(output_path) if output_path != "-" else None
@@ -95,14 +116,16 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
              "max_text_tokens": settings.max_text_tokens, "text_column": text_column, "id_column": id_column,
              "errors": errors, "result_prefix": result_prefix, "output_format": out_fmt}
     identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
+    identity["task_shown"] = _task_shown(task)
     identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
+    identity["head_shown"] = {"head": head_source if use_head else None, "scorer": scorer if use_head else None}
     if use_head:
         from .head.apply import file_digest
 
         identity["head"] = digest([file_digest(head_source) if head_source else repr(head.coef.tolist()), scorer])
     if resumable:
         identity["input"] = input_fingerprint(input_path)
-    saved = _saved_run(checkpoint, identity, resume, restart)
+    saved = _saved_run(checkpoint, identity, resume, restart, input_path)
 
     done = saved["rows_done"] if saved is not None else 0
     if settings.precision == "auto" or getattr(model, "auto_precision", False):
@@ -124,9 +147,13 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
             raise
         _echo(f"scorer: {scorer} ({head_source or 'head'}: {len(head.labels)} labels, layers {list(head.taps)})")
     identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
+    identity["model_shown"] = {"model": classifier.loaded.name}
     if saved is not None and saved.get("model") != identity["model"]:
         reader.close()
-        raise refuse_resume(checkpoint, "the model changed")
+        same_name = saved.get("model_shown", {}).get("model") == classifier.loaded.name
+        raise refuse_resume(checkpoint, "the model changed (same name, other weights or config)" if same_name
+                            else changed({"model": saved.get("model"), "model_shown": saved.get("model_shown")},
+                                         {"model": identity["model"], "model_shown": identity["model_shown"]}))
     identity["precision"] = classifier.loaded.backend.precision  # what --precision auto picked, too
     if saved is not None and saved.get("precision", identity["precision"]) != identity["precision"]:
         reader.close()
@@ -135,7 +162,7 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
     schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + columns)
-    sink = _open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity)
+    sink = open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity, errors)
     bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
     previous = handle_sigterm()
     try:
@@ -147,13 +174,17 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
             else:
                 window = classifier.score_window(texts, start)
             results_frame = result_frame(window.results, labels, result_prefix, index=frame.index)
-            sink.writer.write(pd.concat([frame, results_frame], axis=1))
             state.add(window, classifier.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
-            sink.chunk_done(state)
+            sink.write(pd.concat([frame, results_frame], axis=1), state,
+                       reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
     except KeyboardInterrupt as exc:
         bar.close()
         raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
+    except WriteFailed as failed:  # a full disk: the finished chunks stay for --resume
+        bar.close()
+        sink.abandon(state)
+        raise sink.write_failed(failed.error) from None
     except BaseException:
         bar.close()
         sink.abandon(state)
@@ -167,7 +198,7 @@ def run_classify(input_path: str, output_path: str, task: Task, settings: Engine
     classifier.stats = state.stats
     report = state.verify(classifier) if probes > 0 else None
     return JobOutcome(classifier, load_seconds, report, state.stats.reused, state.resumed_at,
-                      state.gold if gold_column is not None else None)
+                      state.gold if gold_column is not None else None, tuple(labels))
 
 
 def _read_ahead(reader, window: int, skip_rows: int):
@@ -199,7 +230,7 @@ def _after(chunks, skip_rows: int):
         yield start, frame
 
 
-def _saved_run(checkpoint, identity, resume, restart) -> dict | None:
+def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None:
     """The record of the run to continue (resume), or None to start fresh; refuses what it must."""
     if checkpoint is None or not checkpoint.exists():
         return None
@@ -214,10 +245,20 @@ def _saved_run(checkpoint, identity, resume, restart) -> dict | None:
     if saved is None:  # a partial without a record never completed a chunk
         checkpoint.discard()
         return None
-    reason = changed(saved, identity)
+    damage = checkpoint.damage(saved)
+    if damage:
+        raise refuse_damaged(checkpoint, damage)
+    reason = changed(saved, identity) or input_read_changed(saved, input_path)
     if reason:
         raise refuse_resume(checkpoint, reason)
     return saved
+
+
+def _task_shown(task: Task) -> dict:
+    """The task's fields as JSON values, so that a refused --resume can name what changed."""
+    shown = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
+    shown["examples"] = [[e.text, e.label] for e in task.examples]
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in shown.items()}
 
 
 def _model_fingerprint(classifier: Classifier) -> str:
@@ -228,89 +269,6 @@ def _model_fingerprint(classifier: Classifier) -> str:
     weights = model.get_input_embeddings().weight.detach().contiguous().numpy()
     return digest([model.config.to_json_string(), len(classifier.loaded.tokenizer),
                    hashlib.sha256(weights.tobytes()).hexdigest()])
-
-
-# --------------------------------------------------------------------------- output
-
-
-class _Sink:
-    """Where chunks go: stdout directly, or OUTPUT.partial with a progress record after each chunk."""
-
-    def __init__(self, output, checkpoint, fmt, writer, fh, record):
-        self.output, self.checkpoint, self.fmt, self.writer, self.fh, self.record = (
-            output, checkpoint, fmt, writer, fh, record)
-
-    def chunk_done(self, state: _RunState) -> None:
-        if self.checkpoint is None:
-            self.fh.flush()
-            return
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-        self.record.update(rows_done=state.rows, partial_bytes=self.fh.tell(), state=state.to_json())
-        self.checkpoint.save(self.record)
-
-    def finish(self) -> None:
-        self.writer.close()
-        if self.checkpoint is None:
-            self.fh.flush()
-            return
-        try:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-            self.fh.close()
-            if self.fmt == "parquet":
-                tmp = f"{self.checkpoint.partial}.parquet"
-                ipc_to_parquet(self.checkpoint.partial, tmp)
-                os.replace(tmp, self.output)
-            else:
-                os.replace(self.checkpoint.partial, self.output)
-        except OSError as exc:
-            raise write_error(self.output, exc) from None
-        self.checkpoint.discard()
-
-    def interrupted(self, state: _RunState, signum) -> Interrupted:
-        code = 128 + int(signum)
-        if self.checkpoint is None and state.rows:
-            return Interrupted(f"interrupted; the output on stdout is incomplete ({state.rows} rows)", code)
-        if self.checkpoint is None or not self.record.get("rows_done") or not self.record.get("resumable"):
-            self.abandon(state)
-            return Interrupted("interrupted; no output written", code)
-        self.fh.close()
-        return Interrupted(f"interrupted; {self.record['rows_done']} rows done are kept in "
-                           f"{self.checkpoint.partial}; run the same command with --resume to continue", code)
-
-    def abandon(self, state: _RunState) -> None:
-        """After a crash: keep a resumable partial that holds finished chunks, else remove it."""
-        if self.checkpoint is None:
-            return
-        if not self.fh.closed:
-            self.fh.close()
-        if not (self.record.get("rows_done") and self.record.get("resumable")):
-            self.checkpoint.discard()
-
-
-def _open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity: dict) -> _Sink:
-    import sys
-
-    if checkpoint is None:
-        fh = sys.stdout.buffer
-        return _Sink(output, None, fmt, ChunkWriter(fh, fmt, schema, name=output), fh, {})
-    ipc = fmt == "parquet"
-    try:
-        if saved is not None:
-            fh = open(checkpoint.partial, "r+b")  # noqa: SIM115 - closed by the sink
-            fh.truncate(saved["partial_bytes"])  # drop a chunk that was being written
-            fh.seek(saved["partial_bytes"])
-            record = dict(saved)
-        else:
-            fh = open(checkpoint.partial, "wb")  # noqa: SIM115
-            record = dict(identity)
-    except OSError as exc:
-        raise write_error(output, exc) from None
-    record["resumable"] = resumable
-    record.pop("version", None)
-    writer = ChunkWriter(fh, fmt, schema, header=saved is None, ipc=ipc, name=output)
-    return _Sink(output, checkpoint, fmt, writer, fh, record)
 
 
 # --------------------------------------------------------------------------- run state
@@ -407,9 +365,15 @@ class _GoldTally:
                 self.confident_correct += g == r.label
         self.predicted, self.gold = dict(predicted), dict(golds)
 
-    def print(self) -> None:
+    def print(self, labels) -> None:
         if not self.scored:
             return
+        unknown = sorted(g for g in self.gold if g not in set(labels))
+        if unknown:  # `evaluate` refuses such a file; here the labels are written all the same
+            rows = sum(self.gold[g] for g in unknown)
+            shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+            _echo(f"warning: {rows} scored rows have a gold label that is not a label of the task ({shown}); "
+                  "they count as wrong below")
         counts = dict(sorted(self.predicted.items(), key=lambda kv: -kv[1]))
         majority = max(self.gold.values()) / self.scored
         _echo(f"accuracy vs gold: {self.correct}/{self.scored} = {self.correct / self.scored:.3f} "

@@ -474,13 +474,22 @@ def _named_tasks(specs) -> dict:
               help="Most texts waiting for the model (503 with Retry-After beyond).")
 @click.option("--request-timeout", type=float, default=30.0, show_default=True, help="Seconds before 504.")
 @click.option("--api-key", envvar="SLMCLASSIFY_API_KEY", help="Require 'Authorization: Bearer KEY' "
-              "(also from $SLMCLASSIFY_API_KEY); /healthz stays open.")
+              "(also from $SLMCLASSIFY_API_KEY); /healthz stays open. Needed off loopback unless --insecure.")
+@click.option("--insecure", is_flag=True, help="Serve on a non-loopback --host without --api-key (anyone who "
+              "reaches the port can use the model and see its path).")
 def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_batch_rows, max_text_tokens, max_texts,
-          max_body_bytes, max_queue, request_timeout, api_key):
+          max_body_bytes, max_queue, request_timeout, api_key, insecure):
     """Serve tasks over HTTP, batching concurrent requests by length (needs the 'serve' extra)."""
     from .serve import ServeSettings
     from .serve.settings import DEFAULT_MAX_WAIT_MS
 
+    if not api_key and not _loopback(host):
+        if not insecure:
+            raise TaskError(f"--host {host} listens beyond this machine, and without --api-key anyone who reaches "
+                            "the port can use the model and read its file path (/v1/tasks); set --api-key (or "
+                            "$SLMCLASSIFY_API_KEY), or pass --insecure to serve it openly")
+        click.echo(f"slmclassify: warning: serving on {host} without --api-key (--insecure): anyone who reaches "
+                   "the port can use the model and read its file path", err=True)
     _need_serve_extra()
     tasks = _named_tasks(task_specs)
     settings = ServeSettings(
@@ -536,6 +545,18 @@ def loadtest(url, concurrency, duration, max_requests, input_path, text_column, 
     click.echo("\n".join(lines))
     if json_path:
         Path(json_path).write_text(lines[-1] + "\n")
+
+
+def _loopback(host: str) -> bool:
+    """Whether --host only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 def _need_serve_extra() -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import numpy as np
 import torch
 
 from .config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config
@@ -209,7 +210,7 @@ def _load_pretrained(where: str, local_only: bool):
     try:
         config = AutoConfig.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
         check_config(config, where)
-        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
+        tokenizer = _tokenizer(where, local_only)
         files = safetensors_files(where, local_only)
         if files:  # read once into memory of our own, not memory-mapped (see weights.py)
             model = from_safetensors(config, files)
@@ -228,6 +229,22 @@ def _load_pretrained(where: str, local_only: bool):
         hint = "" if local_only else " (a hub id needs network access or a local copy in the HF cache)"
         raise ModelLoadError(f"cannot load model {where!r}{hint}: {str(exc).splitlines()[0]}") from None
     return model, tokenizer
+
+
+def _tokenizer(where: str, local_only: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        if not Path(where).is_dir():
+            raise
+        # transformers' message lists the files it tried on later lines: its first line ended in "one of: "
+        found = sorted(p.name for p in Path(where).iterdir() if p.name.startswith(("tokenizer", "vocab", "merges")))
+        raise ModelLoadError(
+            f"cannot load model {where!r}: no usable tokenizer in the folder (it needs tokenizer.json, or "
+            f"tokenizer.model / vocab.json + merges.txt with tokenizer_config.json; found: "
+            f"{', '.join(found) or 'none'}); copy the tokenizer files next to config.json") from None
 
 
 def _load_gguf(path: Path):
@@ -301,14 +318,33 @@ def _import_model_code(folder: Path) -> None:
 
 
 def _gguf_architecture(path: Path) -> str | None:
-    """`general.architecture` from the GGUF metadata (memory-mapped; no tensor is read)."""
+    """`general.architecture` from the GGUF metadata (memory-mapped; no tensor is read). Refuses a
+    file shorter than its tensors need (a cut download): de-quantising it failed after 15 s with
+    numpy's `cannot reshape array of size 4052224 into shape (151936,952)`."""
     from gguf import GGUFReader
 
+    class MetadataReader(GGUFReader):
+        def _build_tensors(self, start_offs, fields) -> None:  # where the tensors end; none is built
+            from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+            self.tensors, self.data_end = [], start_offs
+            for field in fields:
+                _, _, _, dims, raw_dtype, offset = field.parts
+                block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_dtype[0])]
+                n_bytes = int(np.prod(dims)) * type_size // block_size
+                self.data_end = max(self.data_end, int(start_offs + offset[0]) + n_bytes)
+
     try:
-        field = GGUFReader(path).fields.get("general.architecture")
-        return None if field is None else str(field.contents())
+        reader = MetadataReader(path)
+        field = reader.fields.get("general.architecture")
     except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
+        raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}; if it was copied or "
+                             "downloaded, it may be truncated") from None
+    size = path.stat().st_size
+    if reader.data_end > size:
+        raise ModelLoadError(f"GGUF file {path} is truncated: it has {size:,} bytes, its tensors need "
+                             f"{reader.data_end:,}; copy or download it again")
+    return None if field is None else str(field.contents())
 
 
 def _complete(folder: Path) -> bool:

@@ -37,7 +37,7 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
     _echo(f"duplicates: {outcome.duplicates} rows took the scores of an identical row of their window"
           + (f"; resumed after {outcome.resumed_at} rows done earlier" if outcome.resumed_at else ""))
     if outcome.gold is not None:
-        outcome.gold.print()
+        outcome.gold.print(outcome.labels)
     if report is not None and not report.ok:
         raise VerificationError(f"the output was written, but {report.summary()}; "
                                 f"disagreeing rows {list(report.disagreements)}")

@@ -63,7 +63,11 @@ class Task:
             if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
                 raise TaskError(f"{name} must be a list or tuple of {'names' if name == 'labels' else name}, "
                                 f"e.g. labels=('billing', 'technical'); got {value!r}")
-        labels = tuple(str(label) for label in self.labels)
+        for label in self.labels:  # str() would make None the label 'None' and 1 the label '1'
+            if not isinstance(label, str):
+                raise TaskError(f"label {label!r} is a {type(label).__name__}, not a str; labels are names, "
+                                "e.g. labels=('billing', 'technical')")
+        labels = tuple(self.labels)
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "descriptions", tuple(self.descriptions))
         object.__setattr__(self, "examples", tuple(self.examples))
@@ -183,7 +187,8 @@ def _check_keys(table: dict, known, source: str, where: str) -> None:
 def parse_labels(spec: str) -> tuple[str, ...]:
     """`--labels a,b,c` → ('a', 'b', 'c'), read as one CSV line: `'"x,y",z'` → ('x,y', 'z').
 
-    Unquoted names are stripped and empty ones dropped, so `a, b,` is ('a', 'b').
+    Names are stripped, and a trailing comma is allowed (`a, b,` is ('a', 'b')); an empty name
+    before another one (`a,,b`) is refused, as `Task` refuses an empty label.
     """
     if "\n" in spec or "\r" in spec:
         raise TaskError("--labels must be one line of comma-separated names")
@@ -192,7 +197,13 @@ def parse_labels(spec: str) -> tuple[str, ...]:
     except csv.Error as exc:
         raise TaskError(f"--labels {spec!r} is not valid CSV ({exc}); quote a name that contains a comma "
                         'like this: --labels \'"x,y",z\'') from None
-    return tuple(part.strip() for part in fields_ if part.strip())
+    names = [part.strip() for part in fields_]
+    while names and not names[-1]:
+        names.pop()
+    if "" in names:
+        raise TaskError(f"--labels {spec!r}: label {names.index('') + 1} is empty; remove the extra comma or "
+                        "give it a name")
+    return tuple(names)
 
 
 def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | None = None, *,

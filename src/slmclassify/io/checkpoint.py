@@ -10,6 +10,12 @@ While a run is in progress:
 The record is written (atomically, after the partial is fsynced) only after a chunk is complete,
 so after a crash or a power cut the partial may hold *more* bytes than the record says (a chunk
 being written) but never fewer: resuming truncates it to the recorded length and goes on.
+
+What `--resume` trusts, it checks first: the partial must hold at least the recorded bytes and end
+(the recorded length's last 64 KiB) with the bytes the record saw, and the input must still start
+with the bytes already read (their count and SHA-256 are recorded with each chunk; Parquet: the
+whole file). A partial cut short or replaced, or an input edited where it was read, is refused:
+writing past it would leave a hole of NUL bytes, or rows of the old input next to the new.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from ..errors import InputError
 
 VERSION = 1
 _HEAD_BYTES = 1 << 20
+_TAIL_BYTES = 1 << 16
 
 
 def input_fingerprint(path: str) -> dict:
@@ -32,6 +39,13 @@ def input_fingerprint(path: str) -> dict:
     with open(path, "rb") as fh:
         head = hashlib.sha256(fh.read(_HEAD_BYTES)).hexdigest()[:16]
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_sha256": head}
+
+
+def tail_digest(fd: int, length: int) -> str:
+    """SHA-256 of the last 64 KiB of the first `length` bytes of the open file `fd`."""
+    start = max(0, length - _TAIL_BYTES)
+    data = os.pread(fd, length - start, start)
+    return hashlib.sha256(data).hexdigest()
 
 
 def digest(value) -> str:
@@ -68,12 +82,36 @@ class Checkpoint:
     def save(self, record: dict) -> None:
         """Replace the record atomically and durably (the partial must already be fsynced)."""
         tmp = f"{self.record}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"version": VERSION, **record}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.record)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"version": VERSION, **record}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.record)
+        except OSError:
+            if os.path.exists(tmp):  # the previous record stays whole and in force
+                os.unlink(tmp)
+            raise
         _fsync_dir(self.record)
+
+    def damage(self, saved: dict) -> str | None:
+        """Why the partial cannot be continued as its record says (cut short, changed), or None."""
+        if not isinstance(saved.get("input_read"), dict):
+            return "its progress record was written by an older slmclassify and does not say which input bytes were read"
+        try:
+            fd = os.open(self.partial, os.O_RDONLY)
+        except OSError as exc:
+            return f"{self.partial} cannot be read ({exc.strerror})"
+        try:
+            size, length = os.fstat(fd).st_size, saved["partial_bytes"]
+            if size < length:
+                return (f"{self.partial} is shorter than its progress record says ({size} bytes, the record "
+                        f"says {length}): it was cut or replaced")
+            if saved.get("partial_tail_sha256") != tail_digest(fd, length):
+                return f"{self.partial} does not end with the bytes its progress record saw: it was changed or replaced"
+        finally:
+            os.close(fd)
+        return None
 
     def discard(self) -> None:
         for path in (self.partial, self.record, f"{self.record}.tmp"):
@@ -104,13 +142,33 @@ def changed(saved: dict, current: dict) -> str | None:
         if key == "input" and isinstance(saved.get(key), dict):
             diffs = [f"{k} {saved[key].get(k)} → {v}" for k, v in current[key].items() if saved[key].get(k) != v]
             return f"{what} changed ({', '.join(diffs)})"
-        if key == "settings" and isinstance(saved.get("settings_shown"), dict):
-            shown = current.get("settings_shown", {})
-            diffs = [f"{k} {saved['settings_shown'].get(k)!r} → {v!r}" for k, v in shown.items()
-                     if saved["settings_shown"].get(k) != v]
+        before, now = saved.get(f"{key}_shown"), current.get(f"{key}_shown")
+        if isinstance(before, dict) and isinstance(now, dict):  # every field that differs, old → new
+            diffs = [f"{k} {_short(before.get(k))} → {_short(v)}" for k, v in now.items() if before.get(k) != v]
             return f"{what} changed ({', '.join(diffs) or 'see the options'})"
         return f"{what} changed"
     return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def input_read_changed(saved: dict, input_path: str) -> str | None:
+    """Why the input no longer starts with the bytes already read (as the record saw them), or None."""
+    from .readers import file_digest
+
+    read = saved["input_read"]
+    if file_digest(input_path, read["bytes"]) != read["sha256"]:
+        return (f"the input file changed in the {read['bytes']} bytes already read for the "
+                f"{saved.get('rows_done')} rows done")
+    return None
+
+
+def refuse_damaged(checkpoint: Checkpoint, reason: str) -> InputError:
+    return InputError(f"cannot resume {checkpoint.output}: {reason}; its rows cannot be trusted, pass --restart "
+                      "to start over")
 
 
 def refuse_resume(checkpoint: Checkpoint, reason: str) -> InputError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 import os
 from pathlib import Path
 
@@ -53,12 +54,50 @@ def check_output(path: str, fmt: str | None = None) -> str:
     return fmt
 
 
+def check_not_input(input_path: str, output_path: str) -> None:
+    """Refuse an output (or its partial, progress record or lock) that is the input file itself,
+    however it is spelled (`./data/../data/x.csv`, a symlink, a hard link): the input is never
+    overwritten."""
+    if "-" in (input_path, output_path):
+        return
+    source = os.path.realpath(input_path)
+    for path in (output_path, f"{output_path}.partial", f"{output_path}.progress.json", f"{output_path}.lock"):
+        same = os.path.realpath(path) == source
+        if not same and os.path.exists(path) and os.path.exists(input_path):
+            same = os.path.samefile(path, input_path)
+        if same:
+            what = "" if path == output_path else f" ({path}, where the run keeps its state)"
+            raise InputError(f"the output {output_path} is the input file {input_path}{what}; write to another "
+                             "file (the input is never overwritten)")
+
+
 def check_text_encoding(head: bytes, name: str) -> None:
     """Refuse UTF-16/32 text files up front: their columns would come out as garbled names."""
     boms = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
             codecs.BOM_UTF16_BE: "UTF-16"}
     found = next((enc for bom, enc in boms.items() if head.startswith(bom)), None)
-    if found is None and b"\x00" in head[:4096]:
-        found = "UTF-16" if head[:4096].count(b"\x00") * 4 < len(head[:4096]) * 3 else "UTF-32"
+    nuls = head[:4096].count(b"\x00")
+    # Text in UTF-16/32 without a BOM has NUL bytes in most characters (Latin ones); a few NULs in
+    # UTF-8 text (a stray byte in one cell) are not an encoding, and are kept as they are.
+    if found is None and nuls * 8 >= len(head[:4096]) > 0:
+        found = "UTF-16" if nuls * 4 < len(head[:4096]) * 3 else "UTF-32"
     if found is not None:
         raise InputError(f"{name}: the file is not UTF-8 (it looks like {found}); save it as UTF-8 and try again")
+
+
+def json_text(value) -> str:
+    """A list or object cell (a Parquet list or struct, a JSON array) as its JSON text: what the model
+    scores when it is the text, and what a CSV output holds (not numpy's `['a' 'b']`)."""
+    return json.dumps(_plain(value), ensure_ascii=False, default=str)
+
+
+def _plain(value):
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays and scalars
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import io
 import json
 import math
@@ -25,9 +26,15 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from .formats import BAD_BYTE, check_text_encoding, table_format
+from .formats import BAD_BYTE, check_text_encoding, json_text, table_format
 
 _HEAD = 1 << 16  # bytes looked at before reading: encoding check, empty file, CSV header
+MAX_CSV_ROW = 1 << 26
+"""The longest CSV row (64 MiB) read: pyarrow needs a whole row in one block, and a block is held in memory."""
+
+
+class _RowTooBig(Exception):
+    """A CSV row did not fit in pyarrow's block (the first pass raises the block size and reads again)."""
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -49,22 +56,52 @@ class _Utf8Stream(io.RawIOBase):
         self.raw, self.pending, self.head = raw, b"", head
         self.decoder = codecs.getincrementaldecoder("utf-8-sig")("replace" if errors == "replace" else "slmclassify-mark")
         self.consumed = 0
+        self.sha256 = hashlib.sha256()  # of the raw bytes consumed so far (`--resume` re-checks them)
+        self.stopped, self.ended, self.inflight = False, False, 0
 
     def readable(self) -> bool:
         return True
 
+    def settle(self, timeout: float = 5.0) -> None:
+        """Answer end-of-file from now on and wait until the reader has seen it. pyarrow's CSV reader
+        reads ahead on a thread of its own, which goes on calling `readinto` after the error that
+        ended our iteration (often raised by `open_csv` itself, before there is a reader to close);
+        a process that exits with that thread inside Python aborts (`terminate called without an
+        active exception`, exit 134) after printing the right error."""
+        import time
+
+        self.stopped = True
+        deadline = time.monotonic() + timeout
+        while (self.inflight or not self.ended) and time.monotonic() < deadline:
+            time.sleep(0.002)  # releases the GIL, so the read-ahead thread can take its end-of-file
+
     def readinto(self, buffer) -> int:
-        while not self.pending:
-            block = self.head or self.raw.read(1 << 18)
-            self.head = b""
-            self.consumed += len(block)
-            self.pending = self.decoder.decode(block, final=not block).encode("utf-8")
-            if not block:
-                break
-        n = min(len(buffer), len(self.pending))
-        buffer[:n] = self.pending[:n]
-        self.pending = self.pending[n:]
+        self.inflight += 1
+        try:
+            n = self._readinto(buffer)
+        finally:
+            self.inflight -= 1
+        self.ended = self.ended or n == 0
         return n
+
+    def _readinto(self, buffer) -> int:
+        # The buffer is filled whole (short only at the end): pyarrow takes what one read returns as
+        # its block, and a CSV row must fit in one block.
+        out, filled = memoryview(buffer).cast("B"), 0
+        while filled < len(out) and not self.stopped:
+            if not self.pending:
+                block = self.head or self.raw.read(1 << 18)
+                self.head = b""
+                self.consumed += len(block)
+                self.sha256.update(block)
+                self.pending = self.decoder.decode(block, final=not block).encode("utf-8")
+                if not block and not self.pending:
+                    break
+            n = min(len(out) - filled, len(self.pending))
+            out[filled:filled + n] = self.pending[:n]
+            self.pending = self.pending[n:]
+            filled += n
+        return 0 if self.stopped else filled
 
 
 @dataclass
@@ -82,6 +119,8 @@ class TableReader:
     total_bytes: int | None = None
     _source: object = None
     _kinds: dict = field(default_factory=dict)
+    _block_size: int = 1 << 18
+    """pyarrow's CSV block: raised (up to `MAX_CSV_ROW`) when the first pass meets a longer row."""
 
     @property
     def name(self) -> str:
@@ -90,6 +129,16 @@ class TableReader:
     @property
     def bytes_read(self) -> int:
         return getattr(self._source, "consumed", 0)
+
+    def read_digest(self) -> dict:
+        """How many bytes of the input file were consumed so far and their SHA-256, recorded with each
+        chunk so that `--resume` can check that what was already read is still in the file. A Parquet
+        file is read by row groups from anywhere in it: its digest covers the whole file."""
+        if self.fmt == "parquet":
+            if getattr(self, "_whole_digest", None) is None:
+                self._whole_digest = {"bytes": self.total_bytes, "sha256": file_digest(self.path, self.total_bytes)}
+            return self._whole_digest
+        return {"bytes": self._source.consumed, "sha256": self._source.sha256.hexdigest()}
 
     def json_kinds(self) -> dict[str, set[str]]:
         """For JSONL: the Python types seen per column (the whole file; the first chunk for stdin)."""
@@ -123,7 +172,15 @@ class TableReader:
         if raw is not None and raw is not sys.stdin.buffer:
             raw.close()
 
+    def _check_unique_columns(self) -> None:
+        seen: set = set()
+        repeated = next((c for c in self.columns if c in seen or seen.add(c)), None)
+        if repeated is not None:  # pyarrow and pandas cannot pick one of them (a KeyError deep inside)
+            raise InputError(f"{self.name}: column {repeated!r} appears {self.columns.count(repeated)} times in the "
+                             "header; give each column its own name")
+
     def _check_columns(self) -> None:
+        self._check_unique_columns()
         if self.text_column not in self.columns:
             cols = ", ".join(map(str, self.columns)) or "(none)"
             raise InputError(f"{self.name}: no column {self.text_column!r} (use --text-column); columns are: {cols}")
@@ -148,24 +205,41 @@ class TableReader:
             raise InputError(f"{self.name}: the file is empty (expected a CSV header row)")
         first = next(csv.reader(io.StringIO(text.lstrip("\r\n"))), [])
         self.columns = first
+        self._check_unique_columns()
         if self.path != "-":  # a quick first pass (pyarrow only): the row count, ragged rows, invalid UTF-8
-            import pyarrow.compute as pc
+            while True:
+                try:
+                    self.total_rows = self._check_csv()
+                    break
+                except _RowTooBig:  # a row longer than pyarrow's block: read the file again in bigger blocks
+                    if self._block_size >= MAX_CSV_ROW:
+                        raise InputError(f"{self.name}: a row is larger than {MAX_CSV_ROW >> 20} MiB, the largest "
+                                         "CSV row read; give such texts as JSONL or Parquet") from None
+                    self._block_size *= 4
+                    self._reopen()
+            self._reopen()
 
-            count = 0
-            for table in self._csv_tables(1 << 16):
-                if self.errors != "replace":
-                    for column in table.column_names:
-                        marked = pc.match_substring(table[column], BAD_BYTE)
-                        if pc.any(marked).as_py():
-                            row = count + pc.index(marked, True).as_py()
-                            ident = f" (id {table[self.id_column][row - count].as_py()})" if self.id_column in table.column_names else ""
-                            raise InputError(f"{self.name}: row {row + 1}{ident}, column {column!r} is not valid "
-                                             "UTF-8; fix the file or pass --errors replace")
-                count += len(table)
-            self.total_rows = count
-            self._raw.close()
-            self._source = _Utf8Stream(open(self.path, "rb"), self.errors)  # noqa: SIM115
-            self._raw = self._source.raw
+    def _reopen(self) -> None:
+        self._raw.close()
+        self._source = _Utf8Stream(open(self.path, "rb"), self.errors)  # noqa: SIM115
+        self._raw = self._source.raw
+
+    def _check_csv(self) -> int:
+        """The row count; refuses invalid UTF-8 (and, in `_csv_tables`, ragged rows) anywhere."""
+        import pyarrow.compute as pc
+
+        count = 0
+        for table in self._csv_tables(1 << 16):
+            if self.errors != "replace":
+                for column in table.column_names:
+                    marked = pc.match_substring(table[column], BAD_BYTE)
+                    if pc.any(marked).as_py():
+                        row = count + pc.index(marked, True).as_py()
+                        ident = f" (id {table[self.id_column][row - count].as_py()})" if self.id_column in table.column_names else ""
+                        raise InputError(f"{self.name}: row {row + 1}{ident}, column {column!r} is not valid "
+                                         "UTF-8; fix the file or pass --errors replace")
+            count += len(table)
+        return count
 
     def _open_jsonl(self, head: bytes) -> None:
         if self.path == "-":  # one pass only: columns and types from the first chunk
@@ -227,7 +301,7 @@ class TableReader:
         try:
             reader = pcsv.open_csv(
                 self._source,
-                read_options=pcsv.ReadOptions(use_threads=False, block_size=1 << 18),
+                read_options=pcsv.ReadOptions(use_threads=False, block_size=self._block_size),
                 parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid),
                 convert_options=pcsv.ConvertOptions(
                     column_types={c: pa.string() for c in self.columns}, strings_can_be_null=False,
@@ -236,6 +310,12 @@ class TableReader:
             for batch in reader:
                 yield pa.Table.from_batches([batch])
         except pa.ArrowInvalid as exc:
+            if "straddl" in str(exc):  # a row (with its quoted newlines) longer than the block
+                if self.path != "-" and self._block_size < MAX_CSV_ROW:
+                    raise _RowTooBig from None
+                limit = f"{self._block_size >> 20} MiB" if self.path != "-" else "256 KiB when read from stdin"
+                raise InputError(f"{self.name}: a row is larger than {limit}, the largest CSV row read; "
+                                 "give such texts as JSONL or Parquet (or pass the file itself)") from None
             if bad:
                 row = bad[0]
                 detail = (f"row {row.number - 1} has {row.actual_columns} fields, the header has "
@@ -243,6 +323,9 @@ class TableReader:
             else:
                 detail = str(exc).splitlines()[0]
             raise InputError(f"{self.name}: not a readable CSV file ({detail})") from None
+        finally:  # an error, or the consumer stopped early: pyarrow may still be reading ahead
+            if not self._source.ended:
+                self._source.settle()
 
     def _records(self) -> Iterator[tuple[int, dict]]:
         for line_no, raw in enumerate(self._source_lines(), start=1):
@@ -302,6 +385,19 @@ class TableReader:
     def texts(self, frame: pd.DataFrame) -> list[str]:
         """The text column of a chunk as strings (see `texts_of`); bytes are decoded as UTF-8."""
         return texts_of(frame, self.text_column, name=self.name, errors=self.errors, id_column=self.id_column)
+
+
+def file_digest(path: str, length: int) -> str | None:
+    """SHA-256 of the first `length` bytes of a file; None when it has fewer."""
+    sha, left = hashlib.sha256(), length
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(left, 1 << 20))
+            if not block:
+                return None
+            sha.update(block)
+            left -= len(block)
+    return sha.hexdigest()
 
 
 def _kind(value) -> str:
@@ -366,10 +462,8 @@ def _as_text(value, errors: str) -> str | None:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
             return bytes(value).decode("utf-8", "replace") if errors == "replace" else None
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, (list, tuple, dict)):  # a list as the text: scored as its JSON text
-        return json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, (np.ndarray, list, tuple, dict)):  # a list as the text: scored as its JSON text
+        return json_text(value)
     return str(value)
 
 
@@ -391,7 +485,21 @@ def texts_of(frame: pd.DataFrame, text_column: str, *, name: str = "input", erro
 def open_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",
                id_column: str | None = None) -> TableReader:
     """Open `path` for chunked reading; checks the file, its encoding and its columns."""
+    check_input_kind(path)
     return TableReader(path, table_format(path, fmt), text_column, id_column, errors).open()
+
+
+def check_input_kind(path: str) -> None:
+    """A folder or a FIFO is named as such (not as a file not found, or by its missing extension)."""
+    if path == "-" or not os.path.exists(path):
+        return
+    if os.path.isdir(path):
+        raise InputError(f"input {path} is a folder, not a file; give a .csv, .jsonl or .parquet file "
+                         "(folders of files are read by --ray)")
+    if not os.path.isfile(path):
+        raise InputError(f"input {path} is not a regular file (a pipe or a device), and a file is read twice "
+                         f"(a check, then the rows); pipe it to stdin instead: slmclassify classify - --format csv "
+                         f"... < {path}")
 
 
 def read_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from .formats import table_format
+from .formats import json_text, table_format
 
 _ARROW_KINDS = {"str": "string", "int": "int64", "float": "float64", "bool": "bool"}
 
@@ -71,17 +72,49 @@ def _fit_to_schema(frame: pd.DataFrame, schema, name: str):
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _csv_cells(frame: pd.DataFrame, name: str, errors: str) -> pd.DataFrame:
+    """The chunk with list/object cells as their JSON text and binary cells as UTF-8 text: the text
+    the model saw, where pandas would write numpy's `['a' 'b']` and Python's `b'hello'`. Binary
+    cells that are not UTF-8 are refused (or their bytes replaced under errors='replace')."""
+    out = frame
+    for column in frame.columns:
+        values = frame[column]
+        if values.dtype != object or not any(isinstance(v, _NOT_TEXT) for v in values):
+            continue
+        cells = []
+        for row, value in zip(frame.index, values):
+            if isinstance(value, (bytes, bytearray)):
+                try:
+                    value = bytes(value).decode("utf-8", "replace" if errors == "replace" else "strict")
+                except UnicodeDecodeError:
+                    raise InputError(f"cannot write {name} as CSV: row {row + 1}, column {column!r} holds bytes "
+                                     "that are not UTF-8 text; write .parquet, or pass --errors replace") from None
+            elif isinstance(value, _NOT_TEXT):
+                value = json_text(value)
+            cells.append(value)
+        if out is frame:
+            out = frame.copy(deep=False)
+        out[column] = pd.Series(cells, index=frame.index, dtype=object)
+    return out
+
+
+_NOT_TEXT = (bytes, bytearray, np.ndarray, list, tuple, dict)
+
+
 class ChunkWriter:
     """Appends chunks of one table to a binary file handle."""
 
-    def __init__(self, fh, fmt: str, schema=None, header: bool = True, ipc: bool = False, name: str = "output"):
+    def __init__(self, fh, fmt: str, schema=None, header: bool = True, ipc: bool = False, name: str = "output",
+                 errors: str = "strict"):
         self.fh, self.fmt, self.schema, self.header, self.ipc, self.name = fh, fmt, schema, header, ipc, name
+        self.errors = errors
         self._parquet = None
         if fmt == "parquet" and ipc and header:
             fh.write(schema.serialize().to_pybytes())
 
     def write(self, frame: pd.DataFrame) -> None:
         if self.fmt == "csv":
+            frame = _csv_cells(frame, self.name, self.errors)
             self.fh.write(frame.to_csv(index=False, header=self.header).encode("utf-8"))
         elif self.fmt == "jsonl":
             if len(frame):

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
 from .adapter import TaskRunner, result_json
@@ -44,11 +44,33 @@ class ClassifyRequest(BaseModel):
     text: str | None = Field(default=None, description="One text.")
     texts: list[str] | None = Field(default=None, min_length=1, description="Several texts, answered in order.")
 
+    @field_validator("texts")
+    @classmethod
+    def _unicode(cls, texts):
+        for index, text in enumerate(texts or ()):
+            _check_unicode(text, f"texts[{index}]")
+        return texts
+
+    @field_validator("text")
+    @classmethod
+    def _unicode_one(cls, text):
+        _check_unicode(text, "text")
+        return text
+
     @model_validator(mode="after")
     def _one_of(self):
         if (self.text is None) == (self.texts is None):
             raise ValueError("give exactly one of 'text' (a string) or 'texts' (a list of strings)")
         return self
+
+
+def _check_unicode(text: str | None, where: str) -> None:
+    """JSON may spell a lone surrogate (\\ud800), which no tokenizer can take (the Python API refuses it too)."""
+    if text is not None and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where} is not valid Unicode (it holds a lone surrogate)") from None
 
 
 class ClassifyResult(BaseModel):
@@ -94,8 +116,9 @@ def create_app(service: Service):
                              for e in exc.errors())
         if "json" not in request.headers.get("content-type", ""):
             problems += "; send the body as JSON with 'Content-Type: application/json'"
-        return JSONResponse({"error": f"invalid request body: {problems}",
-                             "detail": jsonable_encoder(exc.errors())}, status_code=422)
+        # the offending input is echoed back: a lone surrogate in it could not be encoded as UTF-8
+        detail = jsonable_encoder(exc.errors(), custom_encoder={str: _printable})
+        return JSONResponse({"error": f"invalid request body: {problems}", "detail": detail}, status_code=422)
 
     @app.get("/healthz", summary="The process is alive")
     async def healthz():
@@ -180,6 +203,10 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _max_text_tokens(service: Service) -> int | None:
