@@ -24,13 +24,14 @@ demo: $(STAMP)
 
 # The kernel-, precision-, engine- and head-related tests again as a CPU without AVX-512 (AMD Zen 2/3,
 # most laptops) and as one with AVX-512 but without VNNI (Skylake servers) would run them: oneDNN,
-# PyTorch, MKL and our C kernels (backends/isa.py) all honour these caps, so an AVX-512 machine
-# catches what those CPUs would.
+# PyTorch, MKL, FBGEMM and our C kernels (backends/isa.py) all honour these caps, so an AVX-512
+# machine catches what those CPUs would.
 ISA_TESTS := tests/test_backends.py tests/test_int8_fused.py tests/test_int8_smoothing.py \
 	tests/test_fp32_kernels.py tests/test_engine.py tests/test_head.py tests/test_precision_auto.py \
 	tests/test_streaming.py tests/test_model_configs.py
-AVX2_CAP := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
-AVX512_NO_VNNI_CAP := ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512
+AVX2_CAP := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2
+AVX512_NO_VNNI_CAP := ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512 \
+	FBGEMM_ENABLE_INSTRUCTIONS=AVX512
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,7 +1,8 @@
 """The instruction set this process computes with: the CPU's, or less where a cap says so.
 
 oneDNN honours `ONEDNN_MAX_CPU_ISA` (its int8, bf16 and packed float32 kernels), PyTorch's own
-vectorised kernels `ATEN_CPU_CAPABILITY` and MKL (float32 `mm`) `MKL_ENABLE_INSTRUCTIONS`. The C kernels (`native.py`) follow the lower of the two
+vectorised kernels `ATEN_CPU_CAPABILITY`, MKL (float32 `mm`) `MKL_ENABLE_INSTRUCTIONS` and FBGEMM
+(the x86/fbgemm int8 engines) `FBGEMM_ENABLE_INSTRUCTIONS`. The C kernels (`native.py`) follow the lower of the two
 caps, so that one capped run on an AVX-512 machine computes as a CPU of that level would: `AVX2`
 as an AMD Zen 2/3 or most laptops, `AVX512_CORE` as a Skylake server (AVX-512 without VNNI).
 `make test` runs the kernel tests under both caps for that reason.
@@ -53,8 +54,9 @@ def describe_cap() -> str:
         parts.append(f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA'].upper()}")
     if aten_cap() is not None:
         parts.append(f"ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY'].lower()}")
-    if os.environ.get("MKL_ENABLE_INSTRUCTIONS"):  # MKL's float32 GEMM (the `mm` kernel) follows it
-        parts.append(f"MKL_ENABLE_INSTRUCTIONS={os.environ['MKL_ENABLE_INSTRUCTIONS'].upper()}")
+    for name in ("MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS"):  # float32 `mm`; the x86/fbgemm int8 engines
+        if os.environ.get(name):
+            parts.append(f"{name}={os.environ[name].upper()}")
     return " ".join(parts)
 
 
