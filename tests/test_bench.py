@@ -147,6 +147,16 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
     assert "engine: cpu fp32 (" in result.stdout
 
 
+def test_bench_cli_no_ctranslate2_skips_the_i_rows(llama_dir, monkeypatch):
+    import slmclassify.bench_ct2
+
+    monkeypatch.setattr(slmclassify.bench_ct2, "measure", lambda *a: pytest.fail("--no-ctranslate2 ran it"))
+    result = CliRunner().invoke(cli, ["bench", "--n", "3", "--model", str(llama_dir), "--no-ctranslate2"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and "i ctranslate2: skipped (switched off)" in result.stderr
+    assert not any(r["name"].startswith("i ") for r in json.loads(result.stdout.splitlines()[-1])["rows"])
+
+
 def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
     from slmclassify.tuning import saved_settings
 

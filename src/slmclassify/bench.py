@@ -254,10 +254,12 @@ def peak_rss_mb() -> float:
 
 
 def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: EngineSettings | None = None,
-              gguf_path: str | None = None, log=print, precision_sample: list[str] | None = None) -> BenchReport:
+              gguf_path: str | None = None, log=print, precision_sample: list[str] | None = None,
+              with_ctranslate2: bool = True) -> BenchReport:
     """Run every configuration on `texts` and return the report (rows in table order).
 
-    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets)."""
+    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets);
+    `with_ctranslate2` False: no (i) rows."""
     from .run import engine_line
 
     # No item-token cap: the article's loop (a) runs every item whole, and every row must see the same tokens.
@@ -358,7 +360,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
 
     from . import bench_ct2
 
-    skipped = bench_ct2.skipped(device)
+    skipped = bench_ct2.skipped(device) if with_ctranslate2 else "switched off"
     if skipped:
         log(f"  i ctranslate2: skipped ({skipped})")
     for peer in [] if skipped else bench_ct2.measure(loaded, task, clf, encoded, device):

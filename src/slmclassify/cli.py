@@ -297,10 +297,12 @@ def _bench_task(task_file, labels, instruction, system, user_template):
 @click.option("--max-rows", type=int)
 @click.option("--llama-cpp/--no-llama-cpp", "with_llama_cpp", default=True, show_default=True,
               help="Run (f), llama.cpp on the GGUF, when llama-cpp-python is installed.")
+@click.option("--ctranslate2/--no-ctranslate2", "with_ctranslate2", default=True, show_default=True,
+              help="Run (i), CTranslate2 in fp32 and int8, when ctranslate2 is installed (CPU).")
 @device_options()[1]
 @device_options()[0]
 def bench(n_items, input_path, text_column, json_path, task_file, labels, instruction, system, user_template,
-          model, token_budget, max_rows, with_llama_cpp, device, precision):
+          model, token_budget, max_rows, with_llama_cpp, with_ctranslate2, device, precision):
     """Reproduce the article's experiment next to ours, in one process: speed, padding, agreement.
 
     Every configuration scores first tokens (the article's method), so predictions are comparable.
@@ -317,7 +319,7 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
     gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
     gguf = gguf if with_llama_cpp else None
     report = run_bench(loaded, texts, task, settings, gguf_path=gguf, log=lambda m: click.echo(m, err=True),
-                       precision_sample=texts if input_path else None)
+                       precision_sample=texts if input_path else None, with_ctranslate2=with_ctranslate2)
     click.echo(f"model: {loaded.name}; {report.machine['cpu']}, {report.machine['threads']} threads, "
                f"torch {report.machine['torch']}, transformers {report.machine['transformers']}")
     click.echo(f"engine: {report.engine}")
