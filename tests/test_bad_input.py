@@ -12,24 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from test_nothing_lost import LABELS, _args, _one_error
 from test_resume import _command, _env, interrupt_after, make_input
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-LABELS = "billing,technical,account"
-
-
-def _args(src, target, model_dir, *extra):
-    return ["classify", str(src), "-o", str(target), "--labels", LABELS, "--model", str(model_dir), "--window", "8",
-            "--quiet", "--no-verify", *extra]
-
-
-def _one_error(code, err) -> str:
-    assert code == 2, err
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("slmclassify: error: "), err
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- aborts and tracebacks
@@ -337,11 +323,7 @@ def test_gold_labels_outside_the_task_are_warned(run_main, tmp_path, llama_dir):
 def test_resume_names_every_field_that_changed(run_main, monkeypatch, tmp_path, llama_dir, change, expected):
     """Before: `--resume` after a label change said only `the task changed` (a --window change named
     the old and new values); now every field of the task, the settings and the model is named."""
-    src = make_input(tmp_path / "in.csv", 40)
-    target = tmp_path / "out.csv"
-    with monkeypatch.context() as patch:
-        interrupt_after(patch, 2)
-        assert run_main(*_args(src, target, llama_dir))[0] == 130
+    src, target = _interrupted_run(run_main, monkeypatch, tmp_path, llama_dir)
     args = _args(src, target, llama_dir, "--resume")
     if change[0] == "--labels":
         args[args.index("--labels") + 1] = change[1]
@@ -352,13 +334,19 @@ def test_resume_names_every_field_that_changed(run_main, monkeypatch, tmp_path, 
                                      "was started; run with the same input and options, or pass --restart to start over")
 
 
-def test_resume_names_the_other_model(run_main, monkeypatch, tmp_path, llama_dir, model_dir_factory):
-    other = model_dir_factory("llama", seed=5)
+def _interrupted_run(run_main, monkeypatch, tmp_path, llama_dir):
+    """(input, output) of a classify run stopped after 2 chunks, its partial and record left."""
     src = make_input(tmp_path / "in.csv", 40)
     target = tmp_path / "out.csv"
     with monkeypatch.context() as patch:
         interrupt_after(patch, 2)
         assert run_main(*_args(src, target, llama_dir))[0] == 130
+    return src, target
+
+
+def test_resume_names_the_other_model(run_main, monkeypatch, tmp_path, llama_dir, model_dir_factory):
+    other = model_dir_factory("llama", seed=5)
+    src, target = _interrupted_run(run_main, monkeypatch, tmp_path, llama_dir)
     args = _args(src, target, llama_dir, "--resume")
     args[args.index("--model") + 1] = str(other)
     code, _, err = run_main(*args)
