@@ -257,6 +257,23 @@ def test_cli_ray_names_the_bad_line_of_a_small_file_and_writes_nothing(local_ray
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
 
 
+def test_cli_ray_keeps_one_writer_and_never_overwrites_the_input(llama_dir, tmp_path, monkeypatch):
+    """Issue 25 for --ray too: the input as the output, or an output another run is writing, is
+    refused before Ray starts."""
+    from slmclassify.io.lock import OutputLock
+    from slmclassify.ray import job
+
+    monkeypatch.setattr(job, "start_ray", lambda address: pytest.fail("Ray started"))
+    (tmp_path / "in.csv").write_text("id,text\n1,fine\n")
+    args = ["--ray", "--model", str(llama_dir), "--labels", ",".join(LABELS), "--quiet"]
+    same = CliRunner().invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "." / "in.csv"), *args])
+    assert "is the input file" in str(same.exception)
+    with OutputLock(str(tmp_path / "out.csv")):
+        busy = CliRunner().invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "out.csv"), *args])
+    assert "is being written by another slmclassify run" in str(busy.exception)
+    assert (tmp_path / "in.csv").read_text() == "id,text\n1,fine\n"
+
+
 def test_bad_input_is_refused_before_any_actor_starts(local_ray):
     no_text = ray.data.from_items([{"body": "x"}])
     with pytest.raises(InputError, match="no text column 'text'; columns are: body"):

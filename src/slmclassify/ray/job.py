@@ -20,7 +20,8 @@ import ray
 
 from ..settings import EngineSettings
 from ..errors import InputError
-from ..io.formats import FORMATS, check_output, table_format
+from ..io.formats import FORMATS, check_not_input, check_output, table_format
+from ..io.lock import OutputLock
 from ..results import RunStats
 from ..task import Task
 from .actors import process_started
@@ -49,7 +50,15 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     else:
         out_fmt = check_output(output_path)
     in_fmt, files = _input_files(input_path)
+    for path in files:  # the input is never overwritten
+        check_not_input(path, output_path)
+    with OutputLock(output_path):  # one writer per output, refused before Ray starts
+        return _run(input_path, output_path, out_fmt, folder_out, in_fmt, files, task, settings, ray_settings, model,
+                    address, text_column, result_prefix, errors, progress)
 
+
+def _run(input_path, output_path, out_fmt, folder_out, in_fmt, files, task, settings, ray_settings, model, address,
+         text_column, result_prefix, errors, progress) -> dict:
     began = time.time()
     own_ray = start_ray(address)
     try:
