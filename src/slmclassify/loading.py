@@ -383,9 +383,11 @@ def _dequantise(path: Path):
     """(model in float32, tokenizer) read from a GGUF file by transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .gguf_pages import released_gguf_pages
+
     folder, filename = str(path.parent), path.name
     try:
-        with _no_gguf_progress_bar():
+        with _no_gguf_progress_bar(), released_gguf_pages():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
