@@ -132,15 +132,20 @@ def test_int8_products_are_exact_on_this_cpu(kernel):
         assert "7-bit weights" in gemm.int8_arithmetic(kernel)
 
 
-def test_int8_is_refused_where_no_weight_width_is_exact(monkeypatch):
+def _no_int8_op(kernel, levels):
+    raise RuntimeError("no such op")
+
+
+@pytest.mark.parametrize("probe", [lambda kernel, levels: False, _no_int8_op], ids=["saturates", "missing"])
+def test_int8_is_refused_where_no_weight_width_is_exact(monkeypatch, probe):
     engine = gemm.int8_engine()
     if engine is None:
         pytest.skip("no quantized CPU engine here")
-    monkeypatch.setattr(gemm, "_int8_exact", lambda kernel, levels: False)
+    monkeypatch.setattr(gemm, "_int8_exact", probe)
     gemm.int8_weight_levels.cache_clear()
     try:
         assert not cpu_native("int8")  # so --precision auto never tries it
-        with pytest.raises(TaskError, match=r"precision int8 cannot run on this CPU: .*saturates.*use precision fp32"):
+        with pytest.raises(TaskError, match=r"precision int8 cannot run on this CPU: .*not exact even with 7-bit weights; use precision fp32"):
             kernel_for("int8", torch.device("cpu"), int8_kernel=engine)
     finally:
         gemm.int8_weight_levels.cache_clear()

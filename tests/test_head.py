@@ -134,7 +134,21 @@ def test_cross_validated_probabilities_are_out_of_fold():
     assert ((probs.argmax(1) == (y == "b")).mean()) == 1.0
 
 
-def test_fit_then_classify_and_evaluate_with_head(llama_dir, tmp_path):
+def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp_path):
+    """Regression: with too few items for any curve size (here 3 per label, 2 folds) fit printed its
+    CV table, then died in matplotlib (`Data cannot be log-scaled`) and wrote no head."""
+    texts, gold = labelled(3)
+    train = tmp_path / "train.csv"
+    pd.DataFrame({"text": texts, "gold": gold}).to_csv(train, index=False)
+    result = CliRunner().invoke(cli, ["fit", str(train), "--label-column", "gold", "--labels", "billing,technical",
+                                      "--model", str(llama_dir), "-o", str(tmp_path / "head.npz"), "--folds", "2"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "learning curve: none (its smallest size, 4 per label, needs more than the 1 per label" in result.output
+    assert Head.load(tmp_path / "head.npz").info["curve"] == [] and not (tmp_path / "head-curve.png").exists()
+
+
+
     texts, gold = labelled(10)
     train = tmp_path / "train.csv"
     pd.DataFrame({"text": texts, "gold": gold}).to_csv(train, index=False)

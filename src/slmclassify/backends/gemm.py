@@ -42,7 +42,11 @@ def int8_weight_levels(kernel: str) -> int | None:
     is exact: int8 is then refused here (`check_int8`).
     """
     for levels in (127, 63):
-        if _int8_exact(kernel, levels):
+        try:
+            exact = _int8_exact(kernel, levels)
+        except RuntimeError:  # the kernel does not run at all here (e.g. no oneDNN int8 ops on this CPU)
+            return None
+        if exact:
             return levels
     return None
 
@@ -91,8 +95,8 @@ def int8_arithmetic(kernel: str) -> str:
 def check_int8(kernel: str) -> None:
     """Raise where `kernel` cannot multiply int8 exactly on this CPU (`int8_weight_levels` is None)."""
     if int8_weight_levels(kernel) is None:
-        raise TaskError(f"precision int8 cannot run on this CPU: its int8 kernel ({kernel}) saturates even with "
-                        f"7-bit weights; use precision fp32 (or bf16 where the CPU has it)")
+        raise TaskError(f"precision int8 cannot run on this CPU: its int8 kernel ({kernel}) does not run here or "
+                        f"is not exact even with 7-bit weights; use precision fp32 (or bf16 where the CPU has it)")
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

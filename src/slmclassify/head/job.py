@@ -78,14 +78,19 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
         _echo(f"{name:<18} {ev.accuracy:>9.3f} {ev.macro_f1:>9.3f} {ev.ece:>7.3f}")
 
     curve = learning_curve(X, gold, labels, sizes=curve_sizes, folds=folds, seed=seed)
-    _echo(f"\nlearning curve ({folds}-fold CV, tested on every held-out item):")
-    _echo(f"{'per label':>9} {'items':>6} {'accuracy':>9}")
-    for n, acc in curve:
-        _echo(f"{n:>9} {n * len(labels):>6} {acc:>9.3f}")
-    plot_path = plot_path or str(Path(output).with_suffix("")) + "-curve.png"
     zero_acc = rows[0][1].accuracy if rows[0][0] == "zero-shot" else None
-    plot_curve(curve, head_ev.accuracy, zero_acc, len(gold) * (folds - 1) // folds // len(labels), plot_path)
-    _echo(f"wrote {plot_path}")
+    if curve:
+        _echo(f"\nlearning curve ({folds}-fold CV, tested on every held-out item):")
+        _echo(f"{'per label':>9} {'items':>6} {'accuracy':>9}")
+        for n, acc in curve:
+            _echo(f"{n:>9} {n * len(labels):>6} {acc:>9.3f}")
+        plot_path = plot_path or str(Path(output).with_suffix("")) + "-curve.png"
+        plot_curve(curve, head_ev.accuracy, zero_acc, len(gold) * (folds - 1) // folds // len(labels), plot_path)
+        _echo(f"wrote {plot_path}")
+    else:  # regression: an empty curve crashed matplotlib's log scale after the CV table, and no head was written
+        smallest = min(counts.values()) * (folds - 1) // folds
+        _echo(f"\nlearning curve: none (its smallest size, {min(curve_sizes)} per label, needs more than the "
+              f"{smallest} per label a training fold holds here)")
 
     final = fit(X, gold, seed=seed, folds=folds)
     info = {"C": final.C, "items": int(len(gold)), "per_label": counts, "folds": folds, "source": str(path),
