@@ -113,7 +113,7 @@ def converted(model: torch.nn.Module, tokenizer, cache: Path) -> Path:
     import ctranslate2
     from filelock import FileLock
 
-    from .loading import _quiet_transformers
+    from .loading import _quiet_transformers, save_hf_folder
 
     target = cache / f"ctranslate2-{weights_key(model, tokenizer)}-{ctranslate2.__version__}"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +123,8 @@ def converted(model: torch.nn.Module, tokenizer, cache: Path) -> Path:
         work = Path(tempfile.mkdtemp(prefix=".ct2-", dir=target.parent))
         try:
             source = work / "hf"
-            _save_hf(model, tokenizer, source)
+            source.mkdir()
+            save_hf_folder(model, tokenizer, source)
             with _quiet_transformers():  # the converter loads the folder with transformers
                 ctranslate2.converters.TransformersConverter(str(source)).convert(
                     str(work / "ct2"), quantization="float32")
@@ -141,24 +142,6 @@ def _fill_bos(config_path: Path, tokenizer) -> None:
     if config.get("bos_token") is None:
         config["bos_token"] = tokenizer.eos_token
         config_path.write_text(json.dumps(config, indent=2))
-
-
-def _save_hf(model: torch.nn.Module, tokenizer, folder: Path) -> None:
-    """A Hugging Face folder of the in-memory model, for the converter (which loads from a path).
-    Written like loading.py's GGUF cache: transformers' save_pretrained refuses GGUF-loaded models."""
-    from safetensors.torch import save_file
-
-    folder.mkdir()
-    state = model.state_dict()
-    if model.get_output_embeddings().weight is model.get_input_embeddings().weight:
-        state.pop("lm_head.weight")  # tied (the config says so): safetensors refuses shared tensors
-    state = {name: t.contiguous() for name, t in state.items()}  # views into one buffer (weights.py)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config["dtype"] = "float32"  # the converter loads the weights in this dtype
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(str(folder))
 
 
 class CT2Scorer:

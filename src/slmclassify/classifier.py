@@ -23,7 +23,7 @@ from .activation_ranges import ranges_for
 from .batching import Batch, collate, plan_batches
 from .calibration import CONTENT_FREE, adjust, prior_from_scores
 from .config_check import context_limit
-from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items
+from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items, valid_unicode
 from .engine import Engine
 from .errors import InputError, TaskError
 from .labels import build_trie, end_of_turn_id, label_sequences, resolve_mode
@@ -62,11 +62,8 @@ def _clean(text, index: int) -> str:
         return ""
     if not isinstance(text, str):
         raise InputError(f"texts[{index}] is a {type(text).__name__}, not a str (None counts as empty)")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InputError(f"texts[{index}] is not valid Unicode (it holds a lone surrogate)") from None
+    if not valid_unicode(text):
+        raise InputError(f"texts[{index}] is not valid Unicode (it holds a lone surrogate)")
     return text
 
 

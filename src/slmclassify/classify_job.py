@@ -368,7 +368,7 @@ class _GoldTally:
     def print(self, labels) -> None:
         if not self.scored:
             return
-        unknown = sorted(g for g in self.gold if g not in set(labels))
+        unknown = sorted(set(self.gold) - set(labels))
         if unknown:  # `evaluate` refuses such a file; here the labels are written all the same
             rows = sum(self.gold[g] for g in unknown)
             shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")

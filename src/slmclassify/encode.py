@@ -134,6 +134,18 @@ class EncodedItems:
         return int(self.tokens.nbytes + self.offsets.nbytes + self.cached.nbytes + 8 * len(self.status))
 
 
+def valid_unicode(text: str) -> bool:
+    """Whether `text` encodes as UTF-8: a Python or JSON string may hold a lone surrogate ("\\ud800"),
+    which no tokenizer takes."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def choose_prefix(tokenizer, head: str) -> list[int]:
     """Prefix ids from the shared head text, cut one token early.
 

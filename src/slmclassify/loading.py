@@ -358,18 +358,11 @@ def _complete(folder: Path) -> bool:
 
 def _convert_gguf(path: Path, target: Path) -> None:
     """De-quantise a GGUF file to a float32 safetensors folder (written atomically; caller holds the lock)."""
-    from safetensors.torch import save_model
-
     model, tokenizer = _dequantise(path)
     check_config(model.config, str(path))
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        # save_pretrained refuses GGUF-loaded models: write weights, config and tokenizer ourselves.
-        save_model(model, str(tmp / "model.safetensors"))
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        tokenizer.save_pretrained(str(tmp))
+        save_hf_folder(model, tokenizer, tmp)
         sizes = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
         (tmp / _MANIFEST).write_text(json.dumps(sizes))
         if target.exists():
@@ -377,6 +370,25 @@ def _convert_gguf(path: Path, target: Path) -> None:
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_hf_folder(model: torch.nn.Module, tokenizer, folder: Path) -> None:
+    """A Hugging Face folder of an in-memory float32 model (safetensors, config, tokenizer) in the
+    existing `folder`: transformers' save_pretrained refuses GGUF-loaded models. Tied output
+    embeddings are written once (the config says they are tied); the engine's views (`weights.py`)
+    are written as contiguous tensors."""
+    from safetensors.torch import save_file
+
+    state = model.state_dict()
+    if model.get_output_embeddings().weight is model.get_input_embeddings().weight:
+        state.pop("lm_head.weight")  # safetensors refuses shared tensors
+    save_file({name: t.contiguous() for name, t in state.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["dtype"] = "float32"  # what the file holds (a converter loads the weights in this dtype)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(str(folder))
 
 
 def _dequantise(path: Path):

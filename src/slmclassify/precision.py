@@ -29,6 +29,7 @@ from .activation_ranges import ranges_for
 from .backends.choice import make_backend, machine_key, model_key, speedup
 from .backends.choice import _read, _write
 from .backends.device import cpu_native
+from .encode import valid_unicode
 from .engine import Engine
 from .loading import cache_root
 
@@ -81,21 +82,13 @@ def input_sample(texts: Iterable, n: int = AGREEMENT_ITEMS) -> list[str]:
     """
     seen: dict[str, None] = {}
     for row, text in enumerate(texts):
-        if isinstance(text, str) and text.strip() and _valid(text):
+        if isinstance(text, str) and text.strip() and valid_unicode(text):  # else the row gets its own error
             seen.setdefault(text, None)
             if len(seen) == n:
                 break
         if row + 1 >= SAMPLE_SCAN_ROWS:
             break
     return list(seen)
-
-
-def _valid(text: str) -> bool:
-    """Not holding a lone surrogate (such a row gets its own error when it is classified)."""
-    try:
-        return text.isascii() or bool(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        return False
 
 
 def verification_sample(texts: Iterable | None) -> Sample:

@@ -35,6 +35,8 @@ MAX_CSV_ROW = 1 << 26
 
 class _RowTooBig(Exception):
     """A CSV row did not fit in pyarrow's block (the first pass raises the block size and reads again)."""
+
+
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -121,6 +123,8 @@ class TableReader:
     _kinds: dict = field(default_factory=dict)
     _block_size: int = 1 << 18
     """pyarrow's CSV block: raised (up to `MAX_CSV_ROW`) when the first pass meets a longer row."""
+    _whole_digest: dict | None = None
+    """A Parquet file's `read_digest` (the whole file, hashed once)."""
 
     @property
     def name(self) -> str:
@@ -135,7 +139,7 @@ class TableReader:
         chunk so that `--resume` can check that what was already read is still in the file. A Parquet
         file is read by row groups from anywhere in it: its digest covers the whole file."""
         if self.fmt == "parquet":
-            if getattr(self, "_whole_digest", None) is None:
+            if self._whole_digest is None:
                 self._whole_digest = {"bytes": self.total_bytes, "sha256": file_digest(self.path, self.total_bytes)}
             return self._whole_digest
         return {"bytes": self._source.consumed, "sha256": self._source.sha256.hexdigest()}

@@ -16,7 +16,6 @@ from .checkpoint import tail_digest
 from .writers import ChunkWriter, ipc_to_parquet, write_error
 
 
-
 class WriteFailed(Exception):
     """Writing a chunk or its record failed (an OSError such as a full disk)."""
 

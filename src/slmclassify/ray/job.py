@@ -53,34 +53,28 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
     for path in files:  # the input is never overwritten
         check_not_input(path, output_path)
     with OutputLock(output_path):  # one writer per output, refused before Ray starts
-        return _run(input_path, output_path, out_fmt, folder_out, in_fmt, files, task, settings, ray_settings, model,
-                    address, text_column, result_prefix, errors, progress)
-
-
-def _run(input_path, output_path, out_fmt, folder_out, in_fmt, files, task, settings, ray_settings, model, address,
-         text_column, result_prefix, errors, progress) -> dict:
-    began = time.time()
-    own_ray = start_ray(address)
-    try:
-        initialised = time.time()
-        sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
-        how = dict(task=task, model=model, settings=settings, ray_settings=ray_settings, text_column=text_column,
-                   result_prefix=result_prefix, errors=errors, precision_sample=sample)
-        if reads_on_driver(in_fmt, files):
-            feed = "actors fed by this process, which read the file"
-            handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, progress, how)
-        else:
-            feed = "Ray Data: Ray's readers, an actor pool"
-            handed, rows, figures = _on_dataset(in_fmt, files, output_path, out_fmt, folder_out, progress, how)
-        finished = time.time()
-        phases = {"ray_init": initialised - began, "began": began, "submitted": handed, "finished": finished,
-                  "driver": process_started(), "feed": feed}
-        seconds = finished - handed
-        _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
-        return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
-    finally:
-        if own_ray:  # here, not at exit: Ray's exit hook first sleeps 0.5 s "for log messages"
-            ray.shutdown()
+        began = time.time()
+        own_ray = start_ray(address)
+        try:
+            initialised = time.time()
+            sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
+            how = dict(task=task, model=model, settings=settings, ray_settings=ray_settings, text_column=text_column,
+                       result_prefix=result_prefix, errors=errors, precision_sample=sample)
+            if reads_on_driver(in_fmt, files):
+                feed = "actors fed by this process, which read the file"
+                handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, progress, how)
+            else:
+                feed = "Ray Data: Ray's readers, an actor pool"
+                handed, rows, figures = _on_dataset(in_fmt, files, output_path, out_fmt, folder_out, progress, how)
+            finished = time.time()
+            phases = {"ray_init": initialised - began, "began": began, "submitted": handed, "finished": finished,
+                      "driver": process_started(), "feed": feed}
+            seconds = finished - handed
+            _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
+            return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
+        finally:
+            if own_ray:  # here, not at exit: Ray's exit hook first sleeps 0.5 s "for log messages"
+                ray.shutdown()
 
 
 def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bool, progress: bool,

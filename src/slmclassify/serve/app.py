@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
+from ..encode import valid_unicode
 from .adapter import TaskRunner, result_json
 from .guard import Guard
 from .metrics import Metrics
@@ -44,33 +45,22 @@ class ClassifyRequest(BaseModel):
     text: str | None = Field(default=None, description="One text.")
     texts: list[str] | None = Field(default=None, min_length=1, description="Several texts, answered in order.")
 
-    @field_validator("texts")
+    @field_validator("text", "texts")
     @classmethod
-    def _unicode(cls, texts):
-        for index, text in enumerate(texts or ()):
-            _check_unicode(text, f"texts[{index}]")
-        return texts
-
-    @field_validator("text")
-    @classmethod
-    def _unicode_one(cls, text):
-        _check_unicode(text, "text")
-        return text
+    def _unicode(cls, value, info):
+        """JSON may spell a lone surrogate (\\ud800), which no tokenizer takes (the Python API refuses it too)."""
+        one = info.field_name == "text"
+        for index, text in enumerate([value] if one else value or ()):
+            if text is not None and not valid_unicode(text):
+                where = "text" if one else f"texts[{index}]"
+                raise ValueError(f"{where} is not valid Unicode (it holds a lone surrogate)")
+        return value
 
     @model_validator(mode="after")
     def _one_of(self):
         if (self.text is None) == (self.texts is None):
             raise ValueError("give exactly one of 'text' (a string) or 'texts' (a list of strings)")
         return self
-
-
-def _check_unicode(text: str | None, where: str) -> None:
-    """JSON may spell a lone surrogate (\\ud800), which no tokenizer can take (the Python API refuses it too)."""
-    if text is not None and not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{where} is not valid Unicode (it holds a lone surrogate)") from None
 
 
 class ClassifyResult(BaseModel):
