@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from slmclassify import Classifier, load_model
-from slmclassify.workload import ARTICLE_TASK, article_tickets
+from slmclassify.core.article_tickets import ARTICLE_TASK, article_tickets
 
 
 def arguments(defaults: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -23,11 +23,11 @@ from slmclassify import Classifier, load_model
 from slmclassify.backends.choice import cpu_name
 from slmclassify.backends.device import matmul_flags
 from slmclassify.backends import smoothing
-from slmclassify.evaluate import Evaluation, gold_indices, read_labelled
-from slmclassify.evaluation_run import task_for_file
-from slmclassify.loading import set_threads
-from slmclassify.precision import agreement
-from slmclassify.results import softmax
+from slmclassify.core.metrics import Evaluation, gold_indices, read_labelled
+from slmclassify.jobs.evaluate import task_for_file
+from slmclassify.models.loading import set_threads
+from slmclassify.models.precision import agreement
+from slmclassify.core.results import softmax
 
 SETS = {  # name: (path, text column, label column, task file)
     "demo": ("examples/tickets.csv", "text", "gold", "examples/support.toml"),

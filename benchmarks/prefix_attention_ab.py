@@ -11,7 +11,7 @@ usage: python benchmarks/prefix_attention_ab.py [N_TICKETS] [ROUNDS] [THREADS]  
 import json
 
 import engine_ab
-from slmclassify import engine
+from slmclassify.core import engine
 from slmclassify.backends.choice import cpu_name
 
 n, rounds, threads = engine_ab.arguments((240, 3, 1))

@@ -35,8 +35,11 @@ def _sample() -> None:
 
 threading.Thread(target=_sample, daemon=True).start()
 
-from slmclassify import classifier, classify_job, engine, loading, weights  # noqa: E402
-from slmclassify.cli import cli  # noqa: E402
+from slmclassify import classifier  # noqa: E402
+from slmclassify.cli.main import cli  # noqa: E402
+from slmclassify.core import engine  # noqa: E402
+from slmclassify.jobs import classify as classify_job  # noqa: E402
+from slmclassify.models import loading, weights  # noqa: E402
 
 PHASE.append("after import")
 

@@ -1,13 +1,13 @@
 """Tokenising N rows of a few-shot task: old encode (full prompt ids as lists) vs new (suffix arrays).
 Usage: python benchmarks/tokenise_fewshot.py old|new N  -> one JSON line (seconds, peak RSS added in MB, prefix tokens).
 "old" is encode.py as it was before streaming, extracted with
-    git show afa22bd:src/slmclassify/encode.py | sed 's/from .prompts/from slmclassify.prompts/' > /tmp/old_encode.py
+    git show afa22bd:src/slmclassify/encode.py | sed 's/from .prompts/from slmclassify.core.prompts/' > /tmp/old_encode.py
 Run each way in its own process (peak RSS is per process)."""
 import json, resource, sys, time, importlib.util
 from pathlib import Path
 from transformers import AutoTokenizer
-from slmclassify.task import Task, Example
-from slmclassify.prompts import PromptRenderer
+from slmclassify.core.task import Task, Example
+from slmclassify.core.prompts import PromptRenderer
 
 which, n = sys.argv[1], int(sys.argv[2])
 tok = AutoTokenizer.from_pretrained(str(next(Path.home().joinpath(".cache/slmclassify").glob("gguf-*-v2"))))
@@ -25,7 +25,7 @@ if which == "old":
     mod = importlib.util.module_from_spec(spec); sys.modules["old_encode"] = mod; spec.loader.exec_module(mod)
     encode_items, choose_prefix = mod.encode_items, mod.choose_prefix
 else:
-    from slmclassify.encode import encode_items, choose_prefix
+    from slmclassify.core.encode import encode_items, choose_prefix
 prefix = choose_prefix(tok, renderer.head)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = time.perf_counter()

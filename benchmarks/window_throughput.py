@@ -11,7 +11,7 @@ import torch
 
 from slmclassify import Classifier, EngineSettings, load_model
 from slmclassify.backends.choice import cpu_name
-from slmclassify.workload import ARTICLE_TASK, article_tickets
+from slmclassify.core.article_tickets import ARTICLE_TASK, article_tickets
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 task = ARTICLE_TASK.with_overrides(mode="first")

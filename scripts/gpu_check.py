@@ -25,10 +25,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from slmclassify import Classifier, EngineSettings  # noqa: E402
 from slmclassify.backends.choice import cpu_name  # noqa: E402
-from slmclassify.bench import run_bench  # noqa: E402
-from slmclassify.loading import cache_root, wrap_model  # noqa: E402
-from slmclassify.precision import agreement  # noqa: E402
-from slmclassify.workload import ARTICLE_TASK, article_tickets  # noqa: E402
+from slmclassify.bench.compare import run_bench  # noqa: E402
+from slmclassify.cache import cache_root  # noqa: E402
+from slmclassify.models.loading import wrap_model  # noqa: E402
+from slmclassify.models.precision import agreement  # noqa: E402
+from slmclassify.core.article_tickets import ARTICLE_TASK, article_tickets  # noqa: E402
 
 SHAPES = {  # the real models' configurations (as in /work/shared/tools/hf_anchor.py)
     "SmolLM2-135M": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

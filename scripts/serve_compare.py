@@ -28,9 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-from slmclassify.serve.loadtest import LoadReport, report_lines, run_load
+from slmclassify.bench.service_load import LoadReport, report_lines, run_load
 from slmclassify.serve.settings import DEFAULT_MAX_WAIT_MS
-from slmclassify.workload import ARTICLE_TASK, article_tickets
+from slmclassify.core.article_tickets import ARTICLE_TASK, article_tickets
 
 TASK_FILE = Path(__file__).with_name("article.toml")
 MAX_TEXT_TOKENS = 512  # the server's default per-text cap
@@ -42,7 +42,7 @@ class Server:
     def __init__(self, name: str, *args: str):
         self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from slmclassify.cli import main; main()", "serve",
+            [sys.executable, "-c", "from slmclassify.cli.main import main; main()", "serve",
              "--task", f"article={TASK_FILE}", "--port", "0", "--request-timeout", "600", *args],
             stderr=subprocess.PIPE, text=True)
         self.url = None

@@ -144,7 +144,7 @@ def model_dir_factory(tmp_path_factory, tiny_tokenizer):
 def one_torch_thread(monkeypatch):
     """The tiny models gain nothing from intra-op threads, and on a busy 2-core machine their
     barriers make each run up to 20x slower; every command calls `set_threads()` at start."""
-    from slmclassify import loading
+    from slmclassify.models import loading
 
     before = torch.get_num_threads()
     monkeypatch.setattr(loading, "set_threads", lambda: torch.set_num_threads(1) or 1)
@@ -155,7 +155,7 @@ def one_torch_thread(monkeypatch):
 @pytest.fixture
 def run_main(monkeypatch, capsys):
     """Run the console entry point with argv; return (exit code, stdout, stderr)."""
-    from slmclassify.cli import main
+    from slmclassify.cli.main import main
 
     def run(*args):
         monkeypatch.setattr("sys.argv", ["slmclassify", *map(str, args)])

@@ -12,10 +12,11 @@ import torch
 
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.errors import TaskError
-from slmclassify.backends import attention, cpu_native, gemm
+from slmclassify.backends import attention, gemm
+from slmclassify.backends.device import cpu_native
 from slmclassify.backends.choice import CACHE_FILE, int8_choice, kernel_for, machine_key, model_key
-from slmclassify.loading import load_model
-from slmclassify.precision import agreement
+from slmclassify.models.loading import load_model
+from slmclassify.models.precision import agreement
 
 from test_engine import random_texts
 
@@ -196,7 +197,7 @@ def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):
 
 def test_rates_measured_on_a_busy_machine_are_measured_again_when_quiet(llama_dir, monkeypatch):
     from slmclassify.backends import choice
-    from slmclassify.loading import cache_root
+    from slmclassify.cache import cache_root
 
     monkeypatch.setattr(choice, "machine_load", lambda: 3.0)  # busy: 3 runnable tasks per core
     busy = load_model(str(llama_dir), device="cpu").gemm_rates
@@ -214,7 +215,7 @@ def _plant_rates(model_dir, rates: dict) -> None:
     """Pretend the GEMM measurement found these rates (the auto gate then reads them)."""
     loaded = load_model(str(model_dir), device="cpu")
     key = f"{machine_key(torch.device('cpu'))}|{model_key(loaded.model.config)}"
-    from slmclassify.loading import cache_root
+    from slmclassify.cache import cache_root
 
     path = cache_root() / CACHE_FILE
     stored = json.loads(path.read_text())
@@ -226,7 +227,7 @@ def _plant_rates(model_dir, rates: dict) -> None:
 
 
 def test_auto_picks_a_faster_low_precision_that_agrees(llama_dir, monkeypatch):
-    from slmclassify import precision as prec
+    from slmclassify.models import precision as prec
 
     kernel = kernel_for("int8", torch.device("cpu"))
     _plant_rates(llama_dir, {"mm": 10.0, "onednn": 9.0, kernel: 40.0, "bf16": 0.0, "fp16": 0.0})
@@ -239,7 +240,7 @@ def test_auto_picks_a_faster_low_precision_that_agrees(llama_dir, monkeypatch):
 
 def test_auto_rejects_a_low_precision_that_disagrees(llama_dir, monkeypatch):
     """A faster precision whose predictions differ from fp32 on > 1% of items is not picked."""
-    from slmclassify import precision as prec
+    from slmclassify.models import precision as prec
 
     kernel = kernel_for("int8", torch.device("cpu"))
     _plant_rates(llama_dir, {"mm": 10.0, "onednn": 9.0, kernel: 40.0, "bf16": 0.0, "fp16": 0.0})
@@ -298,7 +299,7 @@ def test_bf16_is_not_a_candidate_without_native_support(monkeypatch):
 
     monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert not device.cpu_native("bf16") and not device.cpu_native("fp16")
-    from slmclassify.precision import candidates
+    from slmclassify.models.precision import candidates
 
     measured = {"gemm": "mm", "rates": {"mm": 10.0, "bf16": 100.0, "fp16": 100.0}}
     assert candidates(measured, torch.device("cpu")) == []
@@ -312,7 +313,7 @@ def test_bad_device_and_precision_are_clear_errors():
     with pytest.raises(TaskError, match="--device must be one of"):
         EngineSettings(device="tpu")
     if not torch.cuda.is_available():
-        from slmclassify.backends import resolve_device
+        from slmclassify.backends.device import resolve_device
 
         with pytest.raises(TaskError, match="no CUDA device"):
             resolve_device("cuda")
@@ -368,9 +369,9 @@ def test_task_file_precision_and_flag_precedence(llama_dir, tmp_path):
 
 def test_plain_transformers_token_budget_rows_match_the_loop(llama_loaded):
     """bench's (h) rows (run on CUDA) are device-agnostic: on CPU in float32 they equal the loop."""
-    from slmclassify.backends.hf_plain import token_budget_scores
-    from slmclassify.bench import article_loop
-    from slmclassify.workload import ARTICLE_TASK
+    from slmclassify.bench.plain_transformers import token_budget_scores
+    from slmclassify.bench.compare import article_loop
+    from slmclassify.core.article_tickets import ARTICLE_TASK
 
     clf = Classifier(ARTICLE_TASK, model=llama_loaded)
     texts = random_texts(9, seed=4, max_words=30)

@@ -279,7 +279,8 @@ def test_truncated_gguf_is_named_before_dequantising(tmp_path, monkeypatch):
     import numpy as np
     from gguf import GGUFWriter
 
-    from slmclassify import load_model, loading
+    from slmclassify import load_model
+    from slmclassify.models import loading
     from slmclassify.errors import ModelLoadError
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

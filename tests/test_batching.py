@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slmclassify import Classifier, EngineSettings, Task
-from slmclassify.batching import collate, plan_batches
+from slmclassify.core.batching import collate, plan_batches
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=300), min_size=0, max_size=200)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slmclassify.bench import article_batched, non_embedding_params, roofline, run_bench
-from slmclassify.cli import cli
-from slmclassify.workload import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
+from slmclassify.bench.compare import article_batched, non_embedding_params, roofline, run_bench
+from slmclassify.cli.main import cli
+from slmclassify.core.article_tickets import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
 
 try:
     import ctranslate2  # noqa: F401  (the optional (i) rows: `pip install 'slmclassify[ctranslate2]'`)
@@ -52,7 +52,7 @@ def short_tickets(n: int) -> list[str]:
 
 
 def test_bench_report_schema(llama_loaded):
-    from slmclassify.backends import cpu_native
+    from slmclassify.backends.device import cpu_native
 
     side = llama_loaded.tokenizer.padding_side
     report = run_bench(llama_loaded, short_tickets(12), ARTICLE_TASK, log=lambda m: None)
@@ -148,9 +148,9 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
 
 
 def test_bench_cli_no_ctranslate2_skips_the_i_rows(llama_dir, monkeypatch):
-    import slmclassify.bench_ct2
+    import slmclassify.bench.ctranslate2
 
-    monkeypatch.setattr(slmclassify.bench_ct2, "measure", lambda *a: pytest.fail("--no-ctranslate2 ran it"))
+    monkeypatch.setattr(slmclassify.bench.ctranslate2, "measure", lambda *a: pytest.fail("--no-ctranslate2 ran it"))
     result = CliRunner().invoke(cli, ["bench", "--n", "3", "--model", str(llama_dir), "--no-ctranslate2"],
                                 catch_exceptions=False)
     assert result.exit_code == 0 and "i ctranslate2: skipped (switched off)" in result.stderr
@@ -158,7 +158,7 @@ def test_bench_cli_no_ctranslate2_skips_the_i_rows(llama_dir, monkeypatch):
 
 
 def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
-    from slmclassify.tuning import saved_settings
+    from slmclassify.core.settings_sources import saved_settings
 
     task = tmp_path / "task.toml"
     task.write_text('# my task\nlabels = ["billing", "technical"]  # two\n[[examples]]\ntext = "x"\nlabel = "billing"\n')
@@ -173,7 +173,7 @@ def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
     saved = saved_settings()
     assert saved["token_budget"] in (64, 256) and saved["max_rows"] in (2, 8)
     assert f"--token-budget {saved['token_budget']} --max-rows {saved['max_rows']}" in best[0]
-    from slmclassify.task import Task, task_file_settings
+    from slmclassify.core.task import Task, task_file_settings
 
     assert task_file_settings(task) == saved
     assert Task.from_toml(task).labels == ("billing", "technical")
@@ -181,8 +181,8 @@ def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
 
 def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, monkeypatch):
     """(f) runs on a .gguf model when llama-cpp-python is importable; --no-llama-cpp skips it."""
-    import slmclassify.bench
-    import slmclassify.loading
+    import slmclassify.bench.compare
+    import slmclassify.models.loading
 
     calls = []
 
@@ -190,8 +190,8 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
         calls.append(gguf_path)
         return np.zeros((len(prompts), len(labels)))
 
-    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, device=None, precision=None: llama_loaded)
-    monkeypatch.setattr(slmclassify.bench, "llama_cpp_scores", fake_llama_cpp)
+    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, device=None, precision=None: llama_loaded)
+    monkeypatch.setattr(slmclassify.bench.compare, "llama_cpp_scores", fake_llama_cpp)
     data = tmp_path / "tickets.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in short_tickets(4)))
     args = ["bench", "--n", "4", "--input", str(data), "--model", str(tmp_path / "model.gguf")]
@@ -213,8 +213,8 @@ def test_ctranslate2_scores_equal_the_reference(tiny_loaded, tmp_path):
     Qwen2 with its biases): the conversion, the static prompt, the token strings and the last
     logits row of a ragged batch are all right. int8 still names the same labels."""
     from slmclassify import Classifier
-    from slmclassify.bench import _article_first_ids
-    from slmclassify.bench_ct2 import CT2Scorer, converted
+    from slmclassify.bench.compare import _article_first_ids
+    from slmclassify.bench.ctranslate2 import CT2Scorer, converted
 
     clf = Classifier(ARTICLE_TASK.with_overrides(mode="first"), model=tiny_loaded)
     encoded = clf.encode(short_tickets(10))
@@ -233,7 +233,7 @@ def test_ctranslate2_scores_equal_the_reference(tiny_loaded, tmp_path):
 def test_ctranslate2_converts_once(llama_loaded, tmp_path, monkeypatch):
     import ctranslate2.converters
 
-    from slmclassify.bench_ct2 import converted
+    from slmclassify.bench.ctranslate2 import converted
 
     folder = converted(llama_loaded.model, llama_loaded.tokenizer, tmp_path)
     assert folder.parent == tmp_path and folder.name.startswith("ctranslate2-") and (folder / "model.bin").is_file()
@@ -254,9 +254,9 @@ def test_ctranslate2_rows_skipped_without_the_package(llama_loaded, monkeypatch)
 @pytest.mark.parametrize("option,value,instead", [("--token-budget", "512", "--budgets"), ("--max-rows", "8", "--row-caps")])
 def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, value, instead):
     """Regression: sweep silently ignored --token-budget and --max-rows."""
-    import slmclassify.loading
+    import slmclassify.models.loading
 
-    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, *a: pytest.fail("must refuse before loading"))
+    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, *a: pytest.fail("must refuse before loading"))
     code, out, err = run_main("sweep", option, value)
     assert (code, out) == (2, "")
     assert err == (f"slmclassify: error: sweep varies {option} itself: list the values to try with {instead} "
@@ -267,10 +267,10 @@ def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, valu
                                                 (["--max-tokens", "none"], None, True)])
 def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loaded, args, cap, calibrate):
     """Regression: sweep silently ignored --max-tokens and --calibrate."""
-    import slmclassify.loading
-    import slmclassify.sweep
+    import slmclassify.models.loading
+    import slmclassify.bench.sweep
     from slmclassify.classifier import DEFAULT_MAX_TEXT_TOKENS
-    from slmclassify.sweep import SweepPoint
+    from slmclassify.bench.sweep import SweepPoint
 
     seen = {}
 
@@ -278,9 +278,9 @@ def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loa
         seen.update(cap=max_text_tokens, calibrate=task.calibrate)
         return [SweepPoint(64, 2, 1.0, 0.0, 1, 1.0)]
 
-    monkeypatch.setattr(slmclassify.loading, "load_model", lambda model, *a: llama_loaded)
-    monkeypatch.setattr(slmclassify.sweep, "run_sweep", fake_sweep)
-    monkeypatch.setattr(slmclassify.sweep, "plot", lambda points, path: None)
+    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, *a: llama_loaded)
+    monkeypatch.setattr(slmclassify.bench.sweep, "run_sweep", fake_sweep)
+    monkeypatch.setattr(slmclassify.bench.sweep, "plot", lambda points, path: None)
     code, _, err = run_main("sweep", "--n", "2", *args)
     assert code == 0, err
     assert seen == {"cap": cap, "calibrate": calibrate}

@@ -26,9 +26,9 @@ from click.testing import CliRunner
 
 from slmclassify import classifier as classifier_module
 from slmclassify.classifier import Classifier
-from slmclassify.cli import cli, main
-from slmclassify.engine import Engine
-from slmclassify.task import Task
+from slmclassify.cli.main import cli, main
+from slmclassify.core.engine import Engine
+from slmclassify.core.task import Task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -369,7 +369,7 @@ def test_rows_are_not_reordered(model_arg, tmp_path, classifier):
 
 def test_stdin_to_stdout_console_script(llama_dir, tmp_path):
     script = Path(sys.executable).parent / "slmclassify"  # the installed console script
-    command = [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli import main; main()"]
+    command = [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli.main import main; main()"]
     data = "id,text\n007,My card was charged twice.\n0001,\n0002,The app crashes.\n".encode("utf-8")
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -775,7 +775,7 @@ def test_ctrl_c_while_starting_is_one_line(llama_dir, tmp_path):
 
     src = write_input(tmp_path / "in.csv")
     script = Path(sys.executable).parent / "slmclassify"
-    command = [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli import main; main()"]
+    command = [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli.main import main; main()"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CONFIG_HOME": str(tmp_path / "config")}
     for delay in (0.0, 0.5):
         proc = subprocess.Popen([*command, "classify", str(src), "-o", str(tmp_path / "out.csv"), "--labels", LABEL_ARG,

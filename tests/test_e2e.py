@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import slmclassify.loading as loading
+import slmclassify.models.loading as loading
 from slmclassify import Classifier, Task
 
 pytestmark = pytest.mark.e2e

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from slmclassify import Classifier, EngineSettings, Task
-from slmclassify.batching import collate
-from slmclassify.verify import compare, pick_probes
+from slmclassify.core.batching import collate
+from slmclassify.core.verify import compare, pick_probes
 
 WORDS = ("my card was charged twice invoice app crashes settings page email profile refund the a of "
          "parcel login error please help thanks waiting days update").split()
@@ -62,7 +62,7 @@ def test_random_batch_compositions(tiny_loaded, seed):
 
 
 def test_few_shot_examples_live_in_prefix(tiny_loaded):
-    from slmclassify.task import Example
+    from slmclassify.core.task import Example
 
     task = Task(labels=("billing", "technical"), examples=(Example("card charged twice", "billing"),
                                                           Example("app crashes", "technical")))
@@ -177,7 +177,7 @@ def test_inline_and_merged_prefix_attention_equal_reference(tiny_loaded, monkeyp
     """Rows wide enough take the prefix's keys inline (one causal kernel call; with trie nodes, one
     masked call), narrower ones attend to it apart and merge by log-sum-exp: both must give the
     reference's scores, for item queries, node queries (full mode) and the last layer's reads."""
-    from slmclassify import engine
+    from slmclassify.core import engine
 
     monkeypatch.setattr(engine, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))
     labels = ("billing", "technical", "account") if mode == "first" else ("billing", "technical", "account", "accounting")
@@ -197,7 +197,7 @@ def test_causal_attention_in_query_blocks_equals_reference(tiny_loaded, monkeypa
     """Row attention runs in blocks of queries (`attention.CAUSAL_BLOCK`; 4 here, so every row of 8
     or more columns takes them, the inline prefix's dummy queries included), causal without trie
     nodes, with the trie mask's rows (full mode): the scores must stay the reference's."""
-    from slmclassify import engine
+    from slmclassify.core import engine
     from slmclassify.backends import attention
 
     monkeypatch.setattr(engine, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))

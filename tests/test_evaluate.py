@@ -9,12 +9,12 @@ import pytest
 from click.testing import CliRunner
 
 from slmclassify import Classifier, Task
-from slmclassify.calibration import adjust, fit_temperature, prior_from_scores
-from slmclassify.cli import cli
-from slmclassify.evaluate import Evaluation, Labelled, read_labelled, write_plots
-from slmclassify.evaluation_run import evaluate_file, task_for_file
+from slmclassify.core.calibration import adjust, fit_temperature, prior_from_scores
+from slmclassify.cli.main import cli
+from slmclassify.core.metrics import Evaluation, Labelled, read_labelled, write_plots
+from slmclassify.jobs.evaluate import evaluate_file, task_for_file
 from slmclassify.errors import TaskError
-from slmclassify.labels import describe_labels
+from slmclassify.core.labels import describe_labels
 
 LABELS = ("a", "b", "c")
 

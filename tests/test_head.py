@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from slmclassify import Classifier, EngineSettings, Task
-from slmclassify.cli import cli, main
+from slmclassify.cli.main import cli, main
 from slmclassify.errors import TaskError
 from slmclassify.head import Head, model_fingerprint, score_with_head, task_record
 from slmclassify.head.features import collect, default_taps
@@ -219,8 +219,8 @@ def test_cli_refuses_mismatched_head(llama_dir, tmp_path, capsys, monkeypatch):
 def test_states_from_low_precision_backends_are_float32_on_cpu(tiny_model_dir, precision, tmp_path, monkeypatch):
     """The backend engine (LinearOps in int8/bf16) hands out float32 CPU states near float32's; the
     taps change no score. Measured max relative |Δ state| vs fp32 on this model: int8 0.107, bf16 0.035."""
-    from slmclassify.backends import cpu_native
-    from slmclassify.loading import load_model
+    from slmclassify.backends.device import cpu_native
+    from slmclassify.models.loading import load_model
 
     if precision == "bf16" and not cpu_native("bf16"):
         pytest.skip("this CPU has no native bf16")

@@ -13,8 +13,8 @@ import torch
 from slmclassify import Classifier
 from slmclassify.backends import choice, fp32_kernels, gemm, int8_kernels, native
 from slmclassify.backends.smoothing import Smoothing
-from slmclassify.loading import load_model
-from slmclassify.precision import agreement
+from slmclassify.models.loading import load_model
+from slmclassify.models.precision import agreement
 
 from test_backends import TASK
 from test_engine import random_texts

@@ -18,7 +18,7 @@ import pytest
 from slmclassify.errors import InputError
 from slmclassify.io import check_output, open_table, read_table, write_table
 from slmclassify.io.writers import ChunkWriter, ipc_to_parquet, parquet_schema
-from slmclassify.results import Result, result_arrow_fields, result_frame
+from slmclassify.core.results import Result, result_arrow_fields, result_frame
 
 ROWS = [{"id": f"{i:04d}", "text": f"text number {i}, with a comma", "n": str(i)} for i in range(23)]
 

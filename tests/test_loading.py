@@ -7,7 +7,7 @@ import json
 import pytest
 
 from slmclassify import ModelLoadError, load_model
-from slmclassify.loading import SUPPORTED_ARCHITECTURES
+from slmclassify.models.loading import SUPPORTED_ARCHITECTURES
 
 
 def test_local_folder(tiny_model_dir):
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from slmclassify import loading
+from slmclassify.models import loading
 
 
 def _copy_folder(src: Path, dst: Path) -> Path:
@@ -233,7 +233,7 @@ CONCURRENT = """
 import sys, time
 from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from slmclassify import loading
+from slmclassify.models import loading
 
 src, gguf, barrier, me = sys.argv[1:5]
 def dequantise(path):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from slmclassify import load_model
-from slmclassify.engine import Engine
+from slmclassify.core.engine import Engine
 
 from conftest import tiny_model
 
@@ -95,8 +95,8 @@ def test_engine_and_reference_share_the_weights(tiny_model_dir):
 _PEAK_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from slmclassify.engine import Engine
-    from slmclassify.loading import _load  # the model only: no GEMM measurement (its own buffers)
+    from slmclassify.core.engine import Engine
+    from slmclassify.models.loading import _load  # the model only: no GEMM measurement (its own buffers)
 
     def status(key):
         line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key + ":"))
@@ -133,7 +133,7 @@ _GGUF_PEAK_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    from slmclassify import loading
+    from slmclassify.models import loading
 
     def status(key):
         line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key + ":"))
@@ -162,7 +162,7 @@ def _write_qwen2_gguf(path: Path, hidden: int, layers: int, intermediate: int) -
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     from slmclassify.errors import ModelLoadError
-    from slmclassify.loading import embedded_gguf_path
+    from slmclassify.models.loading import embedded_gguf_path
 
     try:
         source = GGUFReader(embedded_gguf_path())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from slmclassify import Classifier, EngineSettings, ModelLoadError, Task, load_model
-from slmclassify.config_check import context_limit
+from slmclassify.core.config_check import context_limit
 
 from test_engine import assert_matches_reference, random_texts
 
@@ -125,7 +125,7 @@ def test_unsupported_config_refused_before_loading_weights(tmp_path, model_dir_f
 
 def test_engine_refuses_a_config_changed_after_loading(loaded_configs):
     """The engine checks too: a model built in Python (not through load_model) cannot slip past."""
-    from slmclassify.engine import Engine
+    from slmclassify.core.engine import Engine
 
     loaded = loaded_configs("linear")
     config = loaded.model.config
@@ -170,7 +170,7 @@ def test_sharing_weights_leaves_the_reference_model_unchanged(tiny_tokenizer, na
     import torch
 
     from conftest import tiny_model
-    from slmclassify.engine import Engine
+    from slmclassify.core.engine import Engine
 
     kind, config = EXACT[name]
     model = tiny_model(kind, len(tiny_tokenizer), seed=5, **config).eval()

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from slmclassify import Classifier, Task
-from slmclassify import precision as prec
+from slmclassify.models import precision as prec
 from slmclassify.backends.choice import CACHE_FILE
-from slmclassify.cli import cli
-from slmclassify.loading import load_model
-from slmclassify.workload import article_tickets
+from slmclassify.cli.main import cli
+from slmclassify.models.loading import load_model
+from slmclassify.core.article_tickets import article_tickets
 
 from test_resume import interrupt_after, make_input
 
@@ -275,7 +275,7 @@ def test_ray_driver_samples_the_files_in_order_and_actors_check_it(tmp_path, lla
     pytest.importorskip("ray")
     from slmclassify import EngineSettings
     from slmclassify.ray.actors import ClassifierActor
-    from slmclassify.ray.job import first_texts
+    from slmclassify.jobs.ray_classify import first_texts
 
     own = _texts(150, seed=8) + _texts(150, seed=9)
     for part, texts in (("a", own[:150]), ("b", own[150:])):

@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 from click.testing import CliRunner  # noqa: E402
 
 from slmclassify import Classifier, Task  # noqa: E402
-from slmclassify.cli import cli  # noqa: E402
+from slmclassify.cli.main import cli  # noqa: E402
 from slmclassify.errors import InputError, TaskError  # noqa: E402
 from slmclassify.ray import RaySettings, classify_dataset  # noqa: E402
 
@@ -209,7 +209,7 @@ def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     assert on_ray.exit_code == 0, on_ray.output
     assert "items: 300 (" in on_ray.output and "padding:" in on_ray.output
     assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
-    from slmclassify.ray.bench import _ACTOR, _RAY, _grab
+    from slmclassify.bench.ray_scaling import _ACTOR, _RAY, _grab
 
     found = _grab(_RAY, on_ray.output)  # the bench reads every figure it prints from this summary
     assert None not in found.values(), found
@@ -261,7 +261,7 @@ def test_cli_ray_keeps_one_writer_and_never_overwrites_the_input(llama_dir, tmp_
     """Issue 25 for --ray too: the input as the output, or an output another run is writing, is
     refused before Ray starts."""
     from slmclassify.io.lock import OutputLock
-    from slmclassify.ray import job
+    from slmclassify.jobs import ray_classify as job
 
     monkeypatch.setattr(job, "start_ray", lambda address: pytest.fail("Ray started"))
     (tmp_path / "in.csv").write_text("id,text\n1,fine\n")
@@ -304,13 +304,13 @@ def test_a_single_block_is_cut_into_blocks_of_block_rows_in_order(local_ray):
 
 DRIVER_IMPORTS = """
 import sys
-import slmclassify.ray.job as job
+import slmclassify.jobs.ray_classify as job
 
 def seen(*args, **kwargs):
     print("torch" in sys.modules, "transformers" in sys.modules)
 
 job.run_ray_classify = seen
-from slmclassify.cli import main
+from slmclassify.cli.main import main
 main()
 """
 

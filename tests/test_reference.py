@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from slmclassify import Classifier, Task
-from slmclassify.reference import reference_scores
+from slmclassify.core.reference import reference_scores
 
 from test_engine import random_texts
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from slmclassify import classifier as classifier_module
-from slmclassify.cli import main
+from slmclassify.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -171,7 +171,7 @@ def test_resume_refuses_stdin(run_main, tmp_path, llama_dir):
 
 def _command():
     script = Path(sys.executable).parent / "slmclassify"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli.main import main; main()"]
 
 
 def _env(tmp_path):

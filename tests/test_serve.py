@@ -288,7 +288,7 @@ def test_truncated_status_and_metrics_exposed(llama_loaded):
 
 
 def test_loadtest_checks_every_response(llama_loaded):
-    from slmclassify.serve.loadtest import run_load
+    from slmclassify.bench.service_load import run_load
 
     texts = [t for t in TEXTS if t.strip()]
     want, _ = offline(llama_loaded, texts)

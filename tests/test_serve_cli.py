@@ -16,7 +16,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from slmclassify.cli import main  # noqa: E402
+from slmclassify.cli.main import main  # noqa: E402
 
 WAIT = 60
 TASK_TOML = 'labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\n'
@@ -27,7 +27,7 @@ def test_sigterm_drains_accepted_requests_then_exits(tmp_path, llama_dir):
     task = tmp_path / "support.toml"
     task.write_text(TASK_TOML)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from slmclassify.cli import main; main()", "serve", "--task", f"support={task}",
+        [sys.executable, "-c", "from slmclassify.cli.main import main; main()", "serve", "--task", f"support={task}",
          "--model", str(llama_dir), "--port", "0", "--max-wait-ms", "12000"],
         stderr=subprocess.PIPE, text=True)
     lines: list[str] = []

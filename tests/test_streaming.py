@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slmclassify import Classifier, EngineSettings, InputError, Task
-from slmclassify.encode import PromptSplit, encode_items
+from slmclassify.core.encode import PromptSplit, encode_items
 
 LABELS = ("billing", "technical", "account")
 POOL = [
@@ -137,7 +137,7 @@ def test_split_tokenisation_is_exact_on_awkward_texts(clf):
 
 def test_split_is_off_when_it_would_differ(clf, monkeypatch):
     """If the tokenizer merged across the special token, the split must switch itself off."""
-    from slmclassify import encode
+    from slmclassify.core import encode
 
     monkeypatch.setattr(encode, "_SPLIT_PROBES", ("",))
     tok = clf.loaded.tokenizer
@@ -155,7 +155,7 @@ def test_split_is_off_when_it_would_differ(clf, monkeypatch):
 def test_sweep_shows_the_window_trade_off(llama_dir, tmp_path):
     from click.testing import CliRunner
 
-    from slmclassify.cli import cli
+    from slmclassify.cli.main import cli
 
     result = CliRunner().invoke(cli, ["sweep", "--n", "6", "--budgets", "64", "--row-caps", "4", "--windows", "2,8",
                                       "--model", str(llama_dir), "--plot", str(tmp_path / "s.png")],
@@ -172,7 +172,7 @@ def test_progress_status_line_for_logs():
     """Not a terminal: one status line per period, with rows/s, the share done and an ETA."""
     import io as _io
 
-    from slmclassify.progress import Progress
+    from slmclassify.io.progress import Progress
 
     stream = _io.StringIO()
     progress = Progress(total_rows=1000, total_bytes=None, every=0.0, stream=stream)

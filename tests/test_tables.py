@@ -1,4 +1,4 @@
-"""Unit tests of `slmclassify.tables`: formats, reading (strings kept as read, errors named),
+"""Unit tests of `slmclassify.io`: formats, reading (strings kept as read, errors named),
 `texts_of`, and atomic writing. No model is involved."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from slmclassify.io import writers
 from slmclassify.errors import InputError
-from slmclassify.tables import read_table, table_format, texts_of, write_table
+from slmclassify.io import read_table, table_format, texts_of, write_table
 
 # --------------------------------------------------------------------------- table_format
 

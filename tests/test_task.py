@@ -10,10 +10,10 @@ import pytest
 
 import slmclassify
 from slmclassify import Classifier, Task, TaskError
-from slmclassify.labels import resolve_mode
-from slmclassify.prompts import PromptRenderer
-from slmclassify.task import DEFAULT_INSTRUCTION, Example, build_task, parse_labels
-from slmclassify.tuning import write_task_settings
+from slmclassify.core.labels import resolve_mode
+from slmclassify.core.prompts import PromptRenderer
+from slmclassify.core.task import DEFAULT_INSTRUCTION, Example, build_task, parse_labels
+from slmclassify.core.settings_sources import write_task_settings
 
 
 @pytest.mark.parametrize(
@@ -180,8 +180,8 @@ def test_write_task_settings_keeps_comments_and_layout(tmp_path):
 def test_user_folders_come_from_platformdirs(tmp_path, monkeypatch):
     import platformdirs
 
-    from slmclassify.loading import cache_root
-    from slmclassify.tuning import settings_path
+    from slmclassify.cache import cache_root
+    from slmclassify.core.settings_sources import settings_path
 
     monkeypatch.setattr(platformdirs, "user_config_path", lambda app, appauthor=None: tmp_path / "cfg" / app)
     monkeypatch.setattr(platformdirs, "user_cache_path", lambda app, appauthor=None: tmp_path / "cache" / app)
@@ -190,8 +190,8 @@ def test_user_folders_come_from_platformdirs(tmp_path, monkeypatch):
 
 
 def test_user_folders_follow_xdg_on_linux(tmp_path, monkeypatch):
-    from slmclassify.loading import cache_root
-    from slmclassify.tuning import settings_path
+    from slmclassify.cache import cache_root
+    from slmclassify.core.settings_sources import settings_path
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "c"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "k"))

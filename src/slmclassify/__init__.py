@@ -13,10 +13,10 @@ the command line can answer Ctrl-C with one line even while torch is still loadi
 from importlib import import_module
 
 _NAMES = {
-    "Classifier": ".classifier", "EngineSettings": ".classifier", "InputError": ".errors",
+    "Classifier": ".classifier", "EngineSettings": ".core.settings", "InputError": ".errors",
     "ModelLoadError": ".errors", "SlmClassifyError": ".errors", "TaskError": ".errors",
-    "VerificationError": ".errors", "LoadedModel": ".loading", "load_model": ".loading", "Result": ".results",
-    "Example": ".task", "Task": ".task",
+    "VerificationError": ".errors", "LoadedModel": ".models.loading", "load_model": ".models.loading",
+    "Result": ".core.results", "Example": ".core.task", "Task": ".core.task",
 }
 
 __all__ = sorted(_NAMES)

@@ -19,26 +19,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .activation_ranges import ranges_for
-from .batching import Batch, collate, plan_batches
-from .calibration import CONTENT_FREE, adjust, prior_from_scores
-from .config_check import context_limit
-from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items, valid_unicode
-from .engine import Engine
+from .models.activation_ranges import ranges_for
+from .core.batching import Batch, collate, plan_batches
+from .core.calibration import CONTENT_FREE, adjust, prior_from_scores
+from .core.config_check import context_limit
+from .core.encode import EncodedItems, PromptSplit, choose_prefix, encode_items, valid_unicode
+from .core.engine import Engine
 from .errors import InputError, TaskError
-from .labels import build_trie, end_of_turn_id, label_sequences, resolve_mode
-from .loading import LoadedModel, load_model
-from .prompts import PromptRenderer
-from .reference import reference_scores
-from .results import Result, RunStats, make_results
-from .settings import (  # noqa: F401  (re-exported: `from slmclassify.classifier import EngineSettings`)
+from .core.labels import build_trie, end_of_turn_id, label_sequences, resolve_mode
+from .models.loading import LoadedModel, load_model
+from .core.prompts import PromptRenderer
+from .core.reference import reference_scores
+from .core.results import Result, RunStats, make_results
+from .core.settings import (  # noqa: F401  (re-exported: `from slmclassify.classifier import EngineSettings`)
     DEFAULT_MAX_ROWS,
     DEFAULT_MAX_TEXT_TOKENS,
     DEFAULT_TOKEN_BUDGET,
     DEFAULT_WINDOW,
     EngineSettings,
 )
-from .task import Task
+from .core.task import Task
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Classifier:
         self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
         self.stats = RunStats()
         if self.loaded.auto_precision:  # --precision auto on a CPU: decided once per model
-            from .precision import settle_auto
+            from .models.precision import settle_auto
 
             settle_auto(self, precision_sample)
         self.bias = self.content_free_prior() if task.calibrate else None

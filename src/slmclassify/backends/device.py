@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import TaskError
-from ..task import DEVICES, PRECISIONS
 from . import attention, fp32_kernels, gemm, isa
+from .names import DEVICES, PRECISIONS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 

@@ -102,7 +102,7 @@ def build(cache_dir: Path | None, source: str, stem: str, bind, flags: list[str]
     if cc is None:
         return None, f"no C compiler found (install gcc, or name one in {COMPILER_ENV})"
     if cache_dir is None:
-        from ..loading import cache_root
+        from ..cache import cache_root
 
         cache_dir = cache_root()
     # -march=native: a library built on another CPU (a home folder shared between machines) may use

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TaskError
-from ..results import Result, make_results
+from ..core.results import Result, make_results
 from .model import Head, model_fingerprint, task_from_record
 
 SCORERS = ("zero-shot", "head", "combined")
@@ -98,8 +98,8 @@ def file_digest(path: str) -> str:
 def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray, gold: np.ndarray,
                   target_accuracy, seconds: float, texts, echo):
     """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside."""
-    from ..evaluate import Evaluation
-    from ..results import softmax
+    from ..core.metrics import Evaluation
+    from ..core.results import softmax
 
     calibrated = classifier.calibrated(scores)
     probs = np.exp(head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer))

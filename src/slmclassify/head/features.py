@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..classifier import Classifier
-from ..encode import EncodedItems
+from ..core.encode import EncodedItems
 
 DEFAULT_DEPTHS = (0.5, 0.75, 1.0)
 """Which layers a head reads by default, as fractions of the model's depth (1.0 = the final,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, TaskError
-from ..task import Example, Task
+from ..core.task import Example, Task
 
 FORMAT = "slmclassify-head-1"
 

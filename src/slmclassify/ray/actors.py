@@ -43,7 +43,7 @@ def check_model(model) -> None:
 def check_columns(names: list[str], task, text_column: str, result_prefix: str) -> None:
     """The input has the text column, and none that a result column would overwrite."""
     from ..errors import InputError
-    from ..results import result_columns
+    from ..core.results import result_columns
 
     if text_column not in names:
         raise InputError(f"no text column {text_column!r}; columns are: {', '.join(names)}")
@@ -121,9 +121,9 @@ class ClassifierActor:
         import torch
 
         from ..classifier import Classifier
-        from ..labels import describe_labels
-        from ..loading import load_model
-        from ..results import RunStats, result_arrow_fields
+        from ..core.labels import describe_labels
+        from ..models.loading import load_model
+        from ..core.results import RunStats, result_arrow_fields
 
         phases["imports"] = time.time()
         started = time.perf_counter()
@@ -151,7 +151,7 @@ class ClassifierActor:
         import pyarrow as pa
 
         from ..io.readers import texts_of
-        from ..results import result_frame
+        from ..core.results import result_frame
 
         began = time.time()
         column = batch.column(self.text_column).to_pylist()

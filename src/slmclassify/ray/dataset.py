@@ -23,9 +23,9 @@ import dataclasses
 
 import ray
 
-from ..settings import EngineSettings
+from ..core.settings import EngineSettings
 from ..errors import TaskError
-from ..task import Task
+from ..core.task import Task
 from .actors import ClassifierActor, RunBoard, actor_arguments, check_columns, check_model
 
 DEFAULT_BLOCK_ROWS = 256

@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import ray
 
-from ..settings import EngineSettings
-from ..task import Task
+from ..core.settings import EngineSettings
+from ..core.task import Task
 from .actors import ClassifierActor, RunBoard, actor_arguments, check_columns, check_model
 from .dataset import RaySettings
 

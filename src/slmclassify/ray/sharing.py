@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import RunStats, make_results
+from ..core.results import RunStats, make_results
 
 SHARED_ITEMS = 100_000
 """Distinct items whose scores the board keeps (24 MB with 3 labels); the oldest are forgotten past this."""
@@ -194,7 +194,7 @@ def _first_batch(order: list[int], lengths: np.ndarray, settings) -> list[int]:
     """The first engine batch `plan_batches` makes of these items, in this order."""
     if not order:
         return []
-    from ..batching import plan_batches  # imports torch: not at module import (the actor times its imports)
+    from ..core.batching import plan_batches  # imports torch: not at module import (the actor times its imports)
 
     head = plan_batches(lengths[order], settings.token_budget, settings.max_rows, sort=False)[0]
     return [order[p] for p in head]

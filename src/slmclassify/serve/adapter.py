@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..classifier import Classifier
-from ..encode import EMPTY, EncodedItems
-from ..results import Result, make_results
+from ..core.encode import EMPTY, EncodedItems
+from ..core.results import Result, make_results
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
-from ..encode import valid_unicode
+from ..core.encode import valid_unicode
 from .adapter import TaskRunner, result_json
 from .guard import Guard
 from .metrics import Metrics

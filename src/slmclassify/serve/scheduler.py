@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..batching import plan_batches
+from ..core.batching import plan_batches
 from .adapter import EncodedRequest, TaskRunner
 
 # One cycle takes up to this many token budgets of texts: sorting a larger pool than one batch

@@ -15,8 +15,8 @@ import time
 
 from ..classifier import Classifier, EngineSettings
 from ..errors import TaskError
-from ..loading import LoadedModel, load_model
-from ..task import Task
+from ..models.loading import LoadedModel, load_model
+from ..core.task import Task
 from .adapter import TaskRunner
 from .settings import ServeSettings
 

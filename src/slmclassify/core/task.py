@@ -13,14 +13,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import TaskError
+from ..errors import TaskError
 
 DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
 MODES = ("auto", "first", "full", "full-mean")
-DEVICES = ("auto", "cpu", "cuda")
-"""Where the model runs (`--device`; a task file's `device`)."""
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
-"""How the engine computes (`--precision`; a task file's `precision`)."""
 
 
 @dataclass(frozen=True)

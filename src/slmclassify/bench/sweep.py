@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .bench import peak_rss_mb, reset_peak_rss
-from .classifier import DEFAULT_MAX_TEXT_TOKENS, Classifier, EngineSettings
-from .errors import SlmClassifyError
-from .loading import LoadedModel
-from .precision import auto_line
-from .task import Task
+from .compare import peak_rss_mb, reset_peak_rss
+from ..classifier import DEFAULT_MAX_TEXT_TOKENS, Classifier, EngineSettings
+from ..errors import SlmClassifyError
+from ..models.loading import LoadedModel
+from ..models.precision import auto_line
+from ..core.task import Task
 
 
 @dataclass(frozen=True)

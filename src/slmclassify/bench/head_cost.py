@@ -2,7 +2,7 @@
 
 The same items are scored in chunks, alternating zero-shot and head (its states read from the same
 pass, then its matrix product and softmax), so that the host's speed drift hits both sides alike.
-`python -m slmclassify.head.cost INPUT [--task task.toml] [--rounds 3]` prints the table.
+`python -m slmclassify.bench.head_cost INPUT [--task task.toml] [--rounds 3]` prints the table.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 import numpy as np
 
 from ..classifier import Classifier
-from ..results import make_results
-from .apply import score_with_head
-from .features import default_taps
-from .model import Head
+from ..core.results import make_results
+from ..head.apply import score_with_head
+from ..head.features import default_taps
+from ..head.model import Head
 
 
 def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: int = 3, seed: int = 0) -> dict:
@@ -54,8 +54,8 @@ def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: i
 def main() -> None:
     import argparse
 
-    from ..task import Task, parse_labels
-    from ..tables import read_table, texts_of
+    from ..core.task import Task, parse_labels
+    from ..io import read_table, texts_of
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("input")

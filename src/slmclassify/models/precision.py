@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .activation_ranges import ranges_for
-from .backends.choice import make_backend, machine_key, model_key, speedup
-from .backends.choice import _read, _write
-from .backends.device import cpu_native
-from .encode import valid_unicode
-from .engine import Engine
-from .loading import cache_root
+from ..backends.choice import make_backend, machine_key, model_key, speedup
+from ..backends.choice import _read, _write
+from ..backends.device import cpu_native
+from ..core.encode import valid_unicode
+from ..core.engine import Engine
+from ..cache import cache_root
 
 LOW_PRECISIONS = ("int8", "bf16", "fp16")
 MIN_SPEEDUP = 1.2
@@ -93,7 +93,7 @@ def input_sample(texts: Iterable, n: int = AGREEMENT_ITEMS) -> list[str]:
 
 def verification_sample(texts: Iterable | None) -> Sample:
     """`AGREEMENT_ITEMS` texts to check: the input's (`input_sample`), topped up with article tickets."""
-    from .workload import article_tickets
+    from ..core.article_tickets import article_tickets
 
     own = input_sample(texts) if texts is not None else []
     missing = AGREEMENT_ITEMS - len(own)

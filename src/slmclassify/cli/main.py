@@ -8,13 +8,14 @@ from pathlib import Path
 
 import click
 
-from .errors import SlmClassifyError, TaskError, VerificationError
-from .task import DEVICES, MODES, PRECISIONS, Task, build_task, parse_labels
+from ..errors import SlmClassifyError, TaskError, VerificationError
+from ..backends.names import DEVICES, PRECISIONS
+from ..core.task import MODES, Task, build_task, parse_labels
 
 
 def main() -> None:
     """Console-script entry point."""
-    from .interrupts import NOTHING_WRITTEN, Interrupted, handle_sigterm, terminate_as_interrupt
+    from ..interrupts import NOTHING_WRITTEN, Interrupted, handle_sigterm, terminate_as_interrupt
 
     handle_sigterm()
     try:
@@ -48,10 +49,10 @@ def cli(ctx: click.Context) -> None:
 
 def _start_torch() -> None:
     """Import torch and set its threads, once per process, before anything heavy."""
-    from .interrupts import exit_at_once_while_starting
+    from ..interrupts import exit_at_once_while_starting
 
     with exit_at_once_while_starting():  # torch's start-up cannot be interrupted by an exception
-        from . import loading
+        from ..models import loading
 
         loading.set_threads()  # once per process, from its CPU affinity; the library never does
 
@@ -102,7 +103,7 @@ def _task(task_file, labels, instruction=None, system=None, user_template=None, 
 
 
 def _settings(task_file, token_budget, max_rows, max_tokens, device=None, precision=None):
-    from .tuning import engine_settings
+    from ..core.settings_sources import engine_settings
 
     return engine_settings(task_file, token_budget, max_rows, _max_tokens(max_tokens), device=device,
                            precision=precision)
@@ -110,7 +111,7 @@ def _settings(task_file, token_budget, max_rows, max_tokens, device=None, precis
 
 def _max_tokens(value: str | None) -> int | None:
     """`--max-tokens N` (a positive number) or `none` (no cap); None when not given."""
-    from .tuning import NO_CAP
+    from ..core.settings_sources import NO_CAP
 
     if value is None:
         return None
@@ -151,8 +152,8 @@ def ray_options(fn):
 def _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix, errors, quiet,
                      unsupported, ray_address, actors, cpus_per_actor, block_rows):
     try:
-        from .ray import DEFAULT_BLOCK_ROWS, RaySettings
-        from .ray.job import run_ray_classify
+        from ..ray import DEFAULT_BLOCK_ROWS, RaySettings
+        from ..jobs.ray_classify import run_ray_classify
     except ImportError as exc:
         raise TaskError(f"--ray needs Ray: pip install 'slmclassify[ray]' ({exc})") from None
     if unsupported:
@@ -174,8 +175,8 @@ def head_options(fn):
 def _task_and_head(head_path, scorer, task_file, labels, instruction, system, user_template, mode,
                    min_confidence, calibrate):
     """(task, head or None, scorer, head path): a head without task flags brings the task it was fitted with."""
-    from .head.apply import head_path_in_task_file, resolve_scorer, task_of
-    from .head.model import Head
+    from ..head.apply import head_path_in_task_file, resolve_scorer, task_of
+    from ..head.model import Head
 
     head_path = head_path or head_path_in_task_file(task_file)
     head = Head.load(head_path) if head_path else None
@@ -229,7 +230,7 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
         return _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix,
                                 errors, quiet, resume or restart or gold_column, ray_address, actors,
                                 cpus_per_actor, block_rows)
-    from .run import classify_table
+    from ..jobs.verify import classify_table
 
     classify_table(
         input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
@@ -251,7 +252,7 @@ def verify(input_path, text_column, fmt, errors, probes, tolerance, task_file, l
            user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device,
            precision):
     """Run probe items of INPUT through the fast and the per-item path and compare them."""
-    from .run import verify_table
+    from ..jobs.verify import verify_table
 
     task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
     settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
@@ -265,8 +266,8 @@ def verify(input_path, text_column, fmt, errors, probes, tolerance, task_file, l
 
 def _bench_texts(input_path, text_column, n):
     """The user's file (first n rows) or the article's synthetic tickets."""
-    from .tables import read_table, texts_of
-    from .workload import article_tickets
+    from ..io import read_table, texts_of
+    from ..core.article_tickets import article_tickets
 
     if input_path is None:
         return article_tickets(n)
@@ -275,7 +276,7 @@ def _bench_texts(input_path, text_column, n):
 
 
 def _bench_task(task_file, labels, instruction, system, user_template):
-    from .workload import ARTICLE_TASK
+    from ..core.article_tickets import ARTICLE_TASK
 
     if not (task_file or labels):
         return ARTICLE_TASK
@@ -307,8 +308,8 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 
     Every configuration scores first tokens (the article's method), so predictions are comparable.
     """
-    from .bench import dump_json, run_bench
-    from .loading import embedded_gguf_path, load_model
+    from ..bench.compare import dump_json, run_bench
+    from ..models.loading import embedded_gguf_path, load_model
 
     if n_items < 1:
         raise TaskError(f"--n must be positive, got {n_items}")
@@ -352,9 +353,9 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     --max-tokens and --calibrate apply to every setting; the budget and row cap are what it varies
     (--budgets, --row-caps), so --token-budget and --max-rows are refused.
     """
-    from . import sweep as sweeping
-    from .loading import load_model
-    from .tuning import save_settings, write_task_settings
+    from ..bench import sweep as sweeping
+    from ..models.loading import load_model
+    from ..core.settings_sources import save_settings, write_task_settings
 
     for option, value, instead in (("--token-budget", token_budget, "--budgets"), ("--max-rows", max_rows, "--row-caps")):
         if value is not None:
@@ -424,7 +425,7 @@ def evaluate(input_path, text_column, label_column, compare_modes, fit_temperatu
              user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device, precision):
     """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
     macro-F1, calibration and the review threshold."""
-    from .evaluation_run import evaluate_file, task_for_file
+    from ..jobs.evaluate import evaluate_file, task_for_file
 
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
@@ -482,8 +483,8 @@ def _named_tasks(specs) -> dict:
 def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_batch_rows, max_text_tokens, max_texts,
           max_body_bytes, max_queue, request_timeout, api_key, insecure):
     """Serve tasks over HTTP, batching concurrent requests by length (needs the 'serve' extra)."""
-    from .serve import ServeSettings
-    from .serve.settings import DEFAULT_MAX_WAIT_MS
+    from ..serve import ServeSettings
+    from ..serve.settings import DEFAULT_MAX_WAIT_MS
 
     if not api_key and not _loopback(host):
         if not insecure:
@@ -498,10 +499,10 @@ def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_batch_ro
         max_wait_ms=DEFAULT_MAX_WAIT_MS if max_wait_ms is None else max_wait_ms, max_texts=max_texts,
         max_body_bytes=max_body_bytes, max_queue_items=max_queue, request_timeout_s=request_timeout,
         api_key=api_key or None)
-    from .tuning import engine_settings
+    from ..core.settings_sources import engine_settings
 
     engine = engine_settings(None, token_budget, max_batch_rows, max_text_tokens)
-    from .serve.server import bind, build_service, serve as run_server
+    from ..serve.server import bind, build_service, serve as run_server
 
     bind(host, port).close()  # a taken port fails now, not after the model has loaded
     run_server(build_service(tasks, model, engine, settings), host, port)
@@ -524,7 +525,7 @@ def loadtest(url, concurrency, duration, max_requests, input_path, text_column, 
              api_key, json_path):
     """Send single texts from N concurrent clients to a local `slmclassify serve` (loopback only)
     and print throughput, p50/p95/p99 latency and errors."""
-    from .serve.loadtest import offline_expected, report_lines, run_load, server_info
+    from ..bench.service_load import offline_expected, report_lines, run_load, server_info
 
     _need_serve_extra()
     info = server_info(url, api_key)
@@ -589,8 +590,8 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, use_s
     """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
     regression on the model's hidden states, read on the fast path. Prints cross-validated accuracy,
     macro-F1 and ECE next to zero-shot scoring, and the learning curve."""
-    from .evaluation_run import task_for_file
-    from .head.job import fit_file
+    from ..jobs.evaluate import task_for_file
+    from ..jobs.fit import fit_file
 
     if folds < 2:
         raise TaskError(f"--folds must be at least 2, got {folds}")

@@ -9,16 +9,16 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .calibration import adjust, fit_temperature
-from .classifier import Classifier, EngineSettings
-from .errors import InputError, TaskError
-from .evaluate import Evaluation, format_report, gold_indices, read_labelled, write_plots
-from .labels import build_trie, describe_labels
-from .loading import LoadedModel, load_model
-from .precision import auto_line
-from .results import softmax
-from .task import Example, Task, build_task
-from .tuning import write_task_settings
+from ..core.calibration import adjust, fit_temperature
+from ..classifier import Classifier, EngineSettings
+from ..errors import InputError, TaskError
+from ..core.metrics import Evaluation, format_report, gold_indices, read_labelled, write_plots
+from ..core.labels import build_trie, describe_labels
+from ..models.loading import LoadedModel, load_model
+from ..models.precision import auto_line
+from ..core.results import softmax
+from ..core.task import Example, Task, build_task
+from ..core.settings_sources import write_task_settings
 
 
 def _echo(message: str = "") -> None:
@@ -72,7 +72,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     def run(config_task: Task, taps=()) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings, precision_sample=texts)
         if taps:
-            from .head.apply import check
+            from ..head.apply import check
 
             check(head, clf, head_source or "the head")
         start = time.perf_counter()
@@ -104,7 +104,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         temperature = fit_temperature_on(scores, clf.bias, gold)
         _echo(f"fitted temperature: {temperature:.3f}")
     if use_head:
-        from .head.apply import evaluate_head
+        from ..head.apply import evaluate_head
 
         main = evaluate_head(head, scorer, clf, scores, states[0], head_gold, target_accuracy, seconds, texts, _echo)
     else:

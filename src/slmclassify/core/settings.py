@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import TaskError
-from .task import DEVICES, PRECISIONS
+from ..errors import TaskError
+from ..backends.names import DEVICES, PRECISIONS
 
 DEFAULT_TOKEN_BUDGET = 2048
 DEFAULT_MAX_ROWS = 128

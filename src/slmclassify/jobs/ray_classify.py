@@ -18,18 +18,18 @@ from pathlib import Path
 import click
 import ray
 
-from ..settings import EngineSettings
+from ..core.settings import EngineSettings
 from ..errors import InputError
 from ..io.formats import FORMATS, check_not_input, check_output, table_format
 from ..io.lock import OutputLock
-from ..results import RunStats
-from ..task import Task
-from .actors import process_started
-from .blocks import restore, spread
-from .dataset import RaySettings, classify_dataset
-from .local import start_ray
-from .reading import driver_table, ray_read, reads_on_driver
-from .sharing import SHARED_ITEMS
+from ..core.results import RunStats
+from ..core.task import Task
+from ..ray.actors import process_started
+from ..ray.blocks import restore, spread
+from ..ray.dataset import RaySettings, classify_dataset
+from ..ray.local import start_ray
+from ..ray.reading import driver_table, ray_read, reads_on_driver
+from ..ray.sharing import SHARED_ITEMS
 
 
 def _echo(message: str = "") -> None:
@@ -83,8 +83,8 @@ def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bo
     feeds them its blocks (`pool.py`); (when the actors were started, rows written, figures)."""
     import pyarrow as pa
 
-    from ..progress import Progress
-    from .pool import start_pool
+    from ..io.progress import Progress
+    from ..ray.pool import start_pool
 
     handed = time.time()
     pool = start_pool(**how)
@@ -128,7 +128,7 @@ def first_texts(files: list[str], text_column: str, errors: str = "strict") -> l
     """`--precision auto`'s sample of the input (`precision.input_sample`), read on the driver from
     the first rows of the files in order, so every actor checks the same texts."""
     from ..io.readers import open_table
-    from ..precision import input_sample
+    from ..models.precision import input_sample
 
     def texts():
         for path in files:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import TaskError
+from ..errors import TaskError
 from .prompts import PromptRenderer
 
 OK, EMPTY, TRUNCATED = "ok", "empty", "truncated"

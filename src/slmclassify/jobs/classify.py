@@ -23,22 +23,22 @@ import click
 import numpy as np
 import pandas as pd
 
-from .classifier import Classifier, EngineSettings
-from .encode import EncodedItems
-from .errors import InputError
-from .interrupts import handle_sigterm
-from .io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
+from ..classifier import Classifier, EngineSettings
+from ..core.encode import EncodedItems
+from ..errors import InputError
+from ..interrupts import handle_sigterm
+from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
                             refuse_resume)
-from .io.formats import check_not_input, check_output
-from .io.lock import OutputLock
-from .io.readers import open_table
-from .io.sink import WriteFailed, open_sink
-from .io.writers import parquet_schema
-from .precision import auto_line
-from .progress import Progress
-from .results import RunStats, result_arrow_fields, result_columns, result_frame
-from .task import Task
-from .verify import VerifyReport, compare, pick_probes
+from ..io.formats import check_not_input, check_output
+from ..io.lock import OutputLock
+from ..io.readers import open_table
+from ..io.sink import WriteFailed, open_sink
+from ..io.writers import parquet_schema
+from ..models.precision import auto_line
+from ..io.progress import Progress
+from ..core.results import RunStats, result_arrow_fields, result_columns, result_frame
+from ..core.task import Task
+from ..core.verify import VerifyReport, compare, pick_probes
 
 
 def _echo(message: str = "") -> None:
@@ -102,7 +102,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
     use_head = head is not None and scorer != "zero-shot"
     if use_head:
-        from .head.apply import check_scorer
+        from ..head.apply import check_scorer
 
         check_scorer(head, task.labels, scorer)  # before the model loads
     labels = head.labels if use_head else task.labels
@@ -120,7 +120,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
     identity["head_shown"] = {"head": head_source if use_head else None, "scorer": scorer if use_head else None}
     if use_head:
-        from .head.apply import file_digest
+        from ..head.apply import file_digest
 
         identity["head"] = digest([file_digest(head_source) if head_source else repr(head.coef.tolist()), scorer])
     if resumable:
@@ -138,7 +138,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     if line := auto_line(classifier.loaded):
         _echo(line)
     if use_head:
-        from .head.apply import check, window_results
+        from ..head.apply import check, window_results
 
         try:
             check(head, classifier, head_source or "the head")
@@ -206,7 +206,7 @@ def _read_ahead(reader, window: int, skip_rows: int):
     (`precision.input_sample`: a bounded number of rows) and the chunks read for it are held and
     yielded first, so every row after `skip_rows` still comes once and in order. The sample starts at
     row 0 even when resuming: the same file gets the same check, hence the same (cached) precision."""
-    from .precision import input_sample
+    from ..models.precision import input_sample
 
     chunks = reader.chunks(window)
     held: list = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import TaskError
+from ..errors import TaskError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ sliding-window attention (equal to full causal attention within the window).
 
 from __future__ import annotations
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 EXACT_ROPE_TYPES = ("default", "linear", "llama3", "yarn")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 ECE_BINS = 15
 
@@ -148,7 +148,7 @@ def gold_indices(data: Labelled, labels: tuple[str, ...]) -> tuple[np.ndarray, n
 
 def read_labelled(path: str, text_column: str, label_column: str) -> Labelled:
     """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table."""
-    from .tables import read_table, texts_of
+    from ..io import read_table, texts_of
 
     if path.endswith(".json"):
         try:

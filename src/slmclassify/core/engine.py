@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import Backend
-from .backends.gemm import LinearOp
-from .backends.smoothing import plan_layer
+from ..backends.device import Backend
+from ..backends.gemm import LinearOp
+from ..backends.smoothing import plan_layer
 from .batching import Batch
 from .config_check import check_config, head_dim
 from .labels import LabelTrie

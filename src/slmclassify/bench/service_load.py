@@ -262,7 +262,7 @@ class _Checker:
 def offline_expected(texts: list[str], task, model=None, max_text_tokens: int | None = None) -> tuple[list[dict], float]:
     """Offline `classify` results of the distinct texts (as API dicts), and its items/s."""
     from ..classifier import Classifier, EngineSettings
-    from .adapter import result_json
+    from ..serve.adapter import result_json
 
     clf = Classifier(task, model=model, settings=EngineSettings(max_text_tokens=max_text_tokens))
     results = clf.classify(texts)

@@ -73,8 +73,8 @@ def measure(loaded, task, clf, encoded, device: torch.device) -> list[PeerRow]:
     batches (`bench._interleaved`); each precision's row is its faster mode."""
     import ctranslate2
 
-    from .bench import _article_first_ids, _interleaved
-    from .loading import cache_root
+    from .compare import _article_first_ids, _interleaved
+    from ..cache import cache_root
 
     folder = converted(loaded.model, loaded.tokenizer, cache_root())
     first = _article_first_ids(loaded.tokenizer, task.labels).tolist()
@@ -113,7 +113,7 @@ def converted(model: torch.nn.Module, tokenizer, cache: Path) -> Path:
     import ctranslate2
     from filelock import FileLock
 
-    from .loading import _quiet_transformers, save_hf_folder
+    from ..models.loading import _quiet_transformers, save_hf_folder
 
     target = cache / f"ctranslate2-{weights_key(model, tokenizer)}-{ctranslate2.__version__}"
     target.parent.mkdir(parents=True, exist_ok=True)

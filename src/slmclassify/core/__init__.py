@@ -1,0 +1,20 @@
+"""The pipeline, in the order data flows through it:
+
+    task          what to classify: labels, prompt, mode, calibration (a frozen dataclass, validated)
+    settings      how the fast path schedules work (`EngineSettings`); settings_sources merges
+                  flags, the task file and the user's saved defaults
+    prompts       render each item's chat prompt; the shared head is the prefix
+    encode        tokenize once, split off the prefix, cut long texts, find duplicates
+    batching      length buckets under a token budget, left-padded
+    engine        the forward pass with the prefix key/value cache, reading label scores only
+    labels        label token sequences and the trie the engine scores them with
+    calibration   content-free prior and temperature
+    results       probabilities, confidence and status per item, in input order
+    reference     the per-item path in plain transformers: the oracle the fast path must equal
+    verify        probe items through both paths
+    metrics       accuracy, F1, calibration and thresholds against gold labels
+    config_check  what a model config must be for the engine to be exact
+    article_tickets  the article's tickets: the bench workload and the calibration sample
+
+Nothing here loads a model (`models/`) or reads files (`io/`); `slmclassify.classifier` puts it together.
+"""
