@@ -87,15 +87,29 @@ class EncodedItems:
         """Indices of the items that are scored (not empty)."""
         return np.array([i for i, s in enumerate(self.status) if s != EMPTY], dtype=np.int64)
 
-    def subset(self, indices: list[int]) -> EncodedItems:
-        """The given items, in the given order (no re-tokenisation)."""
-        parts = [self.own(i) for i in indices]
-        return EncodedItems(
-            tokens=np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32),
-            offsets=np.concatenate([[0], np.cumsum([len(p) for p in parts], dtype=np.int64)]).astype(np.int64),
-            status=[self.status[i] for i in indices], prefix_ids=self.prefix_ids,
-            cached=self.cached[list(indices)] if len(indices) else np.zeros(0, dtype=bool),
+    @classmethod
+    def join(cls, own: Sequence[np.ndarray], status: Sequence[str], cached: Sequence[bool],
+             prefix_ids: Sequence[int]) -> EncodedItems:
+        """Items from their own ids (`own(i)`), status and prefix flag, in the given order: the one
+        place items are put together (a subset, a service batch across requests, saved probes)."""
+        lengths = np.fromiter((len(p) for p in own), dtype=np.int64, count=len(own))
+        return cls(
+            tokens=np.concatenate(own).astype(np.int32) if len(own) else np.zeros(0, np.int32),
+            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            status=list(status), prefix_ids=list(prefix_ids), cached=np.array(cached, dtype=bool).reshape(-1),
         )
+
+    @classmethod
+    def gather(cls, picks: Sequence[tuple[EncodedItems, int]]) -> EncodedItems:
+        """Item i of each (items, i) pick, in pick order; every pick's items share one prefix."""
+        return cls.join([items.own(i) for items, i in picks], [items.status[i] for items, i in picks],
+                        [bool(items.cached[i]) for items, i in picks],
+                        picks[0][0].prefix_ids if picks else [])
+
+    def subset(self, indices: Sequence[int]) -> EncodedItems:
+        """The given items, in the given order (no re-tokenisation)."""
+        return EncodedItems.join([self.own(i) for i in indices], [self.status[i] for i in indices],
+                                 [bool(self.cached[i]) for i in indices], self.prefix_ids)
 
     def own(self, i: int) -> np.ndarray:
         """[k] int32 view of the ids the engine runs for item i."""
@@ -250,12 +264,7 @@ def encode_items(
                     own = np.concatenate([anchor, rest]) if n_anchor else rest
             cached[i] = is_cached
             own_parts[i] = own.astype(np.int32)
-    lengths = np.fromiter((len(p) for p in own_parts), dtype=np.int64, count=len(own_parts))
-    return EncodedItems(
-        tokens=np.concatenate(own_parts) if own_parts else np.zeros(0, np.int32),
-        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        status=status, prefix_ids=list(prefix_ids), cached=cached,
-    )
+    return EncodedItems.join(own_parts, status, cached, prefix_ids)
 
 
 def _truncate(tokenizer, renderer, text, max_prompt_tokens, max_text_tokens):
