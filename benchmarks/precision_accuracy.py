@@ -66,7 +66,7 @@ def main() -> None:
             clf = Classifier(tasks[name], model=loaded)
             engines[precision] = clf.engine.backend.describe()
             start = time.perf_counter()
-            raw = clf.score(clf.encode(data[name].texts))
+            raw = clf.score(clf.encode(data[name].texts)).scores
             seconds[name, precision] = time.perf_counter() - start
             scores[name, precision] = clf.calibrated(raw)
         del loaded, clf

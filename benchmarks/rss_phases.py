@@ -61,7 +61,7 @@ def _wrap(owner, name: str, label: str) -> None:
 _wrap(loading, "_convert_gguf", "GGUF conversion")
 _wrap(loading, "_load_pretrained", "config + tokenizer + weights")
 _wrap(weights, "from_safetensors", "read weights")
-_wrap(loading, "_attach_backend", "GEMM choice")
+_wrap(loading, "_ready", "GEMM choice + Engine()")
 _wrap(engine.Engine, "__init__", "Engine()")
 _wrap(classifier.Classifier, "content_free_prior", "calibration")
 _wrap(classifier.Classifier, "score_window", "scoring")

@@ -12,6 +12,7 @@ import torch
 from slmclassify import Classifier, EngineSettings, load_model
 from slmclassify.backends.choice import cpu_name
 from slmclassify.core.article_tickets import ARTICLE_TASK, article_tickets
+from slmclassify.core.results import RunStats
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 task = ARTICLE_TASK.with_overrides(mode="first")
@@ -28,17 +29,17 @@ for r in range(rounds):
         for way, window in ways.items():
             start = time.perf_counter()
             if window is None:  # every row scored, no windows, no duplicate reuse
-                clf.settings = EngineSettings()
-                scores = clf.score(clf.encode(texts))
-                reused = 0
+                scored = clf.score(clf.encode(texts))
+                scores, stats = scored.scores, scored.stats
             else:
-                clf.settings = EngineSettings(window=window)
-                results = clf.classify(texts)
-                scores = np.array([[x.scores[lab] for lab in task.labels] for x in results])
-                reused = clf.stats.reused
+                windows = list(clf.with_settings(EngineSettings(window=window)).classify_windows(texts))
+                scores = np.concatenate([w.scores for w in windows])  # the raw scores, as the results hold them
+                stats = RunStats()
+                for w in windows:
+                    stats.add(w.stats)
             totals[wname, way] += time.perf_counter() - start
             reference.setdefault(wname, scores)
-            facts[wname, way] = dict(padding=clf.stats.padding_share, reused=reused,
+            facts[wname, way] = dict(padding=stats.padding_share, reused=stats.reused,
                                      max_dscore=float(np.abs(scores - reference[wname]).max()),
                                      same_labels=int((scores.argmax(1) == reference[wname].argmax(1)).sum()))
             print(f"round {r + 1} {wname:<13} {way:<22} {time.perf_counter() - start:7.1f} s", file=sys.stderr, flush=True)

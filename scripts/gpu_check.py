@@ -99,7 +99,7 @@ def main() -> None:
         # ours bf16 against ours fp32 (the exact path) on every item
         fp32 = Classifier(task, model=build(kind, config, tokenizer, name, "fp32", args.device), settings=settings)
         bf16 = Classifier(task, model=loaded, settings=settings)
-        same = agreement(bf16.score(bf16.encode(texts)), fp32.score(fp32.encode(texts)))
+        same = agreement(bf16.score(bf16.encode(texts)).scores, fp32.score(fp32.encode(texts)).scores)
         plain = max((r for r in report.rows if r.name.startswith("h ")), key=lambda r: r.items_per_s, default=None)
         ours = rows["d ours (default)"].items_per_s
         summary.append({

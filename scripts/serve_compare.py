@@ -77,6 +77,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from slmclassify import Classifier, EngineSettings, load_model
+    from slmclassify.core.results import RunStats
     from slmclassify.serve.adapter import result_json
 
     texts = article_tickets(args.n)
@@ -96,8 +97,10 @@ def main() -> None:
                 load = os.getloadavg()[0]  # other processes on the machine, next to every figure
                 loads.append(load)
                 if server is None:
-                    results = clf.classify(texts)
-                    offline_rates.append(clf.stats.items_per_s)
+                    stats = RunStats()
+                    for window in clf.classify_windows(texts):
+                        stats.add(window.stats)
+                    offline_rates.append(stats.items_per_s)
                     print(f"round {r + 1}: offline {offline_rates[-1]:.2f} items/s (load average {load:.1f})",
                           file=sys.stderr)
                     continue

@@ -33,7 +33,7 @@ def _isolated_cache(tmp_path, monkeypatch):
 def _scores(model_dir, precision, device="cpu", n=24, task=TASK):
     clf = Classifier(task, model=load_model(str(model_dir), device=device, precision=precision))
     encoded = clf.encode(random_texts(n, seed=5))
-    return clf, clf.score(encoded), clf.reference(encoded, range(n))
+    return clf, clf.score(encoded).scores, clf.reference(encoded, range(n))
 
 
 # Tolerances on |Δ label log-prob|. The tiny random models have label log-probs of -10 .. -50
@@ -192,7 +192,7 @@ def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):
     assert again.backend.gemm == other
     clf = Classifier(TASK, model=again)
     encoded = clf.encode(random_texts(6, seed=1))
-    assert np.abs(clf.score(encoded) - clf.reference(encoded, range(6))).max() <= 1e-4
+    assert np.abs(clf.score(encoded).scores - clf.reference(encoded, range(6))).max() <= 1e-4
 
 
 def test_rates_measured_on_a_busy_machine_are_measured_again_when_quiet(llama_dir, monkeypatch):
@@ -251,7 +251,7 @@ def test_auto_rejects_a_low_precision_that_disagrees(llama_dir, monkeypatch):
     assert clf.loaded.auto_decision["tried"]["int8"]["agree"] < prec.AGREEMENT_ITEMS
     assert clf.engine.backend.precision == "fp32"
     encoded = clf.encode(random_texts(5, seed=2))
-    assert np.abs(clf.score(encoded) - clf.reference(encoded, range(5))).max() <= 1e-4
+    assert np.abs(clf.score(encoded).scores - clf.reference(encoded, range(5))).max() <= 1e-4
 
 
 def test_auto_never_tries_a_precision_that_is_not_faster(llama_dir):

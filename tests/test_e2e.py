@@ -47,7 +47,7 @@ def test_embedded_model_is_cached_after_conversion(embedded, monkeypatch):
 def test_embedded_fast_path_matches_reference(embedded, mode):
     clf = Classifier(Task(**ARTICLE, mode=mode), model=embedded)
     encoded = clf.encode(TICKETS)
-    fast = clf.score(encoded)
+    fast = clf.score(encoded).scores
     ref = clf.reference(encoded, encoded.scored)
     assert np.abs(fast[encoded.scored] - ref).max() < 1e-4
     assert np.isnan(fast[2]).all()  # the empty ticket is not scored

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from slmclassify import Classifier, EngineSettings, Task
+from slmclassify import Classifier, EngineSettings, Task, TaskError
 from slmclassify.core.batching import collate
 from slmclassify.core.verify import compare, pick_probes
 
@@ -24,13 +24,17 @@ def random_texts(n: int, seed: int, max_words: int = 60) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max_words))) for _ in range(n)]
 
 
-def assert_matches_reference(clf: Classifier, texts: list[str], atol: float = 1e-4) -> np.ndarray:
-    encoded = clf.encode(texts)
-    fast = clf.score(encoded)
+def assert_matches_reference(clf: Classifier, texts: list[str], atol: float = 1e-4, scorer=None, prefix=None):
+    """The fast path's `Scored` of `texts`, checked against the reference path (`scorer` and `prefix`:
+    score with these instead of the classifier's own, e.g. another prefix)."""
+    scorer = scorer or clf.scorer
+    encoded = scorer.encode(texts)
+    scored = scorer.score(encoded, clf.engine, clf.prefix if prefix is None else prefix)
+    fast = scored.scores
     ref = clf.reference(encoded, range(len(texts)))
     diff = np.abs(fast - ref)
     assert diff.max() <= atol, f"fast vs reference differ by {diff.max():.2e}\nfast:\n{fast}\nreference:\n{ref}"
-    return fast
+    return scored
 
 
 @pytest.mark.parametrize("mode", ["first", "full", "full-mean"])
@@ -42,9 +46,9 @@ def test_fast_path_equals_reference(tiny_loaded, mode, budget, max_rows):
     assert clf.mode == mode
     assert clf.prefix is not None and clf.prefix.length > 10
     # A stable seed per case (hash() of a str changes with PYTHONHASHSEED: failures would not reproduce).
-    assert_matches_reference(clf, random_texts(13, seed=zlib.crc32(f"{mode}/{budget}".encode()) % 1000))
-    assert clf.stats.fallbacks == 0
-    assert clf.stats.prefix_reused == clf.prefix.length * 13
+    scored = assert_matches_reference(clf, random_texts(13, seed=zlib.crc32(f"{mode}/{budget}".encode()) % 1000))
+    assert scored.stats.fallbacks == 0
+    assert scored.stats.prefix_reused == clf.prefix.length * 13
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -87,7 +91,7 @@ def test_first_equals_full_for_single_token_labels(tiny_loaded):
     first = Classifier(Task(labels=labels, mode="first"), model=tiny_loaded)
     full = Classifier(Task(labels=labels, mode="full"), model=tiny_loaded)
     assert all(len(s) == 1 for s in full.trie.sequences), full.trie.sequences
-    np.testing.assert_array_equal(first.score(first.encode(texts)), full.score(full.encode(texts)))
+    np.testing.assert_array_equal(first.score(first.encode(texts)).scores, full.score(full.encode(texts)).scores)
     auto = Classifier(Task(labels=labels), model=tiny_loaded)
     assert auto.mode == "first"
 
@@ -118,7 +122,7 @@ def test_verification_catches_wrong_positions(tiny_loaded, monkeypatch):
     clf = Classifier(Task(labels=("billing", "technical", "account"), mode="first"), model=tiny_loaded)
     texts = random_texts(8, seed=5)
     encoded = clf.encode(texts)
-    good = compare(clf, encoded, clf.score(encoded), pick_probes(encoded, 8))
+    good = compare(clf, encoded, clf.score(encoded).scores, pick_probes(encoded, 8))
     assert good.ok and good.agree == good.n == 8
 
     original = type(clf.engine)._layout
@@ -128,7 +132,7 @@ def test_verification_catches_wrong_positions(tiny_loaded, monkeypatch):
         return dataclasses.replace(layout, positions=layout.positions + 3)
 
     monkeypatch.setattr(type(clf.engine), "_layout", shifted)
-    bad = compare(clf, encoded, clf.score(encoded), pick_probes(encoded, 8))
+    bad = compare(clf, encoded, clf.score(encoded).scores, pick_probes(encoded, 8))
     assert not bad.ok and bad.max_abs_diff > 1e-3
 
 
@@ -140,17 +144,16 @@ def test_prefix_boundary_fallback(tiny_loaded):
     tok = tiny_loaded.tokenizer
     # Take the prefix up to and including "Ticket:" + " ": the space merges with a following word.
     full_head = tok(clf.renderer.head, add_special_tokens=False)["input_ids"]
-    clf.prefix_ids = full_head
-    clf.prefix = clf.engine.prefill(full_head)
+    scorer = dataclasses.replace(clf.scorer, prefix_ids=full_head)
     texts = ["card charged", "  spaced start", "app crashes"]
-    encoded = clf.encode(texts)
+    encoded = scorer.encode(texts)
     for i, text in enumerate(texts):
         full = tok(clf.renderer.render(text), add_special_tokens=False)["input_ids"]
         assert encoded.ids[i] == full  # always the per-item path's exact tokens
         assert encoded.cached[i] == (full[: len(full_head)] == full_head)
     assert encoded.fallbacks >= 1
-    assert_matches_reference(clf, texts)
-    assert clf.stats.fallbacks == encoded.fallbacks
+    scored = assert_matches_reference(clf, texts, scorer=scorer, prefix=scorer.prefill(clf.engine))
+    assert scored.stats.fallbacks == encoded.fallbacks
 
 
 def test_default_prefix_never_falls_back(tiny_loaded):
@@ -165,10 +168,10 @@ def test_prefix_computed_once_per_run(tiny_loaded, monkeypatch):
                      settings=EngineSettings(token_budget=40, max_rows=2))
     original = clf.engine.prefill
     monkeypatch.setattr(clf.engine, "prefill", lambda ids: calls.append(ids) or original(ids))
-    clf.classify(random_texts(9, seed=2))
+    windows = list(clf.classify_windows(random_texts(9, seed=2)))
     clf.classify(random_texts(4, seed=3))
     assert calls == []  # computed in __init__, reused by every batch of every call
-    assert clf.stats.batches >= 2
+    assert sum(w.stats.batches for w in windows) >= 2
 
 
 @pytest.mark.parametrize("mode", ["first", "full"])
@@ -211,3 +214,38 @@ def test_causal_attention_in_query_blocks_equals_reference(tiny_loaded, monkeypa
     assert (clf.trie.n_nodes > 0) == (mode == "full")
     assert_matches_reference(clf, random_texts(11, seed=22))
     assert blocked and min(blocked) >= 8
+
+
+def test_loaded_model_is_frozen(tiny_loaded):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny_loaded.engine = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny_loaded.auto_decision = {"precision": "int8"}
+    assert tiny_loaded.engine is not None  # built in loading, shared by every Classifier of the model
+    assert Classifier(Task(labels=("billing", "technical")), model=tiny_loaded).engine is tiny_loaded.engine
+
+
+def test_scoring_leaves_the_classifier_unchanged(tiny_loaded):
+    """Scoring returns what it did (`Scored`, `ScoredItems`): nothing is stored on the classifier,
+    and a variant with other settings is a new object."""
+    task = Task(labels=("billing", "technical", "account"), calibrate=True)
+    clf = Classifier(task, model=tiny_loaded, settings=EngineSettings(token_budget=120, window=4))
+    before = dict(vars(clf))
+    texts = random_texts(7, seed=4) + ["", "refund"]
+    first = clf.score(clf.encode(texts))
+    windows = list(clf.classify_windows(texts))
+    clf.content_free_prior()
+    assert vars(clf).keys() == before.keys() and all(vars(clf)[k] is v for k, v in before.items())
+    again = clf.score(clf.encode(texts))
+    np.testing.assert_array_equal(first.scores, again.scores)  # the same bits
+    assert dataclasses.replace(first.stats, seconds=0) == dataclasses.replace(again.stats, seconds=0)
+    assert [w.start for w in windows] == [0, 4, 8] and sum(w.stats.items for w in windows) == 9
+    with pytest.raises(AttributeError):
+        clf.settings = EngineSettings()
+    with pytest.raises(AttributeError):
+        clf.trie = None
+    wide = clf.with_settings(EngineSettings(token_budget=4096, window=64))
+    assert wide.settings.window == 64 and clf.settings.window == 4 and wide.prefix is clf.prefix
+    np.testing.assert_allclose(wide.score(clf.encode(texts)).scores, first.scores, atol=1e-5)
+    with pytest.raises(TaskError, match="not prefix_cache"):
+        clf.with_settings(EngineSettings(prefix_cache=False))

@@ -85,7 +85,7 @@ def test_calibration_is_deterministic_and_reuses_the_prefix(tiny_loaded):
     off = Classifier(task.with_overrides(calibrate=False), model=tiny_loaded)
     assert off.bias is None
     texts = ["card charged twice", "app crashes"]
-    raw = first.score(first.encode(texts))
+    raw = first.score(first.encode(texts)).scores
     on = first.classify(texts)
     expected = np.exp(raw - first.bias)
     expected /= expected.sum(1, keepdims=True)
@@ -146,7 +146,7 @@ def test_evaluate_cli(bigbench, llama_dir, llama_loaded, tmp_path):
     assert summary["items"] == 4
     assert summary["accuracy"] == sum(g == p for g, p in zip(gold, predicted)) / 4
     assert summary["confusion"] == confusion.tolist()
-    raw = clf.score(clf.encode(texts))
+    raw = clf.score(clf.encode(texts)).scores
     assert summary["temperature"] == pytest.approx(fit_temperature(adjust(raw, clf.bias, 1.0), np.array([0, 1, 0, 1])))
     assert {(r["mode"], r["calibrated"]) for r in summary["modes"]} == {
         (m, c) for m in ("first", "full", "full-mean") for c in (False, True)}

@@ -99,12 +99,12 @@ def test_engine_with_and_without_kernels(tiny_model_dir, task, monkeypatch):
     calls = []
     attend = fp32_kernels.attend_rows
     monkeypatch.setattr(fp32_kernels, "attend_rows", lambda *a: calls.append(a[-1]) or attend(*a))
-    fast = clf.score(encoded)
+    fast = clf.score(encoded).scores
     if fp32_kernels.attention_pays(fp32_kernels.load()):  # an AVX-512 build
         assert set(calls) == {False, True}  # every layer but the last, and the last's read-only queries
     monkeypatch.setattr(fp32_kernels, "ENABLED", False)
     calls.clear()
-    torch_path = clf.score(encoded)
+    torch_path = clf.score(encoded).scores
     assert not calls
     ref = clf.reference(encoded, range(24))
     assert np.abs(fast - torch_path).max() <= 2e-5, f"C:\n{fast}\ntorch:\n{torch_path}"
@@ -120,7 +120,7 @@ def test_no_compiler_falls_back(tiny_model_dir, monkeypatch):
     clf = Classifier(FULL, model=load_model(str(tiny_model_dir), device="cpu", precision="fp32"))
     assert not clf.engine.backend.packs_attention(clf.engine.head_dim)
     encoded = clf.encode(random_texts(12, seed=3))
-    fast, ref = clf.score(encoded), clf.reference(encoded, range(12))
+    fast, ref = clf.score(encoded).scores, clf.reference(encoded, range(12))
     assert np.abs(fast - ref).max() <= 1e-4
 
 

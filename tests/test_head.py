@@ -48,9 +48,10 @@ def test_states_equal_reference_hidden_states(tiny_loaded, mode, settings):
     taps = tuple(range(1, n_layers + 1))
     texts = random_texts(9, seed=5)
     encoded = clf.encode(texts)
-    scores, states = clf.score(encoded, taps=taps)
+    scored = clf.score(encoded, taps=taps)
+    scores, states = scored.scores, scored.states
     assert states.shape == (9, n_layers * tiny_loaded.model.config.hidden_size)
-    np.testing.assert_allclose(scores, clf.score(encoded), atol=1e-5)  # the taps change nothing
+    np.testing.assert_allclose(scores, clf.score(encoded).scores, atol=1e-5)  # the taps change nothing
     for i in range(len(texts)):
         with torch.inference_mode():
             out = tiny_loaded.model(input_ids=torch.tensor([encoded.ids[i]]), output_hidden_states=True)
@@ -232,12 +233,13 @@ def test_states_from_low_precision_backends_are_float32_on_cpu(tiny_model_dir, p
         clf = Classifier(task, model=load_model(str(tiny_model_dir), device="cpu", precision=p))
         assert clf.engine.backend.precision == p
         encoded = clf.encode(random_texts(12, seed=5))
-        scores, states[p] = clf.score(encoded, taps=(1, 2))
-        np.testing.assert_array_equal(scores, clf.score(encoded))
+        scored = clf.score(encoded, taps=(1, 2))
+        states[p] = scored.states
+        np.testing.assert_array_equal(scored.scores, clf.score(encoded).scores)
         assert states[p].dtype == np.float32 and np.isfinite(states[p]).all()
     ref, low = states["fp32"], states[precision]
     rel = np.linalg.norm(low - ref, axis=1).max() / np.linalg.norm(ref, axis=1).min()
     assert 1e-4 < rel <= 0.25, rel  # really low precision, and the same layers
-    _, swapped = clf.score(encoded, taps=(2, 1))
+    swapped = clf.score(encoded, taps=(2, 1)).states
     hidden = ref.shape[1] // 2
     np.testing.assert_array_equal(swapped, np.concatenate([low[:, hidden:], low[:, :hidden]], axis=1))

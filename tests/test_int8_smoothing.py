@@ -91,7 +91,7 @@ def test_int8_engine_is_exact_without_quantisation(tiny_model_dir, monkeypatch, 
     assert len(plans) == 2 and all((p["qkv"].rows != p["qkv"].rows[0]).any() for p in plans)  # really smoothed
     assert all((p["down"].outliers is not None) == (outlier_ratio is not None) for p in plans)
     encoded = clf.encode(random_texts(12, seed=5))
-    fast, ref = clf.score(encoded), clf.reference(encoded, range(12))
+    fast, ref = clf.score(encoded).scores, clf.reference(encoded, range(12))
     assert np.abs(fast - ref).max() <= 1e-4, f"fast:\n{fast}\nreference:\n{ref}"
 
 
@@ -136,7 +136,7 @@ def test_calibration_prior_is_measured_in_float32(tiny_model_dir, precision):
     assert low.engine.backend.precision == precision and low.engine.exact() is not low.engine
     assert np.abs(low.bias - fp32.bias).max() <= 1e-5, (low.bias, fp32.bias)
     encoded = low.encode(random_texts(6, seed=3))
-    assert not np.allclose(low.score(encoded), fp32.score(encoded), atol=1e-6)  # items: low precision
+    assert not np.allclose(low.score(encoded).scores, fp32.score(encoded).scores, atol=1e-6)  # items: low precision
     assert fp32.engine.exact() is fp32.engine
     exact_ops = low.engine.exact().layers[0]
     assert exact_ops.qkv.weight.dtype == torch.float32 and low.engine.layers[0].qkv is not exact_ops.qkv

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slmclassify import Classifier, Task
+from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.models import precision as prec
 from slmclassify.backends.choice import CACHE_FILE
 from slmclassify.cli.main import cli
@@ -42,9 +42,9 @@ def checked(monkeypatch):
     calls = []
     real = prec._decide
 
-    def spy(classifier, texts, log=None):
+    def spy(loaded, scorer, texts, log=None):
         calls.append(list(texts))
-        return real(classifier, texts, log)
+        return real(loaded, scorer, texts, log)
 
     monkeypatch.setattr(prec, "_decide", spy)
     monkeypatch.setattr(prec, "candidates", lambda measured, device: ["int8"])
@@ -140,6 +140,35 @@ def test_a_decision_made_with_another_gate_or_kernels_is_made_again(llama_dir, c
     assert len(checked) == 3
 
 
+def test_auto_is_decided_in_loading_for_a_task_and_used_as_is(llama_dir, checked, int8_agrees):
+    """`load_model(..., task=, sample=)` makes the decision (what `Classifier(task, model=path)` calls);
+    a Classifier given that LoadedModel checks nothing again and leaves it as it is."""
+    loaded = load_model(str(llama_dir), device="cpu", precision="auto", task=TASK, sample=_texts(200, seed=1))
+    assert checked == [_texts(200, seed=1)]
+    assert loaded.auto_precision is False and loaded.auto_decision["precision"] == "int8"
+    assert loaded.engine.backend.precision == loaded.backend.precision == "int8"
+    clf = Classifier(TASK, model=loaded, precision_sample=_texts(200, seed=2))
+    assert clf.loaded is loaded and len(checked) == 1
+
+    pending = _auto(llama_dir)  # no task: undecided until a Classifier decides, on a LoadedModel of its own
+    assert pending.auto_precision is True and pending.auto_decision is None
+    assert pending.backend.precision == pending.engine.backend.precision == "fp32"
+    clf = Classifier(TASK, model=pending, precision_sample=_texts(200, seed=3))
+    assert len(checked) == 2 and clf.loaded is not pending and clf.engine.backend.precision == "int8"
+    assert pending.auto_precision is True and pending.backend.precision == "fp32"  # unchanged
+
+
+def test_serve_decides_auto_once_with_the_first_task(llama_dir, checked, int8_agrees):
+    from slmclassify.serve.server import build_service
+    from slmclassify.serve.settings import ServeSettings
+
+    other = TASK.with_overrides(instruction="Sort the ticket.")
+    service = build_service({"first": TASK, "second": other}, _auto(llama_dir), EngineSettings(), ServeSettings())
+    assert checked == [list(prec.verification_sample(None).texts)]  # one check: the first task's, on article tickets
+    engines = {id(runner.classifier.engine) for runner in service.runners.values()}
+    assert len(engines) == 1 and service.runners["second"].classifier.engine.backend.precision == "int8"
+
+
 def test_input_sample_reads_only_as_far_as_it_needs():
     read = []
 
@@ -220,14 +249,14 @@ def test_resume_refuses_a_partial_written_in_another_precision(run_main, monkeyp
     args = ["--labels", LABELS, "--model", llama_dir, "--window", "8", "--quiet", "--precision", "auto"]
     target = tmp_path / "out.csv"
     with monkeypatch.context() as m:
-        m.setattr(prec, "_decide", lambda classifier, texts, log=None: {"precision": "int8", "tried": {}})
+        m.setattr(prec, "_decide", lambda loaded, scorer, texts, log=None: ({"precision": "int8", "tried": {}}, loaded))
         interrupt_after(m, 2)
         code, _, err = run_main("classify", src, "-o", target, *args)
     assert code == 130, err
     cache = prec.cache_root() / CACHE_FILE
     kept = {k: v for k, v in json.loads(cache.read_text()).items() if not k.startswith("auto|")}
     cache.write_text(json.dumps(kept))
-    monkeypatch.setattr(prec, "_decide", lambda classifier, texts, log=None: {"precision": "fp32", "tried": {}})
+    monkeypatch.setattr(prec, "_decide", lambda loaded, scorer, texts, log=None: ({"precision": "fp32", "tried": {}}, loaded))
     code, _, err = run_main("classify", src, "-o", target, "--resume", *args)
     assert code == 2
     assert err.strip().splitlines()[-1] == (
@@ -253,8 +282,8 @@ def labelled(tmp_path) -> tuple[Path, list[str]]:
 @pytest.mark.parametrize("command", ["verify", "evaluate", "bench", "sweep", "fit"])
 def test_every_command_with_data_checks_it(run_main, monkeypatch, tmp_path, llama_dir, labelled, command):
     calls = []
-    monkeypatch.setattr(prec, "_decide", lambda classifier, texts, log=None: calls.append(list(texts))
-                        or {"precision": "fp32", "tried": {}})
+    monkeypatch.setattr(prec, "_decide", lambda loaded, scorer, texts, log=None: calls.append(list(texts))
+                        or ({"precision": "fp32", "tried": {}}, loaded))
     path, texts = labelled
     common = ["--labels", LABELS, "--model", llama_dir, "--precision", "auto"]
     args = {
@@ -285,8 +314,8 @@ def test_ray_driver_samples_the_files_in_order_and_actors_check_it(tmp_path, lla
     assert sample == prec.input_sample(own) and len(sample) == 200 and sample[150:] == own[150:200]
 
     calls = []
-    monkeypatch.setattr(prec, "_decide", lambda classifier, texts, log=None: calls.append(list(texts))
-                        or {"precision": "fp32", "tried": {}})
+    monkeypatch.setattr(prec, "_decide", lambda loaded, scorer, texts, log=None: calls.append(list(texts))
+                        or ({"precision": "fp32", "tried": {}}, loaded))
     registered = []
 
     class Board:  # stands in for the run's RunBoard actor: only `register` is called while building

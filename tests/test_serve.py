@@ -41,7 +41,7 @@ def offline(loaded, texts, **engine):
     """Offline classify: Results and raw scores, with the server's default engine settings."""
     clf = Classifier(TASK, model=loaded, settings=EngineSettings(**engine))
     encoded = clf.encode(texts)
-    return clf.classify(texts), clf.score(encoded)
+    return clf.classify(texts), clf.score(encoded).scores
 
 
 @contextmanager

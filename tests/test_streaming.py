@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from slmclassify import Classifier, EngineSettings, InputError, Task
 from slmclassify.core.encode import PromptSplit, encode_items
+from slmclassify.core.results import RunStats
 
 LABELS = ("billing", "technical", "account")
 POOL = [
@@ -38,26 +39,33 @@ def _probs(result):
 @given(picks=st.lists(st.integers(0, len(POOL) - 1), max_size=40), window=st.integers(1, 12))
 def test_order_across_windows(clf, alone, picks, window):
     """Whatever the window, every text gets its own result, in input order (duplicates included)."""
-    clf.settings = EngineSettings(window=window)
+    windowed = clf.with_settings(EngineSettings(window=window))
     texts = [POOL[p] for p in picks]
-    results = list(clf.classify_iter(iter(texts)))  # a one-shot iterator, as from a file
+    windows = list(windowed.classify_windows(iter(texts)))  # a one-shot iterator, as from a file
+    results = [r for w in windows for r in w.results]
     assert len(results) == len(texts)
     for i, (text, result) in enumerate(zip(texts, results)):
         want = alone[text]
         assert result.status == want.status, (i, text)
         assert result.label == want.label, (i, text)
         np.testing.assert_allclose(_probs(result), _probs(want), atol=1e-5, err_msg=f"row {i}: {text!r}")
-    assert clf.stats.items == len(texts)
+    assert sum(w.stats.items for w in windows) == len(texts)
+    assert [w.start for w in windows] == list(range(0, len(texts), window))
 
 
 def test_duplicates_are_scored_once_per_window(clf):
-    clf.settings = EngineSettings(window=8)
+    windowed = clf.with_settings(EngineSettings(window=8))
     texts = ["crash", "refund please", "crash", "", "crash", "refund please", "login error", "crash",  # window 1
              "crash", "crash"]  # window 2: its first "crash" is scored again, its second reused
-    results = clf.classify(texts)
-    assert clf.stats.items == 10
-    assert clf.stats.scored == 9
-    assert clf.stats.reused == 4 + 1
+    windows = list(windowed.classify_windows(texts))
+    results = [r for w in windows for r in w.results]
+    stats = RunStats()
+    for w in windows:
+        stats.add(w.stats)
+    assert [w.stats.reused for w in windows] == [4, 1]
+    assert stats.items == 10
+    assert stats.scored == 9
+    assert stats.reused == 4 + 1
     crash = [r for t, r in zip(texts, results) if t == "crash"]
     assert all(r.scores == crash[0].scores for r in crash[1:4])  # identical: one scoring, shared
     # window 2 scores "crash" again in another batch: the same label, scores within float32 rounding
@@ -70,7 +78,7 @@ def test_duplicates_are_scored_once_per_window(clf):
 
 def test_window_holds_only_window_rows(clf):
     """classify_iter pulls at most one window of texts ahead of what it yields."""
-    clf.settings = EngineSettings(window=4)
+    windowed = clf.with_settings(EngineSettings(window=4))
     pulled = []
 
     def source():
@@ -78,7 +86,7 @@ def test_window_holds_only_window_rows(clf):
             pulled.append(i)
             yield POOL[i % len(POOL)]
 
-    stream = clf.classify_iter(source())
+    stream = windowed.classify_iter(source())
     next(stream)
     assert len(pulled) == 4
     for _ in range(4):

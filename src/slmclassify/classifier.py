@@ -12,6 +12,7 @@ composition in every run over the same input: that is what makes resumed runs by
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,18 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .models.activation_ranges import ranges_for
-from .core.batching import Batch, collate, plan_batches
 from .core.calibration import CONTENT_FREE, adjust, prior_from_scores
-from .core.config_check import context_limit
-from .core.encode import EncodedItems, PromptSplit, choose_prefix, encode_items, valid_unicode
-from .core.engine import Engine
-from .errors import InputError, TaskError
-from .core.labels import build_trie, end_of_turn_id, label_sequences, resolve_mode
-from .models.loading import LoadedModel, load_model
-from .core.prompts import PromptRenderer
+from .core.encode import EncodedItems, valid_unicode
+from .core.labels import LabelTrie
 from .core.reference import reference_scores
 from .core.results import Result, RunStats, make_results
+from .core.scoring import Scored, Scorer
 from .core.settings import (  # noqa: F401  (re-exported: `from slmclassify.classifier import EngineSettings`)
     DEFAULT_MAX_ROWS,
     DEFAULT_MAX_TEXT_TOKENS,
@@ -39,21 +34,33 @@ from .core.settings import (  # noqa: F401  (re-exported: `from slmclassify.clas
     EngineSettings,
 )
 from .core.task import Task
+from .errors import InputError, TaskError
+from .models.loading import LoadedModel, load_model
+from .models.precision import settled
 
 
 @dataclass(frozen=True)
-class ScoredWindow:
-    """One window of `classify_windows`: its items, raw scores and results, in input order."""
+class ScoredItems:
+    """Items scored by `Classifier.score_items` (one window of `classify_windows`): their raw scores,
+    results and what scoring them did, in input order."""
 
-    start: int
-    """Input row index of the window's first item."""
     encoded: EncodedItems
     scores: np.ndarray
     """[n, L] raw label scores (NaN rows for empty items)."""
     results: list[Result]
+    stats: RunStats
+    """What these items cost: `items`, `scored`, `reused` (duplicates), batches, tokens, seconds."""
     states: np.ndarray | None = None
     """[n, len(taps) * hidden] float32 hidden states at each item's last token (NaN rows for empty
-    items), when `score_window` was given taps (a head's features, `head/`)."""
+    items), when scored with taps (a head's features, `head/`)."""
+    start: int = 0
+    """Input row index of the first item (a window's place in the input)."""
+
+
+UniqueRun = Callable[[EncodedItems, list[int], list[bytes]], Scored]
+"""(encoded, unique, keys) → the `Scored` of items `unique` (`EncodedItems.distinct`), whose
+`stats.scored` counts the items run through the model; another way to get them than scoring them
+all here (the Ray actors take items other actors ran from a shared board, `ray/sharing.py`)."""
 
 
 def _clean(text, index: int) -> str:
@@ -68,7 +75,11 @@ def _clean(text, index: int) -> str:
 
 
 class Classifier:
-    """Classifies texts for one task with one model."""
+    """Classifies texts for one task with one model.
+
+    Nothing in it changes after construction: scoring returns what it did (`Scored`, `ScoredItems`)
+    instead of keeping it, and a variant (other batching settings, another label trie) is a new
+    Classifier (`with_settings`, `with_trie`) sharing the model, engine and prefix cache."""
 
     def __init__(
         self,
@@ -79,35 +90,59 @@ class Classifier:
     ):
         """`precision_sample`: texts of the data to classify, for `--precision auto`'s check (its first
         200 distinct non-empty texts, see `precision.verification_sample`; an iterator is consumed that
-        far, so not the one to classify); None: article tickets. Only the first Classifier of a model
-        loaded with precision auto on a CPU makes that check."""
+        far, so not the one to classify); None: article tickets. The check is made when the model is
+        loaded here, or for a LoadedModel loaded with precision auto on a CPU without a task (which
+        is otherwise used as is): then `self.loaded` is the LoadedModel with the decision."""
         self.task = task
-        self.settings = settings or EngineSettings()
-        self.loaded = (model if isinstance(model, LoadedModel)
-                       else load_model(model, self.settings.device, self.settings.precision))
-        tokenizer = self.loaded.tokenizer
-        self.renderer = PromptRenderer(tokenizer, task)
-        self.label_tokens = label_sequences(tokenizer, self.renderer.tail, task.labels)
-        """Each label's token ids as they follow the prompt (before the mode truncates or terminates them)."""
-        mode, sequences, self.mode_reason = resolve_mode(
-            task.labels, self.label_tokens, task.mode, end_of_turn_id(tokenizer)
-        )
-        self.trie = build_trie(task.labels, sequences, mode)
-        if self.loaded.engine is None:  # re-arranging the weights once per model, not per classifier
-            self.loaded.engine = Engine(self.loaded.model, self.loaded.backend, ranges=ranges_for(tokenizer))
-        self.engine = self.loaded.engine
-        self.prefix_ids = choose_prefix(tokenizer, self.renderer.head) if self.settings.prefix_cache else []
-        self.prefix = self.engine.prefill(self.prefix_ids) if self.prefix_ids else None
-        self.split = PromptSplit(tokenizer, self.renderer)
-        # The engine is exact up to this length (the model's context, or less: see config_check).
-        context = context_limit(self.loaded.model.config)
-        self.max_prompt_tokens = context - max(len(s) for s in self.trie.sequences)
-        self.stats = RunStats()
-        if self.loaded.auto_precision:  # --precision auto on a CPU: decided once per model
-            from .models.precision import settle_auto
-
-            settle_auto(self, precision_sample)
+        settings = settings or EngineSettings()
+        if isinstance(model, LoadedModel):
+            self.loaded = settled(model, task, precision_sample, settings)
+        else:
+            self.loaded = load_model(model, settings.device, settings.precision, task=task,
+                                     sample=precision_sample, settings=settings)
+        self.scorer = Scorer.build(task, self.loaded.tokenizer, self.loaded.model.config, settings)
+        self.prefix = self.scorer.prefill(self.engine)
+        """The engine's keys and values of the shared prefix (None without one)."""
         self.bias = self.content_free_prior() if task.calibrate else None
+
+    # What the scorer holds, read-only here: a variant is a new Classifier (`with_settings`, `with_trie`).
+    settings = property(lambda self: self.scorer.settings)
+    renderer = property(lambda self: self.scorer.renderer)
+    label_tokens = property(lambda self: self.scorer.label_tokens,
+                            doc="Each label's token ids as they follow the prompt (before the mode cuts them).")
+    trie = property(lambda self: self.scorer.trie)
+    mode_reason = property(lambda self: self.scorer.mode_reason)
+    prefix_ids = property(lambda self: self.scorer.prefix_ids)
+    split = property(lambda self: self.scorer.split)
+    max_prompt_tokens = property(lambda self: self.scorer.max_prompt_tokens)
+    engine = property(lambda self: self.loaded.engine, doc="The model's fast-path engine.")
+
+    @property
+    def mode(self) -> str:
+        return self.trie.mode
+
+    def with_settings(self, settings: EngineSettings) -> Classifier:
+        """This classifier with other batching, window or item cap (same model, prefix and calibration).
+        The device, precision and prefix cache are the model's and the prefix's: they cannot change here."""
+        fixed = ("device", "precision", "prefix_cache")
+        changed = [f for f in fixed if getattr(settings, f) != getattr(self.settings, f)]
+        if changed:
+            raise TaskError(f"with_settings changes batching, window and item cap only, not {', '.join(changed)}: "
+                            "build a new Classifier for those")
+        return self._variant(scorer=dataclasses.replace(self.scorer, settings=settings))
+
+    def with_trie(self, trie: LabelTrie) -> Classifier:
+        """This classifier scoring the task's labels with another label trie (same labels, in order),
+        e.g. first tokens of labels that share them (`evaluate --compare-modes`); calibrated again."""
+        variant = self._variant(scorer=dataclasses.replace(self.scorer, trie=trie))
+        if self.task.calibrate:
+            variant.bias = variant.content_free_prior()
+        return variant
+
+    def _variant(self, **changes) -> Classifier:
+        variant = object.__new__(Classifier)
+        variant.__dict__.update(self.__dict__, **changes)
+        return variant
 
     def content_free_prior(self) -> np.ndarray:
         """[L] log prior of each label on content-free inputs (a few passes over the cached prefix).
@@ -116,36 +151,22 @@ class Classifier:
         prompts are nearly all template tokens, which move more in int8 than real items do, and the
         prior shifts every item's margins (on 200 intent items, int8 scores agreed with fp32 on 197
         raw and 171 calibrated with int8's own prior; 180 with fp32's, at fp32's accuracy)."""
-        encoded = encode_items(
-            self.loaded.tokenizer, self.renderer, list(CONTENT_FREE), self.prefix_ids,
-            self.max_prompt_tokens, score_empty=True, split=self.split,
-        )
-        stats, engine, prefix = self.stats, self.engine, self.prefix
-        exact = engine.exact()
-        if exact is not engine:
-            self.engine = exact
-            self.prefix = exact.prefill(self.prefix_ids) if self.prefix_ids else None
-        try:
-            prior = prior_from_scores(self.score(encoded))
-        finally:
-            self.engine, self.prefix = engine, prefix
-            self.stats = stats  # calibration passes are not part of a run's figures
-        return prior
+        encoded = self.scorer.encode(list(CONTENT_FREE), score_empty=True)
+        exact = self.engine.exact()
+        prefix = self.prefix if exact is self.engine else self.scorer.prefill(exact)
+        return prior_from_scores(self.scorer.score(encoded, exact, prefix).scores)
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         """Scores with the task's calibration applied (prior removed, temperature)."""
         return adjust(scores, self.bias, self.task.temperature)
 
-    @property
-    def mode(self) -> str:
-        return self.trie.mode
+    def results(self, scores: np.ndarray, status: list[str]) -> list[Result]:
+        """[n, L] raw scores (NaN rows for empty items) → one Result per item, in order."""
+        return make_results(self.task.labels, scores, self.calibrated(scores), list(status), self.task.min_confidence)
 
     def encode(self, texts: Iterable[str]) -> EncodedItems:
         """Render and tokenize texts (no model work)."""
-        return encode_items(
-            self.loaded.tokenizer, self.renderer, list(texts), self.prefix_ids,
-            self.max_prompt_tokens, self.settings.max_text_tokens, split=self.split,
-        )
+        return self.scorer.encode(texts)
 
     def classify(self, texts: Iterable[str | None], progress: Callable[[int], None] | None = None) -> list[Result]:
         """One Result per text, in input order. `progress(n)` is called as n more items finish."""
@@ -156,106 +177,76 @@ class Classifier:
         """Yield one Result per text, in input order, holding one window of texts at a time.
 
         `texts` may be any iterable (a generator over a huge file); None counts as an empty text.
-        `self.stats` covers every window done so far.
+        A run's figures are the sum of its windows' stats (`classify_windows`).
         """
         for window in self.classify_windows(texts, progress):
             yield from window.results
 
     def classify_windows(self, texts: Iterable[str | None],
-                         progress: Callable[[int], None] | None = None) -> Iterator[ScoredWindow]:
-        """The streaming core: one `ScoredWindow` per `settings.window` texts, in input order."""
+                         progress: Callable[[int], None] | None = None) -> Iterator[ScoredItems]:
+        """The streaming core: one `ScoredItems` per `settings.window` texts, in input order, each with
+        its own stats (add them up for the run's: `RunStats.add`)."""
         if isinstance(texts, (str, bytes)):
             raise InputError("classify() takes an iterable of texts, got a single "
                              f"{type(texts).__name__}; pass a list: classify([text])")
-        total = RunStats(prefix_tokens=len(self.prefix_ids))
-        self.stats = total
         iterator, start = iter(texts), 0
         while chunk := list(itertools.islice(iterator, self.settings.window)):
-            window = self.score_window([_clean(t, start + k) for k, t in enumerate(chunk)], start, progress)
-            total.add(self.stats)
-            self.stats = total
+            yield self.score_window([_clean(t, start + k) for k, t in enumerate(chunk)], start, progress)
             start += len(chunk)
-            yield window
 
     def score_window(self, texts: list[str], start: int = 0, progress: Callable[[int], None] | None = None,
-                     taps: tuple[int, ...] = ()) -> ScoredWindow:
-        """Encode and score one window; identical items (same token ids) are scored once.
+                     taps: tuple[int, ...] = ()) -> ScoredItems:
+        """Encode and score one window (`score_items`) whose first text is input row `start`."""
+        return dataclasses.replace(self.score_items(texts, progress, taps), start=start)
 
-        With `taps`, the window also carries the hidden states of those layers (see `score`).
+    def score_items(self, items: list[str] | EncodedItems, progress: Callable[[int], None] | None = None,
+                    taps: tuple[int, ...] = (), *, dedupe: bool = True, run: UniqueRun | None = None) -> ScoredItems:
+        """The one scoring step: encode → score identical items once → scatter → results.
+
+        `items`: texts (encoded here, the time counted) or items already encoded. `dedupe`: identical
+        items (same token ids) are scored once and share the scores; off, every scored item is run
+        (the batches of `score(encoded)`, so the same bits). `run`: how the distinct items get their
+        scores (default: `score` them here). With `taps`, the hidden states of those layers too.
         """
         began = time.perf_counter()
-        encoded = self.encode(texts)
+        encoded = items if isinstance(items, EncodedItems) else self.encode(items)
         scored = encoded.scored
-        unique, source, _ = encoded.distinct()
-        unique_scores = self.score(encoded.subset(unique), progress, taps=taps)  # [u, L]
-        states = None
-        if taps:
-            unique_scores, unique_states = unique_scores
-            states = np.full((len(encoded), unique_states.shape[1]), np.nan, dtype=np.float32)
-            states[scored] = unique_states[source]
+        if dedupe:
+            unique, source, keys = encoded.distinct()
+        else:
+            unique, source, keys = [int(i) for i in scored], np.arange(len(scored)), []
+        part = run(encoded, unique, keys) if run is not None else self.score(encoded.subset(unique), progress, taps)
         scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
-        scores[scored] = unique_scores[source]
-        reused = len(scored) - len(unique)
+        scores[scored] = part.scores[source]  # [u, L] → [n, L]
+        states = None
+        if part.states is not None:
+            states = np.full((len(encoded), part.states.shape[1]), np.nan, dtype=np.float32)
+            states[scored] = part.states[source]
+        reused = len(scored) - part.stats.scored
         if progress is not None and reused:
             progress(reused)
-        stats = self.stats
-        stats.items, stats.scored, stats.reused = len(encoded), len(scored), reused
-        stats.fallbacks = encoded.fallbacks
-        stats.seconds = time.perf_counter() - began
-        results = make_results(self.task.labels, scores, self.calibrated(scores), encoded.status,
-                               self.task.min_confidence)
-        return ScoredWindow(start=start, encoded=encoded, scores=scores, results=results, states=states)
+        stats = dataclasses.replace(part.stats, items=len(encoded), scored=len(scored), reused=reused,
+                                    fallbacks=encoded.fallbacks, prefix_tokens=len(self.prefix_ids),
+                                    seconds=time.perf_counter() - began)
+        return ScoredItems(encoded=encoded, scores=scores, results=self.results(scores, encoded.status),
+                           stats=stats, states=states)
 
     def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None,
-              taps: tuple[int, ...] = ()):
-        """[n, L] label scores (NaN rows for empty items), through the fast path.
+              taps: tuple[int, ...] = ()) -> Scored:
+        """Label scores of every item through the fast path, and what the pass did (`Scored`).
 
-        With `taps` (layer numbers, see `Engine.score`), returns (scores, [n, len(taps) * hidden]
-        float32 hidden states at each item's last token, NaN rows for empty items) from the same pass.
+        With `taps` (layer numbers, see `Engine.score`), also the [n, len(taps) * hidden] float32
+        hidden states at each item's last token (NaN rows for empty items) from the same pass.
         """
-        start = time.perf_counter()
-        n_labels = len(self.task.labels)
-        scores = np.full((len(encoded), n_labels), np.nan, dtype=np.float64)
-        states = np.full((len(encoded), len(taps) * self.loaded.model.config.hidden_size), np.nan, np.float32)
-        stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
-        for batch in self.batches(encoded):
-            batch_scores = self.engine.score(batch, self.prefix, self.trie, taps=taps)  # [B, L]
-            if taps:
-                batch_scores, batch_states = batch_scores
-                states[batch.rows] = batch_states.flatten(1).numpy()
-            scores[batch.rows] = batch_scores.double().numpy()
-            stats.batches += 1
-            stats.real_tokens += batch.real_tokens
-            stats.processed_tokens += batch.padded_tokens
-            if batch.cached:
-                stats.prefix_reused += len(self.prefix_ids) * len(batch.rows)
-            if progress is not None:
-                progress(len(batch.rows))
-        stats.scored = len(encoded.scored)
-        stats.seconds = time.perf_counter() - start
-        self.stats = stats
-        return (scores, states) if taps else scores
+        return self.scorer.score(encoded, self.engine, self.prefix, progress, taps)
 
     def plan(self, encoded: EncodedItems) -> list[tuple[bool, np.ndarray]]:
-        """The engine batches `score` runs, in order: (cached, [b] item indices) each. The items
-        that continue the cached prefix and those that do not (`fallbacks`) are batched apart, each
-        group by `plan_batches` on the lengths the engine runs."""
-        scored = encoded.scored
-        batches = []
-        for cached in (True, False):
-            group = scored[encoded.cached[scored] == cached] if len(scored) else scored
-            if not len(group):
-                continue
-            lengths = np.array([len(encoded.own(i)) for i in group])
-            plan = plan_batches(lengths, self.settings.token_budget, self.settings.max_rows, sort=self.settings.sort)
-            batches += [(cached, group[positions]) for positions in plan]
-        return batches
+        """The engine batches `score` runs, in order (see `Scorer.plan`)."""
+        return self.scorer.plan(encoded)
 
-    def batches(self, encoded: EncodedItems) -> Iterator[Batch]:
+    def batches(self, encoded: EncodedItems):
         """The batches of `plan`, left-padded, as the engine runs them."""
-        pad = self.loaded.tokenizer.pad_token_id
-        for cached, rows in self.plan(encoded):
-            yield collate([encoded.suffix(i) for i in rows], rows, pad, cached)
+        return self.scorer.batches(encoded)
 
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""
@@ -270,4 +261,4 @@ class Classifier:
         return f"Classifier(model={self.loaded.name!r}, labels={list(self.task.labels)}, mode={self.mode!r})"
 
 
-__all__ = ["Classifier", "EngineSettings", "Result", "ScoredWindow"]
+__all__ = ["Classifier", "EngineSettings", "Result", "ScoredItems"]

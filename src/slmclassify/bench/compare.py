@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ..classifier import Classifier, EngineSettings
-from ..models.loading import LoadedModel
+from ..models.loading import LoadedModel, with_backend
 from ..core.task import Task
 
 SCHEMA_VERSION = 1
@@ -268,6 +268,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     device = loaded.backend.device
     hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
     probe = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
+    loaded = probe.loaded  # with --precision auto decided, if it was not yet: every row below uses it
     report.engine = engine_line(loaded)
     log(f"engine: {report.engine}")
     prompts = [probe.renderer.render(t) for t in texts]
@@ -314,7 +315,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     reset_peak_rss()
     start = time.perf_counter()
     clf = Classifier(task, model=loaded, settings=settings)  # includes the prefix prefill and calibration
-    ours_scores = clf.score(clf.encode(texts), progress=run_loop_chunk)
+    d_scored = clf.score(clf.encode(texts), progress=run_loop_chunk)
     ours_seconds = time.perf_counter() - start - loop["seconds"]
     ours_rss = peak_rss_mb()
     run_loop_chunk(len(texts) - loop["done"])  # items not scored by us (empty texts), if any
@@ -330,17 +331,17 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
         return roofline(report.work_tokens, report.flops_per_token, seconds, report.matmul_gflops)
 
     add("d ours (default)", f"prefix cache, sorted, token budget {settings.token_budget}; timed interleaved with a",
-        ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=share(ours_seconds),
+        ours_seconds, d_scored.scores, padding=d_scored.stats.padding_share, roofline=share(ours_seconds),
         rss=ours_rss)
 
     def ours(name, description, engine_settings, model=loaded):
         _sync(device)
         start = time.perf_counter()
         clf = Classifier(task, model=model, settings=engine_settings)
-        scores = clf.score(clf.encode(texts))
+        scored = clf.score(clf.encode(texts))
         _sync(device)
         seconds = time.perf_counter() - start
-        add(name, description, seconds, scores, padding=clf.stats.padding_share, roofline=share(seconds))
+        add(name, description, seconds, scored.scores, padding=scored.stats.padding_share, roofline=share(seconds))
 
     ours("e ours - no prefix cache", "sorted token-budget batches only",
          replace(settings, prefix_cache=False))
@@ -352,7 +353,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     for precision in _other_precisions(loaded):
         other = _with_precision(loaded, precision)
         low = Classifier(task, model=other, settings=settings)
-        ratios, scores = _interleaved(clf, {"g": low.score}, encoded, device)
+        ratios, scores = _interleaved(clf, {"g": lambda items: low.score(items).scores}, encoded, device)
         seconds = d_seconds / ratios["g"]  # g at the machine speed of the (d) run
         add(f"g ours {precision}", f"as d, {other.backend.describe()}; {ratios['g']:.2f}x d, timed interleaved with d",
             seconds, scores["g"], padding=report.rows[3].padding, roofline=share(seconds))  # d's batches
@@ -456,7 +457,7 @@ def _with_precision(loaded: LoadedModel, precision: str) -> LoadedModel:
     from ..cache import cache_root
 
     backend, rates = make_backend(loaded.model.config, loaded.backend.device, precision, cache_root())
-    return replace(loaded, backend=backend, gemm_rates=rates, engine=None, auto_precision=False, auto_decision=None)
+    return with_backend(loaded, backend, rates, auto_precision=False, auto_decision=None)
 
 
 def dump_json(report: BenchReport) -> str:

@@ -12,7 +12,6 @@ import time
 import numpy as np
 
 from ..classifier import Classifier
-from ..core.results import make_results
 from ..head.apply import score_with_head
 from ..head.features import default_taps
 from ..head.model import Head
@@ -41,9 +40,7 @@ def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: i
                 if side == "head":
                     _, results = score_with_head(classifier, part, head, "head")
                 else:
-                    scores = classifier.score(part)
-                    results = make_results(classifier.task.labels, scores, classifier.calibrated(scores), part.status,
-                                           classifier.task.min_confidence)
+                    results = classifier.score_items(part, dedupe=False).results
                 seconds[side] += time.perf_counter() - start
     n = rounds * len(texts)
     return {"items": len(texts), "rounds": rounds, "taps": list(taps), "features": F,

@@ -264,9 +264,14 @@ def offline_expected(texts: list[str], task, model=None, max_text_tokens: int | 
     from ..classifier import Classifier, EngineSettings
     from ..serve.adapter import result_json
 
+    from ..core.results import RunStats
+
     clf = Classifier(task, model=model, settings=EngineSettings(max_text_tokens=max_text_tokens))
-    results = clf.classify(texts)
-    return [result_json(r) for r in results], clf.stats.items_per_s
+    results, stats = [], RunStats()
+    for window in clf.classify_windows(texts):
+        results += window.results
+        stats.add(window.stats)
+    return [result_json(r) for r in results], stats.items_per_s
 
 
 def _auth(api_key: str | None) -> dict:

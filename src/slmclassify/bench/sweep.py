@@ -14,6 +14,7 @@ from ..classifier import DEFAULT_MAX_TEXT_TOKENS, Classifier, EngineSettings
 from ..errors import SlmClassifyError
 from ..models.loading import LoadedModel
 from ..models.precision import auto_line
+from ..core.results import RunStats
 from ..core.task import Task
 
 
@@ -36,20 +37,20 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
     auto`'s check (None: article tickets)."""
     clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens),
                      precision_sample=precision_sample)
-    if line := auto_line(loaded):
+    if line := auto_line(clf.loaded):
         log(line)
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
     points = []
     for rows in row_caps:
         for budget in budgets:
-            clf.settings = EngineSettings(token_budget=budget, max_rows=rows, max_text_tokens=max_text_tokens)
+            setting = clf.with_settings(EngineSettings(token_budget=budget, max_rows=rows,
+                                                       max_text_tokens=max_text_tokens))
             reset_peak_rss()
             start = time.perf_counter()
-            clf.score(encoded)
+            stats = setting.score(encoded).stats
             seconds = time.perf_counter() - start
-            point = SweepPoint(budget, rows, len(texts) / seconds, clf.stats.padding_share, clf.stats.batches,
-                               peak_rss_mb())
+            point = SweepPoint(budget, rows, len(texts) / seconds, stats.padding_share, stats.batches, peak_rss_mb())
             points.append(point)
             log(f"  budget {budget:>6}, rows {rows:>4}: {point.items_per_s:7.2f} items/s, "
                 f"padding {100 * point.padding:5.1f}%, {point.batches} batches, peak RSS {point.peak_rss_mb:.0f} MB")
@@ -110,13 +111,14 @@ def run_window_sweep(loaded: LoadedModel, task: Task, texts: list[str], windows,
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up
     points = []
     for window in windows:
-        clf.settings = dataclasses.replace(clf.settings, window=window)
+        setting = clf.with_settings(dataclasses.replace(clf.settings, window=window))
         reset_peak_rss()
         start = time.perf_counter()
-        for _ in clf.classify_iter(texts):
-            pass
+        stats = RunStats()
+        for scored in setting.classify_windows(texts):
+            stats.add(scored.stats)
         seconds = time.perf_counter() - start
-        point = WindowPoint(window, len(texts) / seconds, clf.stats.padding_share, clf.stats.reused, peak_rss_mb())
+        point = WindowPoint(window, len(texts) / seconds, stats.padding_share, stats.reused, peak_rss_mb())
         points.append(point)
         log(f"  window {window:>6}: {point.items_per_s:7.2f} items/s, padding {100 * point.padding:5.1f}%, "
             f"{point.reused} duplicates reused, peak RSS {point.peak_rss_mb:.0f} MB")

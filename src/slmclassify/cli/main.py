@@ -354,6 +354,7 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     (--budgets, --row-caps), so --token-budget and --max-rows are refused.
     """
     from ..bench import sweep as sweeping
+    from ..core.settings import EngineSettings
     from ..models.loading import load_model
     from ..core.settings_sources import save_settings, write_task_settings
 
@@ -369,7 +370,9 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
         raise TaskError("--save-to-task needs --task FILE")
     settings = _settings(task_file, None, None, max_tokens, device, precision)
     texts = _bench_texts(input_path, text_column, n_items)
-    loaded = load_model(model, settings.device, settings.precision)
+    # --precision auto: decided here, for both sweeps, as `run_sweep` scores (default batching, the item cap)
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts if input_path else None,
+                        settings=EngineSettings(max_text_tokens=settings.max_text_tokens))
     points = sweeping.run_sweep(loaded, task, texts, budget_list, rows_list,
                                 max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True),
                                 precision_sample=texts if input_path else None)

@@ -74,16 +74,14 @@ def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarra
 
 
 def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None) -> tuple[np.ndarray, list[Result]]:
-    """(raw label scores [n, L], one Result per item over the head's labels) from one fast-path pass."""
-    from .features import collect  # imports the engine (torch): not on the `--ray` driver's path
-
-    scores, calibrated, states = collect(classifier, encoded, head.taps, progress)
-    logp = head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer)
-    return scores, make_results(head.labels, logp, logp, encoded.status, classifier.task.min_confidence)
+    """(raw label scores [n, L], one Result per item over the head's labels) from one fast-path pass
+    over every scored item (`Classifier.score_items` without de-duplication)."""
+    scored = classifier.score_items(encoded, progress, head.taps, dedupe=False)
+    return scored.scores, window_results(head, scorer, classifier, scored)
 
 
 def window_results(head: Head, scorer: str, classifier, window) -> list[Result]:
-    """One Result per item of a `ScoredWindow` (scored with the head's taps), over the head's labels."""
+    """One Result per item of a `ScoredItems` (scored with the head's taps), over the head's labels."""
     calibrated = classifier.calibrated(window.scores)
     logp = head_log_probabilities(head, calibrated, window.states, classifier.task.labels, scorer)
     return make_results(head.labels, logp, logp, window.encoded.status, classifier.task.min_confidence)

@@ -24,5 +24,5 @@ def collect(classifier: Classifier, encoded: EncodedItems, taps: tuple[int, ...]
 
     Empty items have NaN rows.
     """
-    scores, states = classifier.score(encoded, progress, taps=taps)
-    return scores, classifier.calibrated(scores), states
+    scored = classifier.score(encoded, progress, taps=taps)
+    return scored.scores, classifier.calibrated(scored.scores), scored.states

@@ -50,7 +50,8 @@ class JobOutcome:
     """What a finished job did, for the summary."""
 
     classifier: Classifier
-    """Its `stats` cover the whole run (resumed sessions included)."""
+    stats: RunStats
+    """The whole run's figures (resumed sessions included)."""
     load_seconds: float
     report: VerifyReport | None
     duplicates: int
@@ -174,7 +175,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
             else:
                 window = classifier.score_window(texts, start)
             results_frame = result_frame(window.results, labels, result_prefix, index=frame.index)
-            state.add(window, classifier.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
+            state.add(window, window.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
             sink.write(pd.concat([frame, results_frame], axis=1), state,
                        reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
@@ -195,9 +196,8 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     bar.close()
     sink.finish()
 
-    classifier.stats = state.stats
     report = state.verify(classifier) if probes > 0 else None
-    return JobOutcome(classifier, load_seconds, report, state.stats.reused, state.resumed_at,
+    return JobOutcome(classifier, state.stats, load_seconds, report, state.stats.reused, state.resumed_at,
                       state.gold if gold_column is not None else None, tuple(labels))
 
 
@@ -317,13 +317,8 @@ class _RunState:
 
     def verify(self, classifier: Classifier) -> VerifyReport:
         pool = sorted(self.pool)  # input order
-        parts = [np.asarray(p[3], dtype=np.int32) for p in pool]
-        encoded = EncodedItems(
-            tokens=np.concatenate(parts) if parts else np.zeros(0, np.int32),
-            offsets=np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64),
-            status=[p[4] for p in pool], prefix_ids=list(classifier.prefix_ids),
-            cached=np.array([p[2] for p in pool], dtype=bool),
-        )
+        encoded = EncodedItems.join([np.asarray(p[3], dtype=np.int32) for p in pool], [p[4] for p in pool],
+                                    [p[2] for p in pool], classifier.prefix_ids)
         fast = np.array([p[5] for p in pool], dtype=np.float64).reshape(len(pool), len(self.labels))
         report = compare(classifier, encoded, fast, list(range(len(pool))))
         rows = [p[0] for p in pool]

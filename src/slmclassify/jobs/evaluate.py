@@ -15,7 +15,7 @@ from ..errors import InputError, TaskError
 from ..core.metrics import Evaluation, format_report, gold_indices, read_labelled, write_plots
 from ..core.labels import build_trie, describe_labels
 from ..models.loading import LoadedModel, load_model
-from ..models.precision import auto_line
+from ..models.precision import auto_line, settled
 from ..core.results import softmax
 from ..core.task import Example, Task, build_task
 from ..core.settings_sources import write_task_settings
@@ -66,7 +66,8 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
                         "are only the head's; run them without --head")
     if plots_dir:
         _check_matplotlib("--plots")
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
+    loaded = (settled(model, task, texts, settings) if isinstance(model, LoadedModel)
+              else load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings))
     states = []
 
     def run(config_task: Task, taps=()) -> tuple[Classifier, np.ndarray, float]:
@@ -76,11 +77,10 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
 
             check(head, clf, head_source or "the head")
         start = time.perf_counter()
-        scores = clf.score(clf.encode(texts), taps=taps)
+        scored = clf.score(clf.encode(texts), taps=taps)
         if taps:
-            scores, features = scores
-            states.append(features)
-        return clf, scores, time.perf_counter() - start
+            states.append(scored.states)
+        return clf, scored.scores, time.perf_counter() - start
 
     def evaluation(name, scores, bias, temperature, clf=None, seconds=None) -> Evaluation:
         probs = softmax(adjust(scores, bias, temperature))
@@ -124,9 +124,9 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
                 # Labels share first tokens: score them the article's way anyway (tied labels get
                 # equal scores and the first in label order wins), as the baseline to beat.
                 mclf = Classifier(task.with_overrides(mode="full", calibrate=False), model=loaded, settings=settings)
-                mclf.trie = build_trie(task.labels, list(mclf.trie.sequences), "first")
+                mclf = mclf.with_trie(build_trie(task.labels, list(mclf.trie.sequences), "first"))
                 start = time.perf_counter()
-                mscores = mclf.score(mclf.encode(texts))
+                mscores = mclf.score(mclf.encode(texts)).scores
                 msec = time.perf_counter() - start
             prior = mclf.content_free_prior()
             for bias in (None, prior):

@@ -46,8 +46,8 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
         raise InputError(f"{path}: label {min(counts, key=counts.get)!r} has {min(counts.values())} items; "
                          f"{folds}-fold cross-validation needs at least {folds} per label (or pass --folds)")
 
-    loaded = load_model(model, settings.device, settings.precision)
-    clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts)
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
+    clf = Classifier(task, model=loaded, settings=settings)
     if line := auto_line(loaded):
         _echo(line)
     taps = taps or default_taps(loaded.model.config.num_hidden_layers)

@@ -11,6 +11,7 @@ from ..core.labels import describe_labels
 from .classify import run_classify
 from ..models.precision import auto_line
 from ..io import read_table, texts_of
+from ..core.results import RunStats
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 
@@ -33,7 +34,7 @@ def classify_table(input_path: str, output_path: str, task: Task, settings: Engi
                            progress=progress, result_prefix=result_prefix, resume=resume, restart=restart,
                            head=head, scorer=scorer, head_source=head_source)
     report = outcome.report
-    _print_summary(outcome.classifier, outcome.load_seconds, report, output_path)
+    _print_summary(outcome.classifier, outcome.stats, outcome.load_seconds, report, output_path)
     _echo(f"duplicates: {outcome.duplicates} rows took the scores of an identical row of their window"
           + (f"; resumed after {outcome.resumed_at} rows done earlier" if outcome.resumed_at else ""))
     if outcome.gold is not None:
@@ -52,7 +53,7 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     encoded = classifier.encode(texts)
     indices = pick_probes(encoded, probes)
     probe_items = encoded.subset(indices)
-    fast = classifier.score(probe_items)  # the probes batched together: padded rows, the prefix cache
+    fast = classifier.score(probe_items).scores  # the probes batched together: padded rows, the prefix cache
     report = compare(classifier, probe_items, fast, list(range(len(indices))), tolerance)
     _echo(f"model: {classifier.loaded.name}; mode: {classifier.mode} ({classifier.mode_reason}); "
           f"calibrated: {classifier.bias is not None}")
@@ -66,8 +67,8 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     return report
 
 
-def _print_summary(classifier: Classifier, load_seconds: float, report: VerifyReport | None, output: str) -> None:
-    s = classifier.stats
+def _print_summary(classifier: Classifier, s: RunStats, load_seconds: float, report: VerifyReport | None,
+                   output: str) -> None:
     _echo(f"model: {classifier.loaded.name} (loaded in {load_seconds:.1f} s); "
           f"mode: {classifier.mode} ({classifier.mode_reason}); calibrated: {classifier.bias is not None}")
     _echo("labels: " + "; ".join(line.strip() for line in describe_labels(

@@ -22,7 +22,7 @@ import re
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -41,9 +41,10 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 _HUB_TIMEOUT_S = 5.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadedModel:
-    """A model in eval mode with its tokenizer."""
+    """A model in eval mode with its tokenizer and its fast-path engine; never changed once loaded
+    (a choice made later, such as `--precision auto`'s, gives a new LoadedModel)."""
 
     model: torch.nn.Module
     """A `*ForCausalLM` in float32, eval mode."""
@@ -58,7 +59,8 @@ class LoadedModel:
     gemm_rates: dict | None = None
     """The measured GEMM rates behind the backend choice (`backends.choice.measure`)."""
     auto_precision: bool = False
-    """`--precision auto` on a CPU: the first Classifier checks the low precisions (`precision.py`)."""
+    """`--precision auto` on a CPU, not decided yet: loaded without a task to check on, so the first
+    Classifier decides (`precision.settled`) and uses the LoadedModel that gives."""
     auto_decision: dict | None = None
     """What `--precision auto` decided: {"precision": ..., "tried": {precision: agreement}}."""
 
@@ -96,13 +98,16 @@ def set_threads() -> int:
 
 
 def load_model(source: str | os.PathLike | None = None, device: str | None = None,
-               precision: str | None = None) -> LoadedModel:
+               precision: str | None = None, *, task=None, sample=None, settings=None) -> LoadedModel:
     """Load model and tokenizer from `source` (see the module docstring); `None` is the embedded model.
 
     `device` auto|cpu|cuda (auto: CUDA when available); `precision` auto|fp32|bf16|fp16|int8
-    (auto: bf16 on CUDA; on a CPU fp32 until a Classifier has checked that a low precision is
-    faster here and agrees with fp32, see `precision.py`). The Hugging Face model itself stays
-    float32 on the device: it is the reference path.
+    (auto: bf16 on CUDA; on a CPU a low precision only where it is faster here and agrees with fp32
+    on `task`, see `precision.py`). `--precision auto` on a CPU is decided here when a `task` is given
+    (`sample`: the texts to check it on, None: article tickets; `settings`: the batching and item cap
+    they are scored with); without one the LoadedModel says it is undecided (`auto_precision`) and the
+    first Classifier built on it decides. The Hugging Face model itself stays float32 on the device:
+    it is the reference path.
     """
     from ..backends.device import resolve_device
     from ..core.settings import check_precision
@@ -110,10 +115,14 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
     device = resolve_device(device)
     precision = check_precision(precision)
     with _quiet_transformers():
-        loaded = _load(source)
+        model, tokenizer, name = _load(source)
     if device.type != "cpu":
-        loaded.model.to(device)
-    _attach_backend(loaded, device, precision)
+        model.to(device)
+    loaded = _ready(model, tokenizer, name, device, precision)
+    if loaded.auto_precision and task is not None:
+        from .precision import settle_auto
+
+        loaded = settle_auto(loaded, task, sample, settings)
     return loaded
 
 
@@ -128,41 +137,54 @@ def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None 
 
     check_architecture(model.config.model_type, name)
     device = resolve_device(device)
-    loaded = _finish(model.float().to(device), tokenizer, name=name)
-    _attach_backend(loaded, device, check_precision(precision))
-    return loaded
+    model, tokenizer = _finish(model.float().to(device), tokenizer)
+    return _ready(model, tokenizer, name, device, check_precision(precision))
 
 
-def _attach_backend(loaded: LoadedModel, device: torch.device, precision: str) -> None:
+def with_backend(loaded: LoadedModel, backend, gemm_rates: dict | None = None, **changes) -> LoadedModel:
+    """The same model and weights with another backend and an engine of its own (gemm_rates kept
+    unless given; `changes`: other fields to replace)."""
+    from ..core.engine import Engine
+    from .activation_ranges import ranges_for
+
+    engine = Engine(loaded.model, backend, ranges=ranges_for(loaded.tokenizer))
+    return replace(loaded, backend=backend, engine=engine,
+                   gemm_rates=loaded.gemm_rates if gemm_rates is None else gemm_rates, **changes)
+
+
+def _ready(model, tokenizer, name: str, device: torch.device, precision: str | None) -> LoadedModel:
+    """The LoadedModel with its backend and engine (re-arranging the weights once per model)."""
     from ..backends.choice import make_backend
 
     auto = precision == "auto"
     if precision in (None, "auto"):  # auto on a CPU starts at fp32; precision.py may lower it
         precision = "bf16" if device.type == "cuda" else "fp32"
-    loaded.backend, loaded.gemm_rates = make_backend(loaded.model.config, device, precision, cache_root())
-    loaded.auto_precision = auto and device.type == "cpu"
+    backend, rates = make_backend(model.config, device, precision, cache_root())
+    bare = LoadedModel(model=model, tokenizer=tokenizer, name=name)
+    return with_backend(bare, backend, rates, auto_precision=auto and device.type == "cpu")
 
 
-def _load(source: str | os.PathLike | None) -> LoadedModel:
+def _load(source: str | os.PathLike | None) -> tuple:
+    """(model, tokenizer, name) from `source`."""
     if source is None:
         gguf = embedded_gguf_path()
-        return _finish(*_load_gguf(gguf), name=EMBEDDED_NAME)
+        return (*_finish(*_load_gguf(gguf)), EMBEDDED_NAME)
     text = os.fspath(source)
     path = Path(text).expanduser()
     if text.endswith(".gguf"):
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
-        return _finish(*_load_gguf(path), name=str(path))
+        return (*_finish(*_load_gguf(path)), str(path))
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a model folder (no config.json) nor a .gguf file")
-        return _finish(*_load_pretrained(str(path), local_only=True), name=str(path))
+        return (*_finish(*_load_pretrained(str(path), local_only=True)), str(path))
     if text.startswith((".", "/", "~")) or "\\" in text or not _HUB_ID.fullmatch(text):
         raise ModelLoadError(
             f"model path not found: {path} (not a local folder, nor a .gguf file, nor a Hugging Face "
             f"hub id of the form org/name)"
         )
-    return _finish(*_load_hub(text), name=text)
+    return (*_finish(*_load_hub(text)), text)
 
 
 def _load_hub(repo_id: str):
@@ -434,9 +456,10 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def _finish(model, tokenizer, name: str) -> LoadedModel:
+def _finish(model, tokenizer) -> tuple:
+    """(model in eval mode without gradients, tokenizer with a pad token)."""
     model.eval()
     model.requires_grad_(False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name)
+    return model, tokenizer

@@ -7,8 +7,10 @@ checked on a sample of `AGREEMENT_ITEMS` texts scored with the Classifier's own 
 only if ≥ `MIN_AGREEMENT` of its predictions equal the float32 fast path's (which is itself exact
 against the reference). Otherwise the next candidate, and float32 when none passes.
 
-The sample is the user's data (`Classifier(..., precision_sample=texts)`, passed by every command
-that has an input): its first `AGREEMENT_ITEMS` distinct non-empty texts, topped up with article
+The decision is made when the model is loaded for a task (`load_model(..., task=, sample=)`, which
+`Classifier(task, precision_sample=texts)` calls), or by the first Classifier built on a model
+loaded without one (`settled`). The sample is the user's data (passed by every command that has an
+input): its first `AGREEMENT_ITEMS` distinct non-empty texts, topped up with article
 tickets when it has fewer; only the article tickets when there is no data (`serve`, the library
 without a sample). A low precision can agree on one kind of text and not on another (bf16 agreed on
 200/200 article tickets and on 97.3% of the demo's tickets), so the decision is cached per
@@ -21,17 +23,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .activation_ranges import ranges_for
 from ..backends.choice import make_backend, machine_key, model_key, speedup
 from ..backends.choice import _read, _write
 from ..backends.device import cpu_native
-from ..core.encode import valid_unicode
-from ..core.engine import Engine
 from ..cache import cache_root
+from ..core.encode import valid_unicode
+from ..core.scoring import Scorer
+from ..core.settings import EngineSettings
+from .loading import with_backend
 
 LOW_PRECISIONS = ("int8", "bf16", "fp16")
 MIN_SPEEDUP = 1.2
@@ -145,32 +148,38 @@ def candidates(measured: dict, device) -> list[str]:
     return sorted(fast, key=lambda p: -speedup(measured, p, device))
 
 
-def settle_auto(classifier, texts: Iterable | None = None, log=None) -> str:
-    """Resolve `--precision auto` for the classifier's model on `texts` (the user's data; None: article
-    tickets, see `verification_sample`); returns the precision chosen.
+def settled(loaded, task, texts: Iterable | None = None, settings=None):
+    """`loaded` as is, unless its `--precision auto` is still undecided (loaded without a task):
+    then the LoadedModel `settle_auto` gives for `task` and `texts`."""
+    return settle_auto(loaded, task, texts, settings) if loaded.auto_precision else loaded
 
-    Swaps the model's engine (and the classifier's prefix cache) to the chosen backend.
+
+def settle_auto(loaded, task, texts: Iterable | None = None, settings=None, log=None):
+    """Resolve `--precision auto` for `loaded` on `task` and `texts` (the user's data; None: article
+    tickets, see `verification_sample`), scored with `settings`' batching and item cap.
+
+    Returns the LoadedModel to use: the chosen backend and its engine, `auto_decision` set.
     """
-    loaded = classifier.loaded
-    loaded.auto_precision = False
+    settings = settings or EngineSettings()
     config, device = loaded.model.config, loaded.backend.device
     sample = verification_sample(texts)
-    task = hashlib.sha256(repr(classifier.task).encode()).hexdigest()[:12]
-    key = (f"auto|{machine_key(device)}|{model_key(config)}|task {task}"
-           f"|sample {sample.digest(classifier.settings.max_text_tokens)}|check {CHECK_VERSION} gate {MIN_AGREEMENT}")
+    task_hash = hashlib.sha256(repr(task).encode()).hexdigest()[:12]
+    key = (f"auto|{machine_key(device)}|{model_key(config)}|task {task_hash}"
+           f"|sample {sample.digest(settings.max_text_tokens)}|check {CHECK_VERSION} gate {MIN_AGREEMENT}")
     cache = _read(cache_root())
     decided = cache.get(key)
     cached = decided is not None
+    chosen = loaded
     if decided is None:
-        decided = _decide(classifier, list(sample.texts), log)
+        decided, chosen = _decide(loaded, Scorer.build(task, loaded.tokenizer, config, settings),
+                                  list(sample.texts), log)
         decided["sample"] = sample.describe()
         cache = _read(cache_root())
         cache[key] = decided
         _write(cache_root(), cache)
-    loaded.auto_decision = {**decided, "cached": cached}
-    if decided["precision"] != loaded.backend.precision:
-        _use(classifier, decided["precision"])
-    return decided["precision"]
+    if decided["precision"] != chosen.backend.precision:
+        chosen = _use(loaded, decided["precision"])
+    return replace(chosen, auto_precision=False, auto_decision={**decided, "cached": cached})
 
 
 def auto_line(loaded) -> str | None:
@@ -188,39 +197,30 @@ def describe(decision: dict) -> str:
     return line + ("; decided earlier on the same sample (cached)" if decision.get("cached") else "")
 
 
-def _decide(classifier, texts: list[str], log) -> dict:
-    loaded = classifier.loaded
+def _decide(loaded, scorer: Scorer, texts: list[str], log) -> tuple[dict, object]:
+    """(the decision, the LoadedModel of the precision chosen) from scoring `texts` in float32 and
+    in each faster candidate, fastest first, until one agrees."""
     device = loaded.backend.device
     tried = {}
     order = candidates(loaded.gemm_rates, device)
     if not order:
-        return {"precision": "fp32", "tried": tried}
-    encoded = classifier.encode(texts)
-    stats = classifier.stats
-    fp32_engine, fp32_prefix = classifier.engine, classifier.prefix
-    reference = classifier.score(encoded)
+        return {"precision": "fp32", "tried": tried}, loaded
+    encoded = scorer.encode(texts)
+    reference = scorer.score(encoded, loaded.engine, scorer.prefill(loaded.engine)).scores
     for precision in order:
-        _use(classifier, precision)
-        result = agreement(classifier.score(encoded), reference)
+        low = _use(loaded, precision)
+        result = agreement(scorer.score(encoded, low.engine, scorer.prefill(low.engine)).scores, reference)
         tried[precision] = {"agree": result.agree, "n": result.n, "max_prob_diff": result.max_prob_diff,
                             "gemm_speedup": round(speedup(loaded.gemm_rates, precision, device), 2)}
         if log:
             log(f"precision auto: {precision} agrees with fp32 on {result.agree}/{result.n}, "
                 f"max |Δ probability| {result.max_prob_diff:.1e}")
         if result.ok:
-            classifier.stats = stats
-            return {"precision": precision, "tried": tried}
-    loaded.engine, loaded.backend = fp32_engine, fp32_engine.backend
-    classifier.engine, classifier.prefix = fp32_engine, fp32_prefix
-    classifier.stats = stats
-    return {"precision": "fp32", "tried": tried}
+            return {"precision": precision, "tried": tried}, low
+    return {"precision": "fp32", "tried": tried}, loaded
 
 
-def _use(classifier, precision: str) -> None:
-    """Build the engine of `precision` for the classifier's model and re-run its prefix."""
-    loaded = classifier.loaded
+def _use(loaded, precision: str):
+    """`loaded` with the backend of `precision` and an engine of its own (same weights)."""
     backend, _ = make_backend(loaded.model.config, loaded.backend.device, precision, cache_root())
-    loaded.backend = backend
-    ranges = ranges_for(loaded.tokenizer)
-    loaded.engine = classifier.engine = Engine(loaded.model, backend, ranges=ranges)
-    classifier.prefix = classifier.engine.prefill(classifier.prefix_ids) if classifier.prefix_ids else None
+    return with_backend(loaded, backend)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.results import RunStats, make_results
+from ..core.results import RunStats
 
 SHARED_ITEMS = 100_000
 """Distinct items whose scores the board keeps (24 MB with 3 labels); the oldest are forgotten past this."""
@@ -144,50 +144,49 @@ Exchange = Callable[[dict, list, list, float], Reply]
 
 def score_block(classifier, texts: list[str], exchange: Exchange, pace: Pace) -> ScoredBlock:
     """Score one block, taking from the board what other actors ran and publishing what this one runs."""
-    began = time.perf_counter()
-    encoded = classifier.encode(texts)
-    scored = encoded.scored
-    unique, source, item_keys = encoded.distinct()
-    keys = [digest(key) for key in item_keys]  # keys[j] is the board's key of unique[j]
-    lengths = np.array([len(encoded.own(i)) for i in unique], dtype=np.int64)
-    unique_scores = np.full((len(unique), len(classifier.task.labels)), np.nan)
-    remaining = [int(j) for j in np.argsort(-lengths, kind="stable")]  # longest first, as plan_batches
-    ran, waited, parts = 0, 0.0, RunStats()
-    publish: dict[bytes, np.ndarray] = {}
-    take: list[int] = []  # the first exchange only looks
-    while remaining or publish:
-        padded = len(take) * int(lengths[take].max()) if take else 0
-        reply = exchange(publish, [keys[j] for j in remaining], [keys[j] for j in take], pace.lease(padded))
-        publish = {}
-        granted = set(reply.granted)
-        mine = [j for j in take if keys[j] in granted]
-        for j in remaining:
-            if keys[j] in reply.known:
-                unique_scores[j] = reply.known[keys[j]]
-        remaining = [j for j in remaining if keys[j] not in reply.known and keys[j] not in granted]
-        if mine:
-            unique_scores[mine] = classifier.score(encoded.subset([unique[j] for j in mine]))  # [m, L]
-            parts.add(classifier.stats)
-            pace.add(classifier.stats)
-            ran += len(mine)
-            publish = {keys[j]: unique_scores[j].copy() for j in mine}
-        busy = set(reply.elsewhere)
-        free = [j for j in remaining if keys[j] not in busy]
-        take = _first_batch(free, lengths, classifier.settings)
-        if remaining and not mine and not free:  # everything left is being run by others right now
-            paused = time.perf_counter()
-            time.sleep(POLL_S)
-            waited += time.perf_counter() - paused
-    scores = np.full((len(encoded), len(classifier.task.labels)), np.nan, dtype=np.float64)
-    scores[scored] = unique_scores[source]
-    stats = RunStats(items=len(encoded), scored=len(scored), reused=len(scored) - ran,
-                     fallbacks=encoded.fallbacks, prefix_tokens=len(classifier.prefix_ids),
-                     real_tokens=parts.real_tokens, processed_tokens=parts.processed_tokens,
-                     prefix_reused=parts.prefix_reused, batches=parts.batches,
-                     seconds=time.perf_counter() - began)
-    results = make_results(classifier.task.labels, scores, classifier.calibrated(scores), encoded.status,
-                           classifier.task.min_confidence)
-    return ScoredBlock(scores, results, stats, waited)
+    waited = 0.0
+
+    def run(encoded, unique: list[int], item_keys: list[bytes]):
+        """The distinct items' `Scored`: from the board, or run here a batch at a time and published."""
+        nonlocal waited
+        from ..core.scoring import Scored  # imports torch: not at module import (the actor times its imports)
+
+        keys = [digest(key) for key in item_keys]  # keys[j] is the board's key of unique[j]
+        lengths = np.array([len(encoded.own(i)) for i in unique], dtype=np.int64)
+        unique_scores = np.full((len(unique), len(classifier.task.labels)), np.nan)
+        remaining = [int(j) for j in np.argsort(-lengths, kind="stable")]  # longest first, as plan_batches
+        ran, parts = 0, RunStats()
+        publish: dict[bytes, np.ndarray] = {}
+        take: list[int] = []  # the first exchange only looks
+        while remaining or publish:
+            padded = len(take) * int(lengths[take].max()) if take else 0
+            reply = exchange(publish, [keys[j] for j in remaining], [keys[j] for j in take], pace.lease(padded))
+            publish = {}
+            granted = set(reply.granted)
+            mine = [j for j in take if keys[j] in granted]
+            for j in remaining:
+                if keys[j] in reply.known:
+                    unique_scores[j] = reply.known[keys[j]]
+            remaining = [j for j in remaining if keys[j] not in reply.known and keys[j] not in granted]
+            if mine:
+                batch = classifier.score(encoded.subset([unique[j] for j in mine]))
+                unique_scores[mine] = batch.scores  # [m, L]
+                parts.add(batch.stats)
+                pace.add(batch.stats)
+                ran += len(mine)
+                publish = {keys[j]: unique_scores[j].copy() for j in mine}
+            busy = set(reply.elsewhere)
+            free = [j for j in remaining if keys[j] not in busy]
+            take = _first_batch(free, lengths, classifier.settings)
+            if remaining and not mine and not free:  # everything left is being run by others right now
+                paused = time.perf_counter()
+                time.sleep(POLL_S)
+                waited += time.perf_counter() - paused
+        parts.scored = ran  # the items this actor ran; the others came from the board
+        return Scored(scores=unique_scores, states=None, stats=parts)
+
+    scored = classifier.score_items(texts, run=run)
+    return ScoredBlock(scored.scores, scored.results, scored.stats, waited)
 
 
 def _first_batch(order: list[int], lengths: np.ndarray, settings) -> list[int]:

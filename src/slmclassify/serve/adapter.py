@@ -2,10 +2,10 @@
 from many requests, turn scores into Results.
 
 Everything else in `serve/` treats encoded items as opaque handles, so a change to the layout
-of `EncodedItems` touches this module only. Scoring goes through the public
-`Classifier.score` / `Classifier.calibrated` and `results.make_results`, the same calls as
-offline `classify`, so a text gets the same scores (within float32 rounding, ≤1e-4 log-prob)
-however the scheduler groups it with others.
+of `EncodedItems` touches this module only. Scoring goes through `Classifier.score` and
+`Classifier.results`, the calls offline `classify` makes (`Classifier.score_items`), so a text gets
+the same scores (within float32 rounding, ≤1e-4 log-prob) however the scheduler groups it with
+others; the scheduler does the rest of that step itself (picks across requests, scatter).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..classifier import Classifier
 from ..core.encode import EMPTY, EncodedItems
-from ..core.results import Result, make_results
+from ..core.results import Result
 
 
 @dataclass(frozen=True)
@@ -79,23 +79,13 @@ class TaskRunner:
 
     def score(self, picks: list[tuple[EncodedRequest, int]]) -> tuple[np.ndarray, BatchWork]:
         """[k, L] raw label scores of the picked (request, text index) items, in pick order."""
-        parts = [req.items.own(i) for req, i in picks]  # the compact ids the engine runs
-        combined = EncodedItems(
-            tokens=np.concatenate(parts).astype(np.int32),
-            offsets=np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64),
-            status=[req.items.status[i] for req, i in picks],
-            prefix_ids=picks[0][0].items.prefix_ids,
-            cached=np.array([bool(req.items.cached[i]) for req, i in picks], dtype=bool),
-        )
-        scores = self.classifier.score(combined)
-        stats = self.classifier.stats
-        return scores, BatchWork(rows=len(picks), real_tokens=stats.real_tokens,
-                                 processed_tokens=stats.processed_tokens)
+        scored = self.classifier.score(EncodedItems.gather([(req.items, i) for req, i in picks]))
+        return scored.scores, BatchWork(rows=len(picks), real_tokens=scored.stats.real_tokens,
+                                        processed_tokens=scored.stats.processed_tokens)
 
     def results(self, scores: np.ndarray, status: tuple[str, ...]) -> list[Result]:
         """[n, L] raw scores (NaN rows for empty texts) → one Result per text, as offline classify."""
-        clf = self.classifier
-        return make_results(self.labels, scores, clf.calibrated(scores), list(status), clf.task.min_confidence)
+        return self.classifier.results(scores, list(status))
 
     def empty_scores(self, n: int) -> np.ndarray:
         return np.full((n, len(self.labels)), np.nan, dtype=np.float64)

@@ -16,6 +16,7 @@ import time
 from ..classifier import Classifier, EngineSettings
 from ..errors import TaskError
 from ..models.loading import LoadedModel, load_model
+from ..models.precision import settled
 from ..core.task import Task
 from .adapter import TaskRunner
 from .settings import ServeSettings
@@ -31,6 +32,7 @@ def build_service(tasks: dict[str, Task], model: str | LoadedModel | None, engin
     if not tasks:
         raise TaskError("give at least one task: --task NAME=FILE.toml")
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    loaded = settled(loaded, next(iter(tasks.values())), None, engine)  # --precision auto: once, on the first task
     runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=engine)) for name, task in tasks.items()}
     return Service(runners=runners, settings=settings, model_name=loaded.name)
 

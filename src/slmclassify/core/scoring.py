@@ -1,0 +1,133 @@
+"""A task's prompts, label trie and batching for one tokenizer: texts → `EncodedItems` → label scores.
+
+`Scorer` holds what scoring a task needs besides the model's weights — the prompt renderer, the
+label trie, the shared prefix ids, the batching settings — and never changes after it is built.
+`Scorer.score` runs encoded items through a given engine and prefix cache and returns its scores
+and what it did (`Scored`): it keeps no state, so the same items scored twice with the same engine
+get the same bits, and scoring with another engine (the float32 one for calibration, a candidate
+precision for `--precision auto`) is an argument, not a swap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batching import Batch, collate, plan_batches
+from .config_check import context_limit
+from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items
+from .labels import LabelTrie, build_trie, end_of_turn_id, label_sequences, resolve_mode
+from .prompts import PromptRenderer
+from .results import RunStats
+from .settings import EngineSettings
+from .task import Task
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What one fast-path pass over encoded items gave, in item order."""
+
+    scores: np.ndarray
+    """[n, L] float64 raw label scores (NaN rows for empty items)."""
+    states: np.ndarray | None
+    """[n, len(taps) * hidden] float32 hidden states at each item's last token (NaN rows for empty
+    items) when scored with taps; None without."""
+    stats: RunStats
+    """What the pass did (batches, tokens, seconds)."""
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """Encodes texts for one task and tokenizer, and scores encoded items with an engine."""
+
+    task: Task
+    tokenizer: object
+    settings: EngineSettings
+    renderer: PromptRenderer
+    label_tokens: list
+    """Each label's token ids as they follow the prompt (before the mode truncates or terminates them)."""
+    trie: LabelTrie
+    mode_reason: str
+    prefix_ids: list[int]
+    """The shared head of every prompt, run once per engine (empty with `prefix_cache` off)."""
+    split: PromptSplit
+    max_prompt_tokens: int
+    """Longest prompt the engine is exact for (the model's context less the longest label)."""
+    hidden_size: int
+
+    @classmethod
+    def build(cls, task: Task, tokenizer, config, settings: EngineSettings) -> Scorer:
+        """The scorer of `task` for a model with this tokenizer and config (`config_check` limits)."""
+        renderer = PromptRenderer(tokenizer, task)
+        label_tokens = label_sequences(tokenizer, renderer.tail, task.labels)
+        mode, sequences, mode_reason = resolve_mode(task.labels, label_tokens, task.mode, end_of_turn_id(tokenizer))
+        trie = build_trie(task.labels, sequences, mode)
+        prefix_ids = choose_prefix(tokenizer, renderer.head) if settings.prefix_cache else []
+        # The engine is exact up to this length (the model's context, or less: see config_check).
+        max_prompt_tokens = context_limit(config) - max(len(s) for s in trie.sequences)
+        return cls(task=task, tokenizer=tokenizer, settings=settings, renderer=renderer, label_tokens=label_tokens,
+                   trie=trie, mode_reason=mode_reason, prefix_ids=prefix_ids,
+                   split=PromptSplit(tokenizer, renderer), max_prompt_tokens=max_prompt_tokens,
+                   hidden_size=config.hidden_size)
+
+    def prefill(self, engine):
+        """The prefix cache of `engine` for this scorer's prefix (None without a prefix)."""
+        return engine.prefill(self.prefix_ids) if self.prefix_ids else None
+
+    def encode(self, texts: Iterable[str], score_empty: bool = False) -> EncodedItems:
+        """Render and tokenize texts (no model work), cut at `settings.max_text_tokens`.
+        `score_empty`: the content-free calibration inputs, "" included, scored and never cut."""
+        cap = None if score_empty else self.settings.max_text_tokens
+        return encode_items(self.tokenizer, self.renderer, list(texts), self.prefix_ids, self.max_prompt_tokens,
+                            cap, score_empty=score_empty, split=self.split)
+
+    def plan(self, encoded: EncodedItems) -> list[tuple[bool, np.ndarray]]:
+        """The engine batches `score` runs, in order: (cached, [b] item indices) each. The items
+        that continue the cached prefix and those that do not (`fallbacks`) are batched apart, each
+        group by `plan_batches` on the lengths the engine runs."""
+        scored = encoded.scored
+        batches = []
+        for cached in (True, False):
+            group = scored[encoded.cached[scored] == cached] if len(scored) else scored
+            if not len(group):
+                continue
+            lengths = np.array([len(encoded.own(i)) for i in group])
+            plan = plan_batches(lengths, self.settings.token_budget, self.settings.max_rows, sort=self.settings.sort)
+            batches += [(cached, group[positions]) for positions in plan]
+        return batches
+
+    def batches(self, encoded: EncodedItems) -> Iterator[Batch]:
+        """The batches of `plan`, left-padded, as the engine runs them."""
+        pad = self.tokenizer.pad_token_id
+        for cached, rows in self.plan(encoded):
+            yield collate([encoded.suffix(i) for i in rows], rows, pad, cached)
+
+    def score(self, encoded: EncodedItems, engine, prefix, progress: Callable[[int], None] | None = None,
+              taps: tuple[int, ...] = ()) -> Scored:
+        """Label scores of every item through `engine` with its `prefix` cache (`prefill(engine)`).
+
+        `taps` (layer numbers, see `Engine.score`): the hidden states of those layers from the same
+        pass. `progress(n)` is called as each batch of n items finishes."""
+        start = time.perf_counter()
+        scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
+        states = np.full((len(encoded), len(taps) * self.hidden_size), np.nan, np.float32) if taps else None
+        stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
+        for batch in self.batches(encoded):
+            batch_scores = engine.score(batch, prefix, self.trie, taps=taps)  # [B, L]
+            if taps:
+                batch_scores, batch_states = batch_scores
+                states[batch.rows] = batch_states.flatten(1).numpy()
+            scores[batch.rows] = batch_scores.double().numpy()
+            stats.batches += 1
+            stats.real_tokens += batch.real_tokens
+            stats.processed_tokens += batch.padded_tokens
+            if batch.cached:
+                stats.prefix_reused += len(self.prefix_ids) * len(batch.rows)
+            if progress is not None:
+                progress(len(batch.rows))
+        stats.scored = len(encoded.scored)
+        stats.seconds = time.perf_counter() - start
+        return Scored(scores=scores, states=states, stats=stats)
