@@ -278,7 +278,7 @@ def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loa
         seen.update(cap=max_text_tokens, calibrate=task.calibrate)
         return [SweepPoint(64, 2, 1.0, 0.0, 1, 1.0)]
 
-    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, *a: llama_loaded)
+    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, *a, **kw: llama_loaded)
     monkeypatch.setattr(slmclassify.bench.sweep, "run_sweep", fake_sweep)
     monkeypatch.setattr(slmclassify.bench.sweep, "plot", lambda points, path: None)
     code, _, err = run_main("sweep", "--n", "2", *args)

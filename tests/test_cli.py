@@ -424,7 +424,7 @@ def test_interrupt_writes_nothing(run_main, model_arg, tmp_path, monkeypatch, ex
     if existed:
         target.write_bytes(b"id,label\nold,result\n")
 
-    def interrupted(self, encoded, progress=None):
+    def interrupted(self, encoded, *args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(classifier_module.Classifier, "score", interrupted)
@@ -446,7 +446,7 @@ def test_crash_while_scoring_writes_nothing(run_main, model_arg, tmp_path, monke
     if existed:
         target.write_bytes(b"previous")
 
-    def broken(self, encoded, progress=None):
+    def broken(self, encoded, *args, **kwargs):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(classifier_module.Classifier, "score", broken)

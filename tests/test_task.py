@@ -94,9 +94,9 @@ def test_resolve_mode():
 
 
 def test_identical_label_tokens_rejected(tiny_loaded, monkeypatch):
-    import slmclassify.classifier as classifier_module
+    import slmclassify.core.scoring as scoring_module
 
-    monkeypatch.setattr(classifier_module, "label_sequences", lambda tok, tail, labels: [(5,), (5,)])
+    monkeypatch.setattr(scoring_module, "label_sequences", lambda tok, tail, labels: [(5,), (5,)])
     with pytest.raises(TaskError, match="tokenise identically"):
         Classifier(Task(labels=("x", "y")), model=tiny_loaded)
 
