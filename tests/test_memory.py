@@ -105,7 +105,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
     _load(sys.argv[2])  # imports, the tokenizer's code paths, transformers' model classes
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
     before = status("VmRSS")
-    Engine(_load(sys.argv[1]).model)
+    Engine(_load(sys.argv[1])[0])  # (model, tokenizer, name)
     print(json.dumps({"before": before, "peak": status("VmHWM")}))
 """)
 
