@@ -1,0 +1,68 @@
+"""`slmclassify label`: run the labelling page, or write its export / head from the store and exit.
+
+The library (slmclassify.label) prints nothing; the lines a person reads are printed here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import TaskError
+from ..interrupts import Interrupted, terminate_as_interrupt
+
+
+def default_store(input_path: str | Path) -> Path:
+    """`tickets.csv` → `tickets.labels.sqlite` in the current folder."""
+    return Path(f"{Path(input_path).stem}.labels.sqlite")
+
+
+def page_outputs(store_path: Path) -> tuple[Path, Path]:
+    """Where the page's Export and Fit buttons write: next to the store, named after it."""
+    return store_path.with_suffix(".csv"), store_path.with_suffix(".head.npz")
+
+
+def run_label(input_path, task, settings, *, model, store_path, port, api_key, export_path, fit_path, sample, seed,
+              text_column, review_first) -> None:
+    """Start the session; with --export/--fit write those and exit, else serve the page."""
+    from ..label.server import new_token, run_page
+    from ..label.session import LabelSession
+
+    if sample < 1:
+        raise TaskError(f"--sample must be a positive number of rows, got {sample}")
+    if api_key is not None and not api_key.strip():
+        raise TaskError("--api-key is empty; give a token or leave it out for a random one")
+    store_path = Path(store_path) if store_path else default_store(input_path)
+
+    def start():
+        return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,
+                                  sample=sample, seed=seed, text_column=text_column, review_first=review_first)
+
+    if export_path or fit_path:
+        session = start()
+        try:
+            if export_path:
+                session.export(export_path)
+                click.echo(f"wrote {export_path}")
+            if fit_path:
+                session.fit(fit_path)
+                click.echo(f"wrote {fit_path}")
+        finally:
+            session.close()
+        return
+
+    page_export, page_fit = page_outputs(store_path)
+
+    def ready(url: str) -> None:
+        click.echo(url)
+        click.echo(f"answers are kept in {store_path} as they are given; Export writes {page_export}, Fit "
+                   f"writes {page_fit}; Ctrl-C stops", err=True)
+
+    try:
+        run_page(start, port=port, token=api_key or new_token(), export_path=page_export, fit_path=page_fit,
+                 on_ready=ready)
+    except KeyboardInterrupt:  # before the page was up: the answers given earlier are in the store already
+        raise Interrupted(f"interrupted; the answers given so far are kept in {store_path}",
+                          143 if terminate_as_interrupt.received else 130) from None
+    click.echo(f"stopped; the answers are kept in {store_path}", err=True)
