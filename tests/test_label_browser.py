@@ -101,14 +101,19 @@ def chromium():
 
 
 def page_state(driver) -> dict:
-    """What the page shows now: the item's row, the guess, the action count, the status line."""
-    main = driver.find_element(By.ID, "main")
-    row = driver.find_element(By.ID, "row").text
-    guess = driver.find_elements(By.CSS_SELECTOR, "#guess b")
-    return {"row": int(row.split()[-1]) if row else None, "guess": guess[0].text if guess else None,
-            "actions": int(main.get_attribute("data-actions") or 0),
-            "status": driver.find_element(By.ID, "status").text,
-            "error": "error" in (driver.find_element(By.ID, "status").get_attribute("class") or "")}
+    """What the page shows now, read in one script (the page re-renders between two reads):
+    the item's row and text, the guess, the action count, the status line, the header, the counts."""
+    return driver.execute_script("""
+        const text = (id) => document.getElementById(id).textContent;
+        const row = text("row"), guess = document.querySelector("#guess b");
+        return {row: row ? Number(row.split(" ").pop()) : null, text: text("text"),
+                guess: guess ? guess.textContent : null,
+                actions: Number(document.getElementById("main").dataset.actions || 0),
+                status: text("status"), error: document.getElementById("status").className === "error",
+                header: text("pool"),
+                counts: Object.fromEntries([...document.querySelectorAll("#counts .bar")].map(
+                    (b) => [b.querySelector(".name").textContent, Number(b.querySelector(".n").textContent)]))};
+    """)
 
 
 def press(driver, key: str) -> dict:
@@ -150,7 +155,7 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
             key = keys[step % len(keys)]
             step += 1
             row, guess = shown["row"], shown["guess"]
-            assert driver.find_element(By.ID, "text").text == texts[row]
+            assert shown["text"] == texts[row]
             shown = press(driver, key)
             if key == Keys.BACK_SPACE:
                 undone = done.pop()
@@ -174,10 +179,7 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         counts = {label: 0 for label in LABELS}
         for label in expected.values():
             counts[label] += 1
-        header = driver.find_element(By.ID, "pool").text
-        assert header.startswith(f"{len(expected)} labelled · ")
-        bars = [b.text.split("\n") for b in driver.find_elements(By.CSS_SELECTOR, "#counts .bar")]
-        assert {name: int(n) for name, n in bars} == counts
+        assert shown["header"].startswith(f"{len(expected)} labelled · ") and shown["counts"] == counts
         row = shown["row"]
         shown = press(driver, "2")  # the page goes on where it stopped
         expected[row] = LABELS[1]

@@ -48,7 +48,7 @@ class FakeSession:
             item = None if row is None else {"row": row, "text": self.texts[row], "guess": LABELS[0],
                                              "confidence": 0.61, "reason": "a random pick"}
             counts = {label: sum(1 for a in self.answers.values() if a == label) for label in LABELS}
-            return {"item": item, "counts": counts, "labelled": len(self.answers), "skipped": len(self.skipped),
+            return {"item": item, "labels": list(LABELS), "counts": counts, "labelled": len(self.answers), "skipped": len(self.skipped),
                     "pool": len(self.texts), "scored": len(self.texts), "sample_note": None,
                     "accuracy": None, "auto_share": None, "fitting": False}
 
@@ -86,6 +86,7 @@ class FakeSession:
 
     def export(self, path):
         self.calls.append(("export", str(path)))
+        return len(self.answers)
 
     def fit(self, path):
         self.calls.append(("fit", str(path)))
@@ -184,7 +185,7 @@ def test_no_request_can_name_a_file(page, path, body):
 
 def test_export_and_fit_write_only_the_fixed_paths(page):
     client, session, tmp_path = page
-    assert client.post("/api/export", json={}, headers=AUTH).json() == {"written": str(tmp_path / "out.csv")}
+    assert client.post("/api/export", json={}, headers=AUTH).json() == {"written": str(tmp_path / "out.csv"), "rows": 0}
     assert client.post("/api/fit", json={}, headers=AUTH).json() == {"written": str(tmp_path / "head.npz")}
     assert session.calls == [("export", str(tmp_path / "out.csv")), ("fit", str(tmp_path / "head.npz"))]
 

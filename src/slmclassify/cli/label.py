@@ -24,30 +24,35 @@ def page_outputs(store_path: Path) -> tuple[Path, Path]:
 
 
 def run_label(input_path, task, settings, *, model, store_path, port, api_key, export_path, fit_path, sample, seed,
-              text_column, review_first) -> None:
+              text_column, review_first, target_accuracy) -> None:
     """Start the session; with --export/--fit write those and exit, else serve the page."""
     from ..label.server import new_token, run_page
     from ..label.session import LabelSession
 
     if sample < 1:
         raise TaskError(f"--sample must be a positive number of rows, got {sample}")
+    if target_accuracy is not None and not 0 < target_accuracy <= 1:
+        raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
     if api_key is not None and not api_key.strip():
         raise TaskError("--api-key is empty; give a token or leave it out for a random one")
     store_path = Path(store_path) if store_path else default_store(input_path)
 
     def start():
         return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,
-                                  sample=sample, seed=seed, text_column=text_column, review_first=review_first)
+                                  sample=sample, seed=seed, text_column=text_column, review_first=review_first,
+                                  target_accuracy=target_accuracy)
 
     if export_path or fit_path:
         session = start()
         try:
             if export_path:
-                session.export(export_path)
-                click.echo(f"wrote {export_path}")
+                rows = session.export(export_path)
+                click.echo(f"wrote {rows} labelled rows to {export_path}")
             if fit_path:
-                session.fit(fit_path)
-                click.echo(f"wrote {fit_path}")
+                session.wait_ready()  # the answered rows' hidden states are scored first
+                head = session.fit(fit_path)
+                click.echo(f"wrote {fit_path}: a head fitted on {head.info['items']} answers; "
+                           f"classify with it: slmclassify classify INPUT -o OUT --head {fit_path}")
         finally:
             session.close()
         return

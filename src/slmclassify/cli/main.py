@@ -620,9 +620,11 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, use_s
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--review-first", is_flag=True, help="INPUT is a `classify` output: offer its needs_review rows first.")
+@click.option("--target-accuracy", type=float, help="Accuracy the automatic share must reach (default: the share "
+              "at the task's min_confidence).")
 @task_options
 def label(input_path, store_path, port, api_key, export_path, fit_path, sample, seed, text_column, review_first,
-          task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget,
+          target_accuracy, task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget,
           max_rows, max_tokens, device, precision):
     """Label INPUT by hand on a local web page, one item at a time, picked by active learning; a head
     is refitted as you go (needs the 'serve' and 'head' extras)."""
@@ -633,4 +635,5 @@ def label(input_path, store_path, port, api_key, export_path, fit_path, sample, 
                                 calibrate),
               _settings(task_file, token_budget, max_rows, max_tokens, device, precision), model=model,
               store_path=store_path, port=port, api_key=api_key, export_path=export_path, fit_path=fit_path,
-              sample=sample, seed=seed, text_column=text_column, review_first=review_first)
+              sample=sample, seed=seed, text_column=text_column, review_first=review_first,
+              target_accuracy=target_accuracy)

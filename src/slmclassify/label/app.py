@@ -166,8 +166,8 @@ def create_app(session, token: str, *, export_path: str | Path, fit_path: str | 
 
     @app.post("/api/export")
     async def export(_body: Empty):
-        await asyncio.to_thread(session.export, export_path)
-        return {"written": str(export_path)}
+        rows = await asyncio.to_thread(session.export, export_path)
+        return {"written": str(export_path), "rows": rows}
 
     @app.post("/api/fit")
     async def fit(_body: Empty):
