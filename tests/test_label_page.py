@@ -200,3 +200,57 @@ def test_state_before_the_first_slice(tmp_path):
 def test_an_empty_token_is_refused():
     with pytest.raises(TaskError, match="non-empty token"):
         create_app(FakeSession(), "", export_path="a.csv", fit_path="h.npz")
+
+
+TASK_TOML = 'labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\n'
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sample", "0"], "--sample must be a positive number of rows, got 0"),
+    (["--target-accuracy", "1.5"], "--target-accuracy must be in (0, 1], got 1.5"),
+    (["--api-key", " "], "--api-key is empty"),
+])
+def test_label_option_errors(tmp_path, run_main, args, message):
+    (tmp_path / "t.toml").write_text(TASK_TOML)
+    code, out, err = run_main("label", tmp_path / "in.csv", "--task", tmp_path / "t.toml", *args)
+    assert code == 2 and out == "" and message in err
+
+
+def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run_main, one_torch_thread):
+    """Answers given in one session come out of `label --export/--fit` (no server): the labelled rows
+    in input order with a gold column, and a head that `classify --head` applies."""
+    import pandas as pd
+
+    from slmclassify import Task
+    from slmclassify.head.model import Head
+    from slmclassify.label.session import LabelSession
+
+    pd.DataFrame({"id": range(12), "text": [f"{w} problem number {i}" for i, w in
+                                            enumerate(["refund", "crash", "password"] * 4)]}).to_csv(
+        tmp_path / "in.csv", index=False)
+    (tmp_path / "t.toml").write_text(TASK_TOML)
+    store = tmp_path / "in.labels.sqlite"
+    session = LabelSession.start(str(tmp_path / "in.csv"), Task.from_toml(tmp_path / "t.toml"), model=str(llama_dir),
+                                 store_path=store)
+    try:
+        session.wait_ready()
+        for row in (0, 3, 6, 9):
+            session.answer(row, "billing")
+        for row in (1, 4, 7):
+            session.answer(row, "technical")
+    finally:
+        session.close()
+    code, out, err = run_main("label", tmp_path / "in.csv", "--task", tmp_path / "t.toml", "--store", store,
+                              "--model", llama_dir, "--export", tmp_path / "gold.csv", "--fit", tmp_path / "head.npz")
+    assert code == 0, err
+    assert out.splitlines() == [
+        f"wrote 7 labelled rows to {tmp_path / 'gold.csv'}",
+        f"wrote {tmp_path / 'head.npz'}: a head fitted on 7 answers; classify with it: "
+        f"slmclassify classify INPUT -o OUT --head {tmp_path / 'head.npz'}"]
+    gold = pd.read_csv(tmp_path / "gold.csv")
+    assert gold["id"].tolist() == [0, 1, 3, 4, 6, 7, 9]
+    assert gold["gold"].tolist() == ["billing", "technical", "billing", "technical", "billing", "technical", "billing"]
+    assert Head.load(tmp_path / "head.npz").labels == ("billing", "technical")
+    code, _, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
+                            "--head", tmp_path / "head.npz", "--quiet")
+    assert code == 0, err
