@@ -21,10 +21,11 @@ LABELS = ["billing", "technical", "account", "shipping", "feedback"]  # examples
 
 
 def main(out: str, answers: int = 24) -> None:
-    gold = [row["gold"] for row in csv.DictReader(open("examples/tickets.csv", newline=""))]
-    with tempfile.TemporaryDirectory() as folder:
-        page = browser.Page(["examples/tickets.csv", "--task", "examples/support.toml",
-                             "--store", f"{folder}/tickets.labels.sqlite", "--port", "0"])
+    examples = Path("examples").resolve()
+    gold = [row["gold"] for row in csv.DictReader(open(examples / "tickets.csv", newline=""))]
+    with tempfile.TemporaryDirectory() as folder:  # the store and the page's outputs, named as a user sees them
+        page = browser.Page([str(examples / "tickets.csv"), "--task", str(examples / "support.toml"), "--port", "0"],
+                            cwd=folder)
         driver = browser.chromium()
         try:
             driver.get(page.url)

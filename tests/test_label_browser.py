@@ -63,10 +63,10 @@ def write_input(path: Path, n: int = 60) -> list[str]:
 class Page:
     """The `slmclassify label` process (a subprocess) and the URL it printed."""
 
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], cwd: str | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from slmclassify.cli.main import main; main()", "label", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
             env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.errors: list[str] = []
         threading.Thread(target=lambda: self.errors.extend(self.proc.stderr), daemon=True).start()
@@ -192,4 +192,4 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
     finally:
         driver.quit()
         page.kill()
-    assert exported(store.with_suffix(".csv")) == expected
+    assert exported(tmp_path / "tickets.labelled.csv") == expected

@@ -209,11 +209,16 @@ TASK_TOML = 'labels = ["billing", "technical", "account"]\nuser_template = "Tick
     (["--sample", "0"], "--sample must be a positive number of rows, got 0"),
     (["--target-accuracy", "1.5"], "--target-accuracy must be in (0, 1], got 1.5"),
     (["--api-key", " "], "--api-key is empty"),
+    (["--export", "{input}"], "--export {input} is the input file itself; give another path"),
+    (["--store", "{folder}/in.sqlite"], "the page's export file {folder}/in.labelled.csv is the input file itself"),
 ])
 def test_label_option_errors(tmp_path, run_main, args, message):
+    """Checked before the model loads; no output path may be the input itself."""
     (tmp_path / "t.toml").write_text(TASK_TOML)
-    code, out, err = run_main("label", tmp_path / "in.csv", "--task", tmp_path / "t.toml", *args)
-    assert code == 2 and out == "" and message in err
+    where = {"input": tmp_path / "in.labelled.csv", "folder": tmp_path}
+    code, out, err = run_main("label", where["input"], "--task", tmp_path / "t.toml",
+                              *(a.format(**where) for a in args))
+    assert code == 2 and out == "" and message.format(**where) in err, err
 
 
 def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run_main, one_torch_thread):

@@ -19,8 +19,15 @@ def default_store(input_path: str | Path) -> Path:
 
 
 def page_outputs(store_path: Path) -> tuple[Path, Path]:
-    """Where the page's Export and Fit buttons write: next to the store, named after it."""
-    return store_path.with_suffix(".csv"), store_path.with_suffix(".head.npz")
+    """Where the page's Export and Fit buttons write: next to the store, named after it
+    (`tickets.labels.sqlite` → `tickets.labelled.csv`, `tickets.head.npz`)."""
+    base = store_path.stem.removesuffix(".labels")
+    return store_path.with_name(f"{base}.labelled.csv"), store_path.with_name(f"{base}.head.npz")
+
+
+def _not_the_input(path, input_path, what: str) -> None:
+    if Path(path).resolve() == Path(input_path).resolve():
+        raise TaskError(f"{what} {path} is the input file itself; give another path")
 
 
 def run_label(input_path, task, settings, *, model, store_path, port, api_key, export_path, fit_path, sample, seed,
@@ -36,6 +43,11 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
     if api_key is not None and not api_key.strip():
         raise TaskError("--api-key is empty; give a token or leave it out for a random one")
     store_path = Path(store_path) if store_path else default_store(input_path)
+    page_export, page_fit = page_outputs(store_path)
+    for path, what in ((store_path, "--store"), (export_path, "--export"), (fit_path, "--fit"),
+                       (page_export, "the page's export file"), (page_fit, "the page's head file")):
+        if path:
+            _not_the_input(path, input_path, what)
 
     def start():
         return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,
@@ -56,8 +68,6 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
         finally:
             session.close()
         return
-
-    page_export, page_fit = page_outputs(store_path)
 
     def ready(url: str) -> None:
         click.echo(url)
