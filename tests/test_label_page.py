@@ -211,6 +211,8 @@ TASK_TOML = 'labels = ["billing", "technical", "account"]\nuser_template = "Tick
     (["--api-key", " "], "--api-key is empty"),
     (["--export", "{input}"], "--export {input} is the input file itself; give another path"),
     (["--store", "{folder}/in.sqlite"], "the page's export file {folder}/in.labelled.csv is the input file itself"),
+    (["--store", "{folder}/none.sqlite", "--export", "{folder}/out.csv"], "no label store at {folder}/none.sqlite: "
+     "label first (`slmclassify label {input} --task ...`), or give the store with --store"),
 ])
 def test_label_option_errors(tmp_path, run_main, args, message):
     """Checked before the model loads; no output path may be the input itself."""
@@ -251,7 +253,7 @@ def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run
     assert out.splitlines() == [
         f"wrote 7 labelled rows to {tmp_path / 'gold.csv'}",
         f"wrote {tmp_path / 'head.npz'}: a head fitted on 7 answers; classify with it: "
-        f"slmclassify classify INPUT -o OUT --head {tmp_path / 'head.npz'}"]
+        f"slmclassify classify {tmp_path / 'in.csv'} -o OUT --head {tmp_path / 'head.npz'}"]
     gold = pd.read_csv(tmp_path / "gold.csv")
     assert gold["id"].tolist() == [0, 1, 3, 4, 6, 7, 9]
     assert gold["gold"].tolist() == ["billing", "technical", "billing", "technical", "billing", "technical", "billing"]

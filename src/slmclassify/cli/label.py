@@ -55,6 +55,9 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
                                   target_accuracy=target_accuracy)
 
     if export_path or fit_path:
+        if not store_path.exists():
+            raise TaskError(f"no label store at {store_path}: label first (`slmclassify label {input_path} --task ...`), "
+                            "or give the store with --store")
         session = start()
         try:
             if export_path:
@@ -64,7 +67,7 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
                 session.wait_ready()  # the answered rows' hidden states are scored first
                 head = session.fit(fit_path)
                 click.echo(f"wrote {fit_path}: a head fitted on {head.info['items']} answers; "
-                           f"classify with it: slmclassify classify INPUT -o OUT --head {fit_path}")
+                           f"classify with it: slmclassify classify {input_path} -o OUT --head {fit_path}")
         finally:
             session.close()
         return
