@@ -165,6 +165,9 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
             done.append(row)
             if key == "S":
                 continue
+            if key == Keys.ENTER:  # the guess on screen when the key went (a poll may have changed it)
+                assert shown["status"].startswith(f"row {row}: ") and shown["status"].endswith(" (the guess)")
+                guess = shown["status"].removeprefix(f"row {row}: ").removesuffix(" (the guess)")
             expected[row] = guess if key == Keys.ENTER else LABELS[int(key) - 1]
             assert shown["row"] not in expected, "an answered item was offered again"
     finally:
@@ -186,6 +189,11 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         assert shown["row"] not in expected
         driver.find_element(By.ID, "export").click()
         WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
+        assert page_state(driver)["status"] == f"wrote {len(expected)} rows to {tmp_path / 'tickets.labelled.csv'}"
+        driver.find_element(By.ID, "fit").click()
+        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].endswith(".npz"))
+        assert page_state(driver)["status"] == f"wrote {tmp_path / 'tickets.head.npz'}"
+        driver.execute_script("document.getElementById('status').textContent = ''")
         screenshot = Path(os.environ.get("SLMCLASSIFY_SCREENSHOT") or tmp_path / "label-page.png")
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         assert driver.save_screenshot(str(screenshot))
@@ -193,3 +201,4 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         driver.quit()
         page.kill()
     assert exported(tmp_path / "tickets.labelled.csv") == expected
+    assert (tmp_path / "tickets.head.npz").stat().st_size > 0

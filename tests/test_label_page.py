@@ -1,5 +1,5 @@
 """The labelling page's app (label/app.py) with FastAPI's TestClient over a fake session: the token
-guards every route, the answer / accept / skip / undo flows reach the session, and no request can
+guards every route, the answer / skip / undo flows reach the session, and no request can
 name a file."""
 
 from __future__ import annotations
@@ -65,10 +65,6 @@ class FakeSession:
             self.answers[row] = label
             self.history.append(row)
 
-    def accept(self, row):
-        self.calls.append(("accept", row))
-        self.answer(row, LABELS[0])
-
     def skip(self, row):
         with self.lock:
             self.calls.append(("skip", row))
@@ -105,7 +101,7 @@ def page(tmp_path):
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ROUTES = [("GET", "/", None), ("GET", "/api/state", None), ("POST", "/api/answer", {"row": 0, "label": "billing"}),
-          ("POST", "/api/accept", {"row": 0}), ("POST", "/api/skip", {"row": 0}), ("POST", "/api/undo", {}),
+("POST", "/api/skip", {"row": 0}), ("POST", "/api/undo", {}),
           ("POST", "/api/export", {}), ("POST", "/api/fit", {}), ("GET", "/docs", None),
           ("GET", "/openapi.json", None), ("GET", "/no-such-page", None)]
 
@@ -138,7 +134,7 @@ def test_page_is_served_with_strict_headers(page):
     assert "innerHTML" not in answer.text  # item texts are shown with textContent only
 
 
-def test_answer_skip_accept_undo_flow(page):
+def test_answer_skip_undo_flow(page):
     client, session, tmp_path = page
     state = client.get("/api/state", headers=AUTH).json()
     assert state["ready"] and state["item"]["row"] == 0 and state["item"]["text"] == TEXTS[0]
@@ -147,14 +143,13 @@ def test_answer_skip_accept_undo_flow(page):
     assert state["item"]["row"] == 1 and state["counts"]["technical"] == 1
     state = client.post("/api/skip", json={"row": 1}, headers=AUTH).json()
     assert state["item"]["row"] == 2 and state["skipped"] == 1
-    state = client.post("/api/accept", json={"row": 2}, headers=AUTH).json()
+    state = client.post("/api/answer", json={"row": 2, "label": "billing"}, headers=AUTH).json()
     assert state["item"]["row"] == 3 and session.answers == {0: "technical", 2: "billing"}
     state = client.post("/api/undo", json={}, headers=AUTH).json()
     assert state["item"]["row"] == 2 and session.answers == {0: "technical"}
     state = client.post("/api/undo", json={}, headers=AUTH).json()
     assert state["item"]["row"] == 1 and state["skipped"] == 0
-    assert session.calls == [("answer", 0, "technical"), ("skip", 1), ("accept", 2), ("answer", 2, "billing"),
-                             ("undo",), ("undo",)]
+    assert session.calls == [("answer", 0, "technical"), ("skip", 1), ("answer", 2, "billing"), ("undo",), ("undo",)]
 
 
 def test_refusals_are_json_errors(page):

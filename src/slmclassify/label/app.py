@@ -3,8 +3,8 @@
 Routes (every one behind the token, see `TokenGuard`):
   GET  /             the page (page.html, plain HTML + inline JS/CSS)
   GET  /api/state    the session's state (current item, counts, estimates) + where export/fit write
-  POST /api/answer   {"row": int, "label": str}
-  POST /api/accept   {"row": int}               the model's guess for that row
+  POST /api/answer   {"row": int, "label": str}  (Enter on the page sends the guess it shows: a
+                                                 refit may have changed the session's guess since)
   POST /api/skip     {"row": int}
   POST /api/undo     {}
   POST /api/export   {}                         writes the fixed export path given at start
@@ -151,10 +151,6 @@ def create_app(session, token: str, *, export_path: str | Path, fit_path: str | 
     @app.post("/api/answer")
     async def answer(body: Answer):
         return await act(session.answer, body.row, body.label)
-
-    @app.post("/api/accept")
-    async def accept(body: Row):
-        return await act(session.accept, body.row)
 
     @app.post("/api/skip")
     async def skip(body: Row):
