@@ -612,7 +612,7 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, use_s
               "here); starting again with it continues where it stopped.")
 @click.option("--port", type=int, default=0, show_default=True, help="Port on 127.0.0.1 (0: a free one).")
 @click.option("--api-key", envvar="SLMCLASSIFY_API_KEY",
-              help="The page's token (default: a random one, in the printed URL).")
+              help="The page's token (also from $SLMCLASSIFY_API_KEY; default: a random one, in the printed URL).")
 @click.option("--export", "export_path", help="Write the labelled input rows with a gold column to this file "
               "and exit (no page).")
 @click.option("--fit", "fit_path", help="Fit a head (.npz, for `classify --head`) on the answers and exit (no page).")
