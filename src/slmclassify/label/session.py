@@ -9,19 +9,26 @@ background refitter around a `LabelStore`, and the `Picker` that chooses the nex
 Rows are the input's row numbers (0-based, as read); the pool is the sample's rows, in a seeded
 order. Invariants: every public method is thread-safe and returns without waiting for a fit or
 for the scorer (`start` returns once the model is loaded; `ready()` says when the first slice is
-scored); an answer is durable (in the store) before the call returns; the current item is never
-a labelled or skipped row; a store started for another input, task, model, sample or seed is
-refused, naming what differs, and a row whose text changed since it was answered is refused too.
+scored and an item can be shown); an answer is durable (in the store) before the call returns;
+the current item is never a labelled or skipped row, except the row an undo brings back; a store
+started for another input, task, model, sample or seed is refused, naming what differs, and a row
+whose text changed since it was answered is refused too. A failure in a background thread is
+raised by the next `ready()` or `state()` call.
 
-Interface changes from the brief (for the page): `Picker.pick` returns None when nothing is left
-(`state()["item"]` is then None and `state()["done"]` says whether the scorer has finished);
-`state()` has also `ready`, `labels`, `error` and `auto_threshold`; `close()` stops both threads.
+Additions to the brief's interface (for the page): `start(..., target_accuracy=None,
+random_share=0.1)`; `wait_ready(timeout)`; `state()` has also `ready`, `labels`, `done` (no item
+left and everything scored; `item` is None when nothing is left) and `auto_threshold`, and its
+`accuracy` has `on` ("representative answers" or "all answers", see `refit.estimate`); `accept`
+returns the label it gave, `export` the number of rows written; `Picker.pick` returns None when
+nothing is left and its `Pick` has a `kind`; `LabelStore.answer(..., kind="")` records that kind
+and `LabelStore.kinds()` returns it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,12 +168,11 @@ class LabelSession:
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until `ready()` (for scripts and tests; the page polls `ready`)."""
-        while not self._ready.wait(0.05 if timeout is None else min(0.05, timeout)):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.wait(0.05):
             self._raise()
-            if timeout is not None:
-                timeout -= 0.05
-                if timeout <= 0:
-                    return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
         self._raise()
         return True
 
