@@ -250,3 +250,22 @@ def test_classify_reads_the_session_head(tmp_path, llama_dir, one_torch_thread, 
     assert code == 0, err
     result = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
     assert len(result) == 13 and set(result["label"]) - {""} <= {"billing", "technical"}
+
+
+def test_estimate_tests_only_representative_answers_when_there_are_enough():
+    """The uncertain picks are the hardest items: the live estimate holds out the cold and random
+    picks (a fair sample) when there are `MIN_HONEST` of them, and all answers otherwise."""
+    from slmclassify.label import refit
+
+    zero, features, which = blobs(k=3, per=12, L=3)
+    y = which % 3
+    fair = np.zeros(len(y), bool)
+    fair[::3] = True  # 12 representative answers
+    est = refit.estimate(features, y, 3, seed=0, representative=fair)
+    assert est.on == "representative answers" and est.n == 12 and est.mean == 1.0
+    assert est.low < 1.0 == est.high and list(est.tested) == list(np.flatnonzero(fair))
+    few = np.zeros(len(y), bool)
+    few[:refit.MIN_HONEST - 1] = True
+    est = refit.estimate(features, y, 3, seed=0, representative=few)
+    assert est.on == "all answers" and est.n == len(y)
+    assert refit.estimate(features[:3], y[:3], 3) is None  # fewer than 2 answers for 2 labels

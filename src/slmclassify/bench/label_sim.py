@@ -68,14 +68,14 @@ def simulate(zero: np.ndarray, X: np.ndarray, gold: np.ndarray, strategy: str, s
     picker = Picker(L, seed)
     order = np.random.default_rng(seed).permutation(np.flatnonzero(ok))
     labelled: dict[int, int] = {}
-    head_probs, out, randoms = None, {}, 0
+    head_probs, out, randoms, kinds = None, {}, 0, {}
     for step in range(max(checkpoints)):
         if strategy == "random":
-            row = int(order[step])
+            row, kind = int(order[step]), "random"
         else:
             pick = picker.pick(PoolView(zero, X, ok, head_probs), labelled, set())
-            row, randoms = pick.row, randoms + (pick.kind == "random")
-        labelled[row] = int(gold[row])
+            row, kind, randoms = pick.row, pick.kind, randoms + (pick.kind == "random")
+        labelled[row], kinds[row] = int(gold[row]), kind
         count = len(labelled)
         if strategy == "shipped" or count in checkpoints:
             rows = np.fromiter(labelled, np.int64)
@@ -86,7 +86,8 @@ def simulate(zero: np.ndarray, X: np.ndarray, gold: np.ndarray, strategy: str, s
             rest = ok.copy()
             rest[rows] = False
             probs = head_probs if head_probs is not None else zero
-            est = refit.estimate(X[rows], y, L, seed)
+            fair = np.array([kinds[r] in refit.REPRESENTATIVE for r in rows])
+            est = refit.estimate(X[rows], y, L, seed, fair)
             out[count] = {"accuracy": float((probs[rest].argmax(1) == gold[rest]).mean()),
                           "estimate": est.mean if est is not None else None, "random_picks": randoms}
     return out

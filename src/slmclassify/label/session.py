@@ -9,19 +9,26 @@ background refitter around a `LabelStore`, and the `Picker` that chooses the nex
 Rows are the input's row numbers (0-based, as read); the pool is the sample's rows, in a seeded
 order. Invariants: every public method is thread-safe and returns without waiting for a fit or
 for the scorer (`start` returns once the model is loaded; `ready()` says when the first slice is
-scored); an answer is durable (in the store) before the call returns; the current item is never
-a labelled or skipped row; a store started for another input, task, model, sample or seed is
-refused, naming what differs, and a row whose text changed since it was answered is refused too.
+scored and an item can be shown); an answer is durable (in the store) before the call returns;
+the current item is never a labelled or skipped row, except the row an undo brings back; a store
+started for another input, task, model, sample or seed is refused, naming what differs, and a row
+whose text changed since it was answered is refused too. A failure in a background thread is
+raised by the next `ready()` or `state()` call.
 
-Interface changes from the brief (for the page): `Picker.pick` returns None when nothing is left
-(`state()["item"]` is then None and `state()["done"]` says whether the scorer has finished);
-`state()` has also `ready`, `labels`, `error` and `auto_threshold`; `close()` stops both threads.
+Additions to the brief's interface (for the page): `start(..., target_accuracy=None,
+random_share=0.1)`; `wait_ready(timeout)`; `state()` has also `ready`, `labels`, `done` (no item
+left and everything scored; `item` is None when nothing is left) and `auto_threshold`, and its
+`accuracy` has `on` ("representative answers" or "all answers", see `refit.estimate`); `accept`
+returns the label it gave, `export` the number of rows written; `Picker.pick` returns None when
+nothing is left and its `Pick` has a `kind`; `LabelStore.answer(..., kind="")` records that kind
+and `LabelStore.kinds()` returns it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +120,7 @@ class LabelSession:
         self.picker = Picker(L, seed, random_share=random_share)
 
         self.answers: dict[int, int] = {}  # pool position → label index
+        self.kinds: dict[int, str] = {}  # pool position → why it was offered (`Pick.kind`), for the estimate
         self.skips: set[int] = set()
         stored_hashes = store.hashes()
         for row, h in stored_hashes.items():
@@ -124,6 +132,7 @@ class LabelSession:
                 raise TaskError(f"{store.path} holds label {label!r} for row {row}, which is not in the task's "
                                 f"labels {list(self.labels)}")
             self.answers[self.index[row]] = self.labels.index(label)
+        self.kinds = {self.index[row]: kind for row, kind in store.kinds().items()}
         self.skips = {self.index[row] for row in store.skipped()}
 
         self._lock = threading.RLock()
@@ -135,7 +144,7 @@ class LabelSession:
         self._estimate: refit.Estimate | None = None
         self._threshold: float | None = None
         self._error: BaseException | None = None
-        self._current: tuple[int, str] | None = None  # (pool position, reason)
+        self._current: tuple[int, str, str] | None = None  # (pool position, reason, kind)
         # answered rows first (the head needs their features), then review rows, then a seeded order
         order = rng.permutation(n)
         first = np.zeros(n, bool)
@@ -144,7 +153,7 @@ class LabelSession:
         if self.priority is not None:
             rank[~first & self.priority] = 1
         self._order = order[np.argsort(rank[order], kind="stable")]
-        self._first_slice = max(first_slice, int(first.sum()))
+        self._first_slice = first_slice + int(first.sum())  # the answered rows come on top of the first slice
         self._scorer = threading.Thread(target=self._guard(self._score_loop), name="label-scorer", daemon=True)
         self._refitter = threading.Thread(target=self._guard(self._refit_loop), name="label-refit", daemon=True)
         self._scorer.start()
@@ -159,12 +168,11 @@ class LabelSession:
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until `ready()` (for scripts and tests; the page polls `ready`)."""
-        while not self._ready.wait(0.05 if timeout is None else min(0.05, timeout)):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.wait(0.05):
             self._raise()
-            if timeout is not None:
-                timeout -= 0.05
-                if timeout <= 0:
-                    return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
         self._raise()
         return True
 
@@ -176,7 +184,7 @@ class LabelSession:
                 np.zeros(len(self.labels), int)
             item = None
             if self._current is not None:
-                pos, reason = self._current
+                pos, reason, _ = self._current
                 label, confidence = self._guess(pos)
                 item = {"row": int(self.rows[pos]), "text": self.texts[pos], "guess": label,
                         "confidence": confidence, "reason": reason}
@@ -196,9 +204,12 @@ class LabelSession:
         pos = self._position(row)
         if label not in self.labels:
             raise TaskError(f"label {label!r} is not one of the task's labels {list(self.labels)}")
-        self.store.answer(int(row), self.hashes[pos], label)
+        with self._lock:
+            kind = self._current[2] if self._current is not None and self._current[0] == pos else "chosen"
+        self.store.answer(int(row), self.hashes[pos], label, kind)
         with self._lock:
             self.answers[pos] = self.labels.index(label)
+            self.kinds[pos] = kind
             self.skips.discard(pos)
             self._moved(pos)
 
@@ -219,6 +230,7 @@ class LabelSession:
         with self._lock:
             self.skips.add(pos)
             self.answers.pop(pos, None)
+            self.kinds.pop(pos, None)
             self._moved(pos)
 
     def undo(self) -> int | None:
@@ -229,13 +241,15 @@ class LabelSession:
                 return None
             pos = self.index[row]
             previous = self.store.answers().get(row)
+            kind = self.kinds.pop(pos, None) or "undo"  # a random pick answered again still counts as one
             self.answers.pop(pos, None)
             self.skips.discard(pos)
             if previous is not None:  # an undone change of answer: the earlier answer stands again
                 self.answers[pos] = self.labels.index(previous)
+                self.kinds[pos] = self.store.kinds().get(row, "")
             elif row in self.store.skipped():
                 self.skips.add(pos)
-            self._current = (pos, "brought back by undo")
+            self._current = (pos, "brought back by undo", kind)
             self._version += 1
             self._changed.notify_all()
             return row
@@ -316,7 +330,7 @@ class LabelSession:
         pool = PoolView(zero_shot=self.zero_shot, features=self.features, scored=self.scored, head=self.head_probs,
                         labels=self.labels, priority=self.priority)
         pick = self.picker.pick(pool, self.answers, self.skips)
-        self._current = None if pick is None else (pick.row, pick.reason)
+        self._current = None if pick is None else (pick.row, pick.reason, pick.kind)
 
     def _auto_share(self) -> float | None:
         if self.head_probs is None or self._threshold is None:
@@ -362,8 +376,10 @@ class LabelSession:
                     self._next()
                 self._version += 1
                 self._changed.notify_all()
-            self._ready.set()
+                if self._current is not None or self.visited.all():  # something to show, or nothing ever
+                    self._ready.set()
             start += size
+        self._ready.set()
 
     def _refit_loop(self) -> None:
         """Refit whenever the answers changed since the last fit; publish head, estimate, threshold."""
@@ -377,13 +393,14 @@ class LabelSession:
                 fitted_version = self._version
                 pos = np.array([p for p in self.answers if self.scored[p]], dtype=np.int64)
                 y = np.array([self.answers[p] for p in pos], dtype=np.int64)
+                fair = np.array([self.kinds.get(p, "") in refit.REPRESENTATIVE for p in pos], dtype=bool)
                 if not refit.can_fit(y, len(self.labels)):
                     continue
                 X = self.features[pos].copy()
                 self._fitting = True
             try:
                 head = refit.fit_head(X, y, len(self.labels), self.seed)
-                est = refit.estimate(X, y, len(self.labels), self.seed)
+                est = refit.estimate(X, y, len(self.labels), self.seed, fair)
                 threshold = (refit.auto_threshold(est, y, self.labels, self.target_accuracy, self.task.min_confidence)
                              if est is not None else None)
                 with self._lock:

@@ -45,7 +45,7 @@ class LabelStore:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             conn.execute("CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
-                         "row INTEGER NOT NULL, text_hash TEXT NOT NULL, label TEXT, "
+                         "row INTEGER NOT NULL, text_hash TEXT NOT NULL, label TEXT, kind TEXT NOT NULL DEFAULT '', "
                          "undone INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL)")
             stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:
@@ -69,11 +69,12 @@ class LabelStore:
                                 "sample, or another --store path")
         return cls(conn, path, wanted)
 
-    def answer(self, row: int, text_hash: str, label: str) -> None:
-        """Record `label` for `row` (replacing an earlier answer or skip of that row)."""
+    def answer(self, row: int, text_hash: str, label: str, kind: str = "") -> None:
+        """Record `label` for `row` (replacing an earlier answer or skip of that row); `kind`: why
+        the row was offered (`Pick.kind`), which decides whether it counts in the accuracy estimate."""
         if not isinstance(label, str) or not label:
             raise TaskError(f"an answer needs a label name, got {label!r}")
-        self._append(row, text_hash, label)
+        self._append(row, text_hash, label, kind)
 
     def skip(self, row: int, text_hash: str) -> None:
         """Record that `row` was skipped (it is not offered again, and has no label)."""
@@ -97,6 +98,14 @@ class LabelStore:
         """Rows whose latest live event is a skip."""
         return {row for row, label in self._latest().items() if label is None}
 
+    def kinds(self) -> dict[int, str]:
+        """{row: kind} of the rows whose latest live event is an answer."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT e.row, e.kind FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events WHERE undone = 0 "
+                "GROUP BY row) last ON e.seq = last.seq WHERE e.label IS NOT NULL").fetchall()
+        return {int(row): kind for row, kind in rows}
+
     def hashes(self) -> dict[int, str]:
         """{row: text hash} of every row with a live event (to check the input has not changed)."""
         with self._lock:
@@ -114,11 +123,11 @@ class LabelStore:
         with self._lock:
             self._conn.close()
 
-    def _append(self, row: int, text_hash: str, label: str | None) -> None:
+    def _append(self, row: int, text_hash: str, label: str | None, kind: str = "") -> None:
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.execute("INSERT INTO events (row, text_hash, label, at) VALUES (?, ?, ?, ?)",
-                               (int(row), str(text_hash), label, time.time()))
+            self._conn.execute("INSERT INTO events (row, text_hash, label, kind, at) VALUES (?, ?, ?, ?, ?)",
+                               (int(row), str(text_hash), label, str(kind), time.time()))
 
     def _latest(self) -> dict[int, str | None]:
         with self._lock:

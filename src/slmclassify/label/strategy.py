@@ -85,13 +85,13 @@ class Clusters:
             return
         if self._matrix is None:  # standardise on the first rows seen: LLM states have a few huge dimensions
             first = features[new].astype(np.float64)
-            self._mean = first.mean(axis=0)
+            self._mean = first.mean(axis=0).astype(np.float32)
             scale = first.std(axis=0)
-            self._scale = np.where(scale < 1e-6, 1.0, scale)
+            self._scale = np.where(scale < 1e-6, 1.0, scale).astype(np.float32)
             rng = np.random.default_rng([self.seed, 7])
-            self._matrix = rng.standard_normal((features.shape[1], PROJECTION)) / np.sqrt(PROJECTION)
-        z = (features[new].astype(np.float64) - self._mean) / self._scale
-        self.projected[new] = (z @ self._matrix).astype(np.float32)
+            self._matrix = (rng.standard_normal((features.shape[1], PROJECTION)) / np.sqrt(PROJECTION)).astype(np.float32)
+        # float32: the session projects each newly scored slice under its lock, so this must be cheap
+        self.projected[new] = ((features[new] - self._mean) / self._scale) @ self._matrix
         self.done[new] = True
         total = int(self.done.sum())
         if self.centres is None or total >= REFIT_GROWTH * self.fitted_on:
