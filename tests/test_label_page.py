@@ -256,3 +256,17 @@ def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run
     code, _, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
                             "--head", tmp_path / "head.npz", "--quiet")
     assert code == 0, err
+
+
+def test_a_taken_port_fails_before_the_model_loads(tmp_path, run_main):
+    import socket
+
+    (tmp_path / "t.toml").write_text(TASK_TOML)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, out, err = run_main("label", tmp_path / "in.csv", "--task", tmp_path / "t.toml", "--model",
+                                  tmp_path / "no-model", "--port", port)
+    assert code == 2 and out == ""
+    assert err.startswith(f"slmclassify: error: cannot listen on 127.0.0.1:{port}: ") and "pick another --port" in err
