@@ -36,9 +36,8 @@ import torch
 
 VERSION = "4.8.5"  # the pinned extra (`pip install 'slmclassify[ctranslate2]'`)
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # our name -> CTranslate2 compute_type
-# Batched mode's rows per call: the fewer the faster, and all slower than per item (48 article
-# tickets, 2 threads, AMX Xeon; items/s fp32 / int8): per item 3.77 / 13.6; batches of 2: 2.26 / 6.76,
-# 4: 1.83 / 5.28, 8: 1.42 / 3.70 (earlier: 16: 0.90 / 2.27, 32: 1.04 / 1.95, all 60 at once: 0.59 / 1.41).
+# Batched mode's rows per call: the fewer the faster, and all slower than per item (CTranslate2
+# decodes the longer prompts' tails token by token; figures in docs/performance.md).
 BATCH_ROWS = 2
 
 
