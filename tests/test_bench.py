@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slmclassify.bench.compare import article_batched, non_embedding_params, roofline, run_bench
+from slmclassify.bench.article import article_batched
+from slmclassify.bench.compare import non_embedding_params, roofline, run_bench
 from slmclassify.cli.main import cli
 from slmclassify.core.article_tickets import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
 
@@ -213,7 +214,7 @@ def test_ctranslate2_scores_equal_the_reference(tiny_loaded, tmp_path):
     Qwen2 with its biases): the conversion, the static prompt, the token strings and the last
     logits row of a ragged batch are all right. int8 still names the same labels."""
     from slmclassify import Classifier
-    from slmclassify.bench.compare import _article_first_ids
+    from slmclassify.bench.article import first_ids
     from slmclassify.bench.ctranslate2 import CT2Scorer, converted
 
     clf = Classifier(ARTICLE_TASK.with_overrides(mode="first"), model=tiny_loaded)
@@ -221,7 +222,7 @@ def test_ctranslate2_scores_equal_the_reference(tiny_loaded, tmp_path):
     assert encoded.cached.all() and len({len(encoded.own(i)) for i in range(10)}) > 3  # ragged
     reference = clf.reference(encoded, range(10))
     folder = converted(tiny_loaded.model, tiny_loaded.tokenizer, tmp_path)
-    first = _article_first_ids(tiny_loaded.tokenizer, ARTICLE_TASK.labels).tolist()
+    first = first_ids(tiny_loaded.tokenizer, ARTICLE_TASK.labels).tolist()
     fp32 = CT2Scorer(folder, "fp32", tiny_loaded.tokenizer, first, clf.prefix_ids, threads=1, batch_rows=4)
     for scores in (fp32.per_item(encoded), fp32.batched(encoded)):
         assert np.abs(scores - reference).max() < 1e-4, np.c_[scores, reference]
