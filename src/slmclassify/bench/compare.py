@@ -250,15 +250,17 @@ class _Rows:
         self.items, self.prompt_tokens = len(inputs.texts), int(inputs.lengths.sum())
         self.reference: np.ndarray | None = None
         """[n, L] (a)'s scores."""
+        self.reference_seconds = 0.0
+        """(a)'s seconds."""
 
     def add(self, name, description, seconds, scores, padding=None, roofline=None, rss=None, vs_d=None) -> BenchRow:
         row = BenchRow(name, description, seconds, self.items, self.prompt_tokens, padding=padding,
                        roofline=roofline, peak_rss_mb=rss, vs_d=vs_d)
         if self.reference is None:
             row.speedup, row.agree, row.max_abs_diff = 1.0, self.items, 0.0
-            self.reference = scores
+            self.reference, self.reference_seconds = scores, seconds
         else:
-            row.speedup = self.report.rows[0].seconds / seconds
+            row.speedup = self.reference_seconds / seconds
             row.agree = int((scores.argmax(1) == self.reference.argmax(1)).sum())
             row.max_abs_diff = float(np.abs(scores - self.reference).max())
         self.report.rows.append(row)
