@@ -300,3 +300,29 @@ def test_sweep_prints_the_table_before_a_missing_matplotlib(run_main, monkeypatc
     assert err.splitlines()[-1] == ("slmclassify: error: plot not written: matplotlib is not installed "
                                     "(pip install 'slmclassify[plots]'); the measurements are above")
     assert not (tmp_path / "s.png").exists()
+
+
+def test_sweep_interleaves_the_settings(llama_loaded, monkeypatch):
+    """Every setting runs once per round, the order rotating (timing harness), not one setting after another."""
+    from slmclassify import Classifier
+    from slmclassify.bench.sweep import run_sweep, run_window_sweep
+
+    seen = []
+    score = Classifier.score
+
+    def spy(self, encoded, *args, **kwargs):
+        seen.append((self.settings.token_budget, self.settings.max_rows, self.settings.window, len(encoded)))
+        return score(self, encoded, *args, **kwargs)
+
+    monkeypatch.setattr(Classifier, "score", spy)
+    texts = short_tickets(10)
+    points = run_sweep(llama_loaded, ARTICLE_TASK, texts, [64, 256], [4], log=lambda m: None, rounds=2)
+    assert [(p.token_budget, p.max_rows) for p in points] == [(64, 4), (256, 4)]
+    assert [s[:2] for s in seen if s[3] == 10] == [(64, 4), (256, 4), (256, 4), (64, 4)]
+    assert all(p.items_per_s > 0 and p.batches >= 1 and p.peak_rss_mb > 0 for p in points)
+    assert points[0].batches > points[1].batches  # the smaller budget makes more batches
+    seen.clear()
+    windows = run_window_sweep(llama_loaded, ARTICLE_TASK, texts, [4, 16, 4], log=lambda m: None, rounds=2)
+    assert [w.window for w in windows] == [4, 16]
+    runs = [s[2] for s in seen if s[2] != 1024]  # not calibration and warm-up; windows of 4: 3 calls, of 16: one
+    assert runs == [4, 4, 4, 16, 16, 4, 4, 4]
