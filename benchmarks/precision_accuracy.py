@@ -14,9 +14,7 @@ usage: python benchmarks/precision_accuracy.py [--precisions int8,bf16] [--limit
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import time
 
 import numpy as np
 import torch
@@ -30,6 +28,7 @@ from slmclassify.jobs.evaluate import task_for_file
 from slmclassify.models.loading import set_threads
 from slmclassify.models.precision import agreement
 from slmclassify.core.results import softmax
+from slmclassify.timing import Stopwatch, json_line
 
 SETS = {  # name: (path, text column, label column, task file)
     "demo": ("examples/tickets.csv", "text", "gold", "examples/support.toml"),
@@ -71,9 +70,9 @@ def main() -> None:
         for name in sets:
             clf = Classifier(tasks[name], model=loaded)
             engines[precision] = clf.engine.backend.describe()
-            start = time.perf_counter()
-            raw = clf.score(clf.encode(data[name].texts))
-            seconds[name, precision] = time.perf_counter() - start
+            with Stopwatch() as watch:  # one pass each: the precisions are loaded one at a time
+                raw = clf.score(clf.encode(data[name].texts))
+            seconds[name, precision] = watch.seconds
             scores[name, precision] = clf.calibrated(raw)
         del loaded, clf
     print(f"engines: {'; '.join(f'{p}: {e}' for p, e in engines.items())}; int8 smoothing alpha "
@@ -96,7 +95,7 @@ def main() -> None:
             print(f"{name:<10} {len(calibrated):>5} {precision:<9} {ev.accuracy:>8.3f} "
                   f"{f'{agree.agree}/{agree.n}':>11} {agree.max_prob_diff:>8.3f} {rate:>8.1f}")
     print("(items/s: one pass each, not interleaved; on a shared machine only the accuracy columns are firm)")
-    print(json.dumps({"machine": cpu_name(), "flags": matmul_flags(), "threads": threads, "torch": torch.__version__,
+    print(json_line({"machine": cpu_name(), "flags": matmul_flags(), "threads": threads, "torch": torch.__version__,
                       "engines": engines, "alpha": smoothing.ALPHA, "outlier_ratio": smoothing.OUTLIER_RATIO,
                       "rows": rows}))
 
