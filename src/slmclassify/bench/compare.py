@@ -19,11 +19,13 @@ Configurations (same model, same threads, same items):
      ctranslate2 is importable, on a CPU), with its best recipe for this job: the shared prefix as
      its cached `static_prompt`, one step of vocabulary logits, items sorted by length; per item
      and in batches of 2 (its fastest batching), all timed interleaved with (d) like (g); each row is the faster mode
-     (`bench_ct2`)
+     (`ctranslate2.py`)
   h  on CUDA: the best plain-transformers configurations (sorted token-budget batches, with and
-     without a prefix cache; `backends.hf_plain`)
+     without a prefix cache; `plain_transformers.py`)
 On CUDA the Hugging Face rows (a, b, c, h) run in bfloat16, as a user would run them there.
-Every row reports agreement with (a) and the largest |Δ label log-probability|.
+Every row reports agreement with (a) and the largest |Δ label log-probability|. The timing is
+`timing.py`'s: (g) and (i) by its interleaving on d's batches (`on_batches.py`), the other rows
+with its stopwatch.
 """
 
 from __future__ import annotations
@@ -343,7 +345,7 @@ def _article_and_ours(inputs: _Inputs, rows: _Rows, report: BenchReport) -> tupl
     article = _ArticleAlongside(inputs)
     reset_peak_rss()
     with Stopwatch() as whole:
-        clf = Classifier(inputs.task, model=inputs.loaded, settings=inputs.settings)  # the prefix prefill and calibration
+        clf = Classifier(inputs.task, model=inputs.loaded, settings=inputs.settings)  # prefix prefill, calibration
         ours_scores = clf.score(clf.encode(texts), progress=article.advance)
     ours_seconds = whole.seconds - article.watch.seconds
     ours_rss = peak_rss_mb()
