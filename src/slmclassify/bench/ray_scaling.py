@@ -124,7 +124,8 @@ def _run_child(spec: dict, log: Callable[[str], None]) -> dict:
     load = _load()
     log(f"{spec['side']}: running (load average before: {load})")
     command = [sys.executable, "-c", "from slmclassify.bench.ray_scaling import child; child()", json.dumps(spec)]
-    done = subprocess.run(command, capture_output=True, text=True, env=LOCAL_ONLY if spec["side"] == "cluster" else None)
+    env = LOCAL_ONLY if spec["side"] == "cluster" else None  # the running Ray's drivers: no token file
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SlmClassifyError(f"the {spec['side']} side failed (exit {done.returncode}); fix what its output says "
                                f"and run the bench again:\n{done.stderr[-3000:]}")
