@@ -1,4 +1,6 @@
 """Measurements, side by side in one process: `compare` (`slmclassify bench`: ours against the
 article's loop, plain transformers, llama.cpp and CTranslate2), `sweep` (batch settings),
 `service_load` (the HTTP service under load), `head_cost` (what a learned head adds), and
-`ray_scaling` (Ray actors against one process)."""
+`ray_scaling` (Ray actors against one process). Their sides are timed by `timing.py` (interleaved
+rounds, ratios per round); `article` holds the article's code paths, `on_batches` times other
+scorers against ours on our batches."""
