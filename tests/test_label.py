@@ -269,3 +269,21 @@ def test_estimate_tests_only_representative_answers_when_there_are_enough():
     est = refit.estimate(features, y, 3, seed=0, representative=few)
     assert est.on == "all answers" and est.n == len(y)
     assert refit.estimate(features[:3], y[:3], 3) is None  # fewer than 2 answers for 2 labels
+
+
+def test_close_stops_the_scorer_within_a_batch(tmp_path, llama_dir, one_torch_thread):
+    """Regression: close() waited up to a minute for the scorer's slice, then left it running in
+    torch, and the process aborted at exit ("terminate called without an active exception")."""
+    from slmclassify.classifier import EngineSettings
+    from slmclassify.label import session as session_module
+
+    data = tmp_path / "tickets.csv"
+    tickets(data, 400)
+    session = session_module.LabelSession.start(str(data), Task(labels=("billing", "technical")), model=str(llama_dir),
+                                                store_path=tmp_path / "s.sqlite", first_slice=4,
+                                                settings=EngineSettings(max_rows=2, token_budget=None))
+    assert session.wait_ready(120)
+    began = time.monotonic()
+    session.close()
+    assert time.monotonic() - began < 30 and not session._scorer.is_alive()
+    assert session.state()["scored"] < 4 + session_module.SLICE  # within the second slice, not after it

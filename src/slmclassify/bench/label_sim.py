@@ -40,10 +40,12 @@ CHECKPOINTS = (14, 28, 56, 100, 112)
 STRATEGIES = ("random", "shipped")
 
 
-def features(name: str, texts: list[str], task: Task, loaded, log=print) -> tuple[np.ndarray, np.ndarray]:
-    """([n, L] zero-shot probabilities, [n, taps * hidden] states) of one pass, cached by content."""
+def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
+             log=print) -> tuple[np.ndarray, np.ndarray]:
+    """([n, L] zero-shot probabilities, [n, taps * hidden] states) of one pass, cached by the texts,
+    the task and `fingerprint` (the model's, taken once before any Classifier is built on it)."""
     taps = default_taps(loaded.model.config.num_hidden_layers)
-    key = hashlib.sha256(json.dumps([texts, task_record(task), model_fingerprint(loaded), list(taps)]).encode())
+    key = hashlib.sha256(json.dumps([texts, task_record(task), fingerprint, list(taps)]).encode())
     path = cache_root() / "label_sim" / f"{name}-{key.hexdigest()[:16]}.npz"
     if path.exists():
         with np.load(path) as data:
@@ -146,10 +148,10 @@ def first_item(texts: list[str], task: Task, rows: int = 20000) -> dict:
     return {"rows": rows, "start_s": loaded, "first_item_s": seconds, "item_shown": first}
 
 
-def run_dataset(name, texts, gold_names, task, loaded, seeds, log=print) -> dict:
+def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=print) -> dict:
     labels = task.labels
     gold = np.array([labels.index(g) for g in gold_names])
-    zero, X = features(name, texts, task, loaded, log)
+    zero, X = features(name, texts, task, loaded, fingerprint, log)
     ok = ~np.isnan(zero).any(axis=1)
     result = {"items": len(texts), "labels": len(labels),
               "zero_shot": float((zero[ok].argmax(1) == gold[ok]).mean()), "curves": {}}
@@ -220,16 +222,19 @@ def main() -> None:
         parser.error("--demo needs --task")
     set_threads()
     loaded = load_model(None)
+    fingerprint = model_fingerprint(loaded)
     results, demo_task, demo_texts = {}, None, None
     if args.intent:
         data = read_labelled(args.intent, "text", "label")
         task = task_for_file(args.intent)
-        results["intent"] = run_dataset("intent", data.texts, [g[0] for g in data.gold], task, loaded, args.seeds)
+        results["intent"] = run_dataset("intent", data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
+                                        args.seeds)
     if args.demo:
         data = read_labelled(args.demo, "text", args.label_column)
         demo_task = Task.from_toml(args.task)
         demo_texts = data.texts
-        results["demo"] = run_dataset("demo", data.texts, [g[0] for g in data.gold], demo_task, loaded, args.seeds)
+        results["demo"] = run_dataset("demo", data.texts, [g[0] for g in data.gold], demo_task, loaded, fingerprint,
+                                        args.seeds)
     width = len(default_taps(loaded.model.config.num_hidden_layers)) * loaded.model.config.hidden_size
     timing = {"answer_to_next": answer_to_next(width)}
     if args.first_item:

@@ -49,6 +49,10 @@ SLICE = 256
 """Items scored per slice after the first (the scorer publishes its work a slice at a time)."""
 
 
+class _Closing(Exception):
+    """Raised inside the scorer's pass when the session closes, so it stops after one batch."""
+
+
 class LabelSession:
     """One person labelling one input for one task; see the module docstring."""
 
@@ -299,7 +303,7 @@ class LabelSession:
             self._changed.notify_all()
         for thread in (self._scorer, self._refitter):
             if thread is not threading.current_thread():
-                thread.join(timeout=60)
+                thread.join()  # the scorer stops after its current batch, the refitter after its fit
         self.store.close()
 
     # ----- internals (called with the lock held unless said otherwise)
@@ -361,7 +365,11 @@ class LabelSession:
         while start < len(order) and not self._closing:
             size = self._first_slice if start == 0 else SLICE
             part = np.sort(order[start:start + size])
-            window = self.clf.score_window([self.texts[p] for p in part], taps=self.taps)
+            try:
+                window = self.clf.score_window([self.texts[p] for p in part], progress=self._stop_if_closing,
+                                               taps=self.taps)
+            except _Closing:
+                return
             probs = softmax(self.clf.calibrated(window.scores))  # NaN rows for empty items
             ok = ~np.isnan(window.scores).any(axis=1)
             with self._lock:
@@ -380,6 +388,12 @@ class LabelSession:
                     self._ready.set()
             start += size
         self._ready.set()
+
+    def _stop_if_closing(self, _done: int) -> None:
+        # a slice takes a minute on a busy 2-core machine; a thread still in torch when the
+        # interpreter exits aborts the process ("terminate called without an active exception")
+        if self._closing:
+            raise _Closing
 
     def _refit_loop(self) -> None:
         """Refit whenever the answers changed since the last fit; publish head, estimate, threshold."""
