@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from slmclassify import Task
-from slmclassify.errors import TaskError
+from slmclassify.errors import InputError, TaskError
 from slmclassify.label.store import LabelStore
 from slmclassify.label.strategy import Picker, PoolView
 
@@ -140,6 +140,11 @@ def test_store_refuses_another_fingerprint_naming_the_key(tmp_path):
         LabelStore.open(tmp_path / "s.sqlite", other)
     with pytest.raises(TaskError, match=r"\(seed differ"):
         LabelStore.open(tmp_path / "s.sqlite", {**FINGERPRINT, "seed": 1})
+    (tmp_path / "not-a-store.sqlite").write_text("hello")
+    with pytest.raises(InputError, match="is not a label store"):
+        LabelStore.open(tmp_path / "not-a-store.sqlite", FINGERPRINT)
+    with pytest.raises(InputError, match="does not exist; create it"):
+        LabelStore.open(tmp_path / "missing" / "s.sqlite", FINGERPRINT)
 
 
 BILLING = "my card was charged twice for the invoice please refund".split()
