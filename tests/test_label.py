@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from slmclassify import Task
-from slmclassify.errors import TaskError
+from slmclassify.errors import InputError, TaskError
 from slmclassify.label.store import LabelStore
 from slmclassify.label.strategy import Picker, PoolView
 
@@ -140,6 +140,11 @@ def test_store_refuses_another_fingerprint_naming_the_key(tmp_path):
         LabelStore.open(tmp_path / "s.sqlite", other)
     with pytest.raises(TaskError, match=r"\(seed differ"):
         LabelStore.open(tmp_path / "s.sqlite", {**FINGERPRINT, "seed": 1})
+    (tmp_path / "not-a-store.sqlite").write_text("hello")
+    with pytest.raises(InputError, match="is not a label store"):
+        LabelStore.open(tmp_path / "not-a-store.sqlite", FINGERPRINT)
+    with pytest.raises(InputError, match="does not exist; create it"):
+        LabelStore.open(tmp_path / "missing" / "s.sqlite", FINGERPRINT)
 
 
 BILLING = "my card was charged twice for the invoice please refund".split()
@@ -287,3 +292,17 @@ def test_close_stops_the_scorer_within_a_batch(tmp_path, llama_dir, one_torch_th
     session.close()
     assert time.monotonic() - began < 30 and not session._scorer.is_alive()
     assert session.state()["scored"] < 4 + session_module.SLICE  # within the second slice, not after it
+
+
+def test_label_sim_runs_on_a_small_synthetic_pool():
+    """The benchmark's loop and timing on blobs (its figures come from the embedded model)."""
+    from slmclassify.bench import label_sim
+
+    zero, features, which = blobs(k=3, per=30, L=3)
+    gold = which % 3
+    for strategy in label_sim.STRATEGIES:
+        out = label_sim.simulate(zero, features, gold, strategy, seed=0, checkpoints=(6, 12))
+        assert sorted(out) == [6, 12] and all(0 <= v["accuracy"] <= 1 for v in out.values())
+    assert out[12]["accuracy"] == 1.0  # three separated blobs, one label each
+    timing = label_sim.answer_to_next(width=16, n_labels=3, pool=300, answers=20)
+    assert timing["answers"] == 20 and 0 < timing["p50_ms"] <= timing["p95_ms"]

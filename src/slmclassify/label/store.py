@@ -39,6 +39,8 @@ class LabelStore:
         path = Path(path)
         if path.is_dir():
             raise InputError(f"label store {path} is a folder; give a file name such as labels.sqlite")
+        if not path.parent.is_dir():
+            raise InputError(f"the folder of label store {path} does not exist; create it or give another path")
         try:
             conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
