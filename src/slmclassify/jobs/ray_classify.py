@@ -231,19 +231,19 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
         s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
         _echo(f"  actor {key}: {s.items} rows in {entry['calls']} blocks, busy {s.seconds:.2f} s, "
               f"{s.items_per_s:.1f} items/s, padding {100 * s.padding_share:.1f}%, "
-              f"run through the model {s.scored - s.reused}, waited {_waited(entry):.2f} s for items other "
-              f"actors were running; {_actor_phases(entry, t0)}")
+              f"run through the model {s.scored - s.reused}, waited {waited_seconds(entry):.2f} s for items other "
+              f"actors were running; {actor_phases(entry, t0)}")
     _echo("verify: not run under --ray (each actor runs the same fast path; check a sample with "
           "`slmclassify verify`)")
     _echo(f"wrote {output}")
 
 
-def _waited(entry: dict) -> float:
+def waited_seconds(entry: dict) -> float:
     """Seconds the actor waited, at the end of its blocks, for items other actors were running."""
     return sum(call[3] for call in entry.get("blocks") or () if len(call) > 3)
 
 
-def _actor_phases(entry: dict, t0: float) -> str:
+def actor_phases(entry: dict, t0: float) -> str:
     """When an actor's phases ended, in seconds after Ray was handed the work (`actors.py`)."""
     p, blocks = entry.get("phases") or {}, entry.get("blocks") or []
     names = (("process", "process started"), ("imports_began", "__init__ began"), ("imports", "imports done"),
