@@ -281,7 +281,7 @@ def test_bad_input_is_refused_before_any_actor_starts(local_ray):
     clash = ray.data.from_items([{"text": "x", "label": "billing"}])
     with pytest.raises(InputError, match="already has column 'label'"):
         classify_dataset(clash, TASK)
-    with pytest.raises(TaskError, match="--actors must be positive"):
+    with pytest.raises(TaskError, match="^actors must be positive"):
         RaySettings(actors=0)
 
 

@@ -19,3 +19,21 @@ class ModelLoadError(SlmClassifyError):
 
 class VerificationError(SlmClassifyError):
     """The fast path disagreed with the per-item reference path."""
+
+
+class FieldError(TaskError):
+    """A settings field holds a bad value. The message names the field by its name in the library
+    (`window must be positive, got 0`); the CLI names the flag that set it instead (`--window ...`).
+
+    `template` is a `str.format` template: `{field}` where the field is named, other names for `values`.
+    """
+
+    def __init__(self, field: str, template: str, **values) -> None:
+        self.field = field
+        self.template = template
+        self.values = values
+        super().__init__(self.naming(field))
+
+    def naming(self, name: str) -> str:
+        """The message with the field called `name` (e.g. its command-line flag)."""
+        return self.template.format(field=name, **self.values)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tomllib
 from pathlib import Path
@@ -14,6 +15,21 @@ from .model import Head, model_fingerprint, task_from_record
 
 SCORERS = ("zero-shot", "head", "combined")
 """zero-shot: label scoring alone; head: the head's probabilities; combined: their normalised product."""
+
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadChoice:
+    """A learned head (`head/`) and how to use it; scorer zero-shot (or no head) scores labels only."""
+
+    head: Head | None = None
+    scorer: str = "zero-shot"
+    source: str | None = None
+    """The head's file (digested into the resume record), or None."""
+
+    @property
+    def used(self) -> bool:
+        return self.head is not None and self.scorer != "zero-shot"
 
 
 def head_path_in_task_file(task_file: str | None) -> str | None:
@@ -96,8 +112,10 @@ def file_digest(path: str) -> str:
 
 
 def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray, gold: np.ndarray,
-                  target_accuracy, seconds: float, texts, echo):
-    """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside."""
+                  target_accuracy, seconds: float, texts):
+    """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside
+    (`extra["zero_shot"]`, when the labels are the task's) and how many of the items fitted the head
+    (`extra["items_used_to_fit"]`, when any did: its figures on them are optimistic)."""
     from ..core.metrics import Evaluation
     from ..core.results import softmax
 
@@ -106,8 +124,6 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
     extra = {"scorer": scorer, "layers": list(head.taps), "items_per_s": len(texts) / seconds}
     used = _items_used(head, texts)
     if used:
-        echo(f"warning: {used} of these {len(texts)} items were used to fit the head, so its figures on them are "
-             f"optimistic; `slmclassify fit` prints cross-validated ones")
         extra["items_used_to_fit"] = used
     if set(head.labels) == set(classifier.task.labels):
         zero = softmax(calibrated)[:, [list(classifier.task.labels).index(lab) for lab in head.labels]]
@@ -115,8 +131,6 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
         echo(f"zero-shot on the same items: accuracy {zero_ev.accuracy:.3f}, macro-F1 {zero_ev.macro_f1:.3f}, "
              f"ECE {zero_ev.ece:.3f}")
         extra["zero_shot"] = {"accuracy": zero_ev.accuracy, "macro_f1": zero_ev.macro_f1, "ece": zero_ev.ece}
-    echo(f"scorer: {scorer} (head: {len(head.labels)} labels, layers {list(head.taps)}, "
-         f"fitted on {head.info.get('items')} items)")
     return Evaluation(head.labels, gold, probs.argmax(1), probs.max(1), name=scorer,
                       target_accuracy=target_accuracy, extra=extra)
 

@@ -5,6 +5,9 @@
     → for each chunk of `window` rows: score → append input + result columns to OUTPUT.partial
       → fsync → progress record → … → rename to OUTPUT → probes → summary
 
+The job prints nothing: it returns a `ClassifySummary` (figures as data), and tells its caller
+through `on_loaded` when the model is loaded (for lines that must appear before the rows run).
+
 Chunks are the classifier's windows (rows k·W … (k+1)·W − 1), so an interrupted run resumed with
 `--resume` scores every item in the same batches as an uninterrupted one, and its output is
 byte-identical. Memory is bounded by the window, never by the file. Probe items for the check
@@ -18,14 +21,16 @@ import itertools
 import signal
 import time
 from collections import Counter
+from typing import Callable
 
-import click
 import numpy as np
 import pandas as pd
 
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
+from ..core.labels import describe_labels
 from ..errors import InputError
+from ..head.apply import HeadChoice
 from ..interrupts import handle_sigterm
 from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
                             refuse_resume)
@@ -34,62 +39,98 @@ from ..io.lock import OutputLock
 from ..io.readers import open_table
 from ..io.sink import WriteFailed, open_sink
 from ..io.writers import parquet_schema
-from ..models.precision import auto_line
 from ..io.progress import Progress
 from ..core.results import RunStats, result_arrow_fields, result_columns, result_frame
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 
 
-def _echo(message: str = "") -> None:
-    click.echo(message, err=True)
+@dataclasses.dataclass(frozen=True)
+class ClassifyRequest:
+    """Which table to classify into which output, and how (everything but the task, settings, model, head)."""
+
+    input_path: str
+    """CSV, JSONL or Parquet file, or - for stdin."""
+    output_path: str
+    """The output file (its format from its suffix), or - for stdout."""
+    text_column: str = "text"
+    id_column: str | None = None
+    """Column of row ids (kept; named in errors)."""
+    fmt: str | None = None
+    """Format of - (stdin/stdout)."""
+    errors: str = "strict"
+    """Invalid UTF-8: strict (an error naming the row) or replace."""
+    probes: int = 8
+    """Items checked against the per-item path after the run (0: none)."""
+    gold_column: str | None = None
+    """Column of true labels: the summary counts accuracy."""
+    progress: bool = True
+    result_prefix: str = ""
+    resume: bool = False
+    restart: bool = False
+    status_every: float = 15.0
+    """Seconds between progress lines when stderr is not a terminal."""
 
 
-@dataclasses.dataclass
-class JobOutcome:
-    """What a finished job did, for the summary."""
+@dataclasses.dataclass(frozen=True)
+class ClassifySummary:
+    """What a finished classify run did: the figures its summary shows."""
 
-    classifier: Classifier
-    """Its `stats` cover the whole run (resumed sessions included)."""
+    model: str
     load_seconds: float
+    mode: str
+    mode_reason: str
+    calibrated: bool
+    label_lines: tuple[str, ...]
+    """Each label and its tokens after the chat template (`describe_labels`)."""
+    stats: RunStats
+    """The whole run's counts (resumed sessions included)."""
+    max_text_tokens: int | None
+    engine: str
+    """Device, precision and kernel (`engine_line`)."""
     report: VerifyReport | None
+    """The probe check against the per-item path (None: not run)."""
+    output: str
     duplicates: int
     resumed_at: int
     """Rows already done by earlier sessions (0 for a fresh run)."""
-    gold: _GoldTally | None
+    gold: GoldTally | None
     labels: tuple = ()
     """The labels the results use (the task's, or the head's)."""
 
 
-def run_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
-                 text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
-                 gold_column=None, progress=True, result_prefix="", resume=False, restart=False,
-                 status_every: float = 15.0, head=None, scorer="zero-shot", head_source=None) -> JobOutcome:
-    """Classify every row of a table and write it with the result columns added.
+def run_classify(request: ClassifyRequest, task: Task, settings: EngineSettings, *, model=None,
+                 head: HeadChoice = HeadChoice(),
+                 on_loaded: Callable[[Classifier], None] | None = None) -> ClassifySummary:
+    """Classify every row of a table and write it with the result columns added; returns the summary.
 
-    With a `head` (`head/`) and scorer head or combined, the result columns are the head's labels and
+    With a head and scorer head or combined, the result columns are the head's labels and
     probabilities, read from the same pass; probes still check the label scores against the per-item path.
+    `on_loaded(classifier)` is called once the model is loaded, before any row is scored.
 
     Raises `Interrupted` on Ctrl-C/SIGTERM (finished chunks stay in OUTPUT.partial for --resume).
     Refuses, before any work, an output that is the input, and an output another run is writing.
+    A failed probe check is in the summary's `report` (the output is written): the caller decides.
     """
-    out_fmt = check_output(output_path, fmt if output_path == "-" else None)
-    check_not_input(input_path, output_path)
-    lock = OutputLock(output_path).acquire() if output_path != "-" else None
+    out_fmt = check_output(request.output_path, request.fmt if request.output_path == "-" else None)
+    check_not_input(request.input_path, request.output_path)
+    lock = OutputLock(request.output_path).acquire() if request.output_path != "-" else None
     try:
-        return _run_classify(input_path, output_path, out_fmt, task, settings, model=model, text_column=text_column,
-                             id_column=id_column, fmt=fmt, errors=errors, probes=probes, gold_column=gold_column,
-                             progress=progress, result_prefix=result_prefix, resume=resume, restart=restart,
-                             status_every=status_every, head=head, scorer=scorer, head_source=head_source)
+        return _run_classify(request, out_fmt, task, settings, model, head, on_loaded)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, text_column, id_column, fmt, errors,
-                  probes, gold_column, progress, result_prefix, resume, restart, status_every, head, scorer,
-                  head_source) -> JobOutcome:
-    in_fmt = fmt if input_path == "-" else None
+def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, model,
+                  choice: HeadChoice, on_loaded) -> ClassifySummary:
+    input_path, output_path, text_column, id_column = (request.input_path, request.output_path, request.text_column,
+                                                       request.id_column)
+    errors, probes, gold_column = request.errors, request.probes, request.gold_column
+    result_prefix = request.result_prefix
+    resume, restart = request.resume, request.restart
+    head, scorer, head_source = choice.head, choice.scorer, choice.source
+    in_fmt = request.fmt if input_path == "-" else None
     resumable = output_path != "-" and input_path != "-"
     checkpoint = Checkpoint(output_path) if output_path != "-" else None
     if resume and input_path == "-":
@@ -100,7 +141,7 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     reader = open_table(input_path, text_column, fmt=in_fmt, errors=errors, id_column=id_column)
     if gold_column is not None and gold_column not in reader.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
-    use_head = head is not None and scorer != "zero-shot"
+    use_head = choice.used
     if use_head:
         from ..head.apply import check_scorer
 
@@ -135,8 +176,6 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     started = time.perf_counter()
     classifier = Classifier(task, model=model, settings=settings, precision_sample=sample)
     load_seconds = time.perf_counter() - started
-    if line := auto_line(classifier.loaded):
-        _echo(line)
     if use_head:
         from ..head.apply import check, window_results
 
@@ -145,7 +184,8 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
         except BaseException:
             reader.close()
             raise
-        _echo(f"scorer: {scorer} ({head_source or 'head'}: {len(head.labels)} labels, layers {list(head.taps)})")
+    if on_loaded is not None:
+        on_loaded(classifier)
     identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
     identity["model_shown"] = {"model": classifier.loaded.name}
     if saved is not None and saved.get("model") != identity["model"]:
@@ -163,7 +203,8 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + columns)
     sink = open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity, errors)
-    bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
+    bar = Progress(reader.total_rows, reader.total_bytes, enabled=request.progress, every=request.status_every,
+                   done=state.rows)
     previous = handle_sigterm()
     try:
         for start, frame in chunks:
@@ -197,8 +238,32 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
 
     classifier.stats = state.stats
     report = state.verify(classifier) if probes > 0 else None
-    return JobOutcome(classifier, load_seconds, report, state.stats.reused, state.resumed_at,
-                      state.gold if gold_column is not None else None, tuple(labels))
+    return ClassifySummary(
+        model=classifier.loaded.name, load_seconds=load_seconds, mode=classifier.mode,
+        mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
+        label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
+        engine=engine_line(classifier.loaded), report=report, output=output_path, duplicates=state.stats.reused,
+        resumed_at=state.resumed_at, gold=state.gold if gold_column is not None else None, labels=tuple(labels))
+
+
+def label_lines(classifier: Classifier) -> tuple[str, ...]:
+    """Each label of the classifier's task and its tokens after the chat template, one line each."""
+    return tuple(line.strip() for line in describe_labels(
+        classifier.loaded.tokenizer, classifier.task.labels, classifier.label_tokens))
+
+
+def engine_line(loaded) -> str:
+    """Device, precision, GEMM kernel and the measurement behind the choice, for summaries."""
+    from ..models.precision import auto_line
+
+    line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
+    rates = loaded.gemm_rates or {}
+    if rates.get("rates"):
+        measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
+        line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({'cached' if rates.get('cached') else 'measured now'})"
+    if auto := auto_line(loaded):
+        line += f"; {auto}"
+    return line
 
 
 def _read_ahead(reader, window: int, skip_rows: int):
@@ -286,18 +351,18 @@ class _RunState:
     stats: RunStats = dataclasses.field(default_factory=RunStats)
     pool: list = dataclasses.field(default_factory=list)
     """Probe candidates: [row, prompt length, cached, own ids, status, fast scores]."""
-    gold: _GoldTally = None
+    gold: GoldTally = None
 
     @classmethod
     def restore(cls, saved, labels, probes, prefix_len) -> _RunState:
-        state = cls(tuple(labels), probes, prefix_len, gold=_GoldTally())
+        state = cls(tuple(labels), probes, prefix_len, gold=GoldTally())
         state.stats.prefix_tokens = prefix_len
         if saved:
             data = saved["state"]
             state.rows = state.resumed_at = saved["rows_done"]
             state.stats = RunStats(**data["stats"])
             state.pool = data["pool"]
-            state.gold = _GoldTally(**data["gold"])
+            state.gold = GoldTally(**data["gold"])
         return state
 
     def to_json(self) -> dict:
@@ -341,7 +406,7 @@ def _spread(pool: list, n: int) -> list:
 
 
 @dataclasses.dataclass
-class _GoldTally:
+class GoldTally:
     """Accuracy vs a gold column, counted chunk by chunk."""
 
     scored: int = 0
@@ -365,19 +430,6 @@ class _GoldTally:
                 self.confident_correct += g == r.label
         self.predicted, self.gold = dict(predicted), dict(golds)
 
-    def print(self, labels) -> None:
-        if not self.scored:
-            return
-        unknown = sorted(set(self.gold) - set(labels))
-        if unknown:  # `evaluate` refuses such a file; here the labels are written all the same
-            rows = sum(self.gold[g] for g in unknown)
-            shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-            _echo(f"warning: {rows} scored rows have a gold label that is not a label of the task ({shown}); "
-                  "they count as wrong below")
-        counts = dict(sorted(self.predicted.items(), key=lambda kv: -kv[1]))
-        majority = max(self.gold.values()) / self.scored
-        _echo(f"accuracy vs gold: {self.correct}/{self.scored} = {self.correct / self.scored:.3f} "
-              f"(majority class {majority:.3f}); predicted: {counts}")
-        if self.confident:
-            _echo(f"  auto-labelled (not needs_review): {self.confident}/{self.scored}, "
-                  f"accuracy {self.confident_correct / self.confident:.3f}")
+    def unknown(self, labels) -> list[str]:
+        """Gold labels that are not among `labels`, sorted (rows with them count as wrong)."""
+        return sorted(set(self.gold) - set(labels))
