@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import FieldError, SlmClassifyError, TaskError, VerificationError
+from ..errors import SlmClassifyError, TaskError, VerificationError
 from ..core.task import Task
 from . import summaries
 from .options import (ModelOptions, device_options, flag_error, head_options, hidden_alias, int_list, max_rows_option,
@@ -42,12 +42,14 @@ def main() -> None:
 
 
 class _Commands(click.Group):
-    """The command group: a library error about a field is re-raised naming the flag instead."""
+    """The command group: a library error that names fields is re-raised naming the flags instead."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except FieldError as exc:
+        except SlmClassifyError as exc:
+            if exc.template is None:
+                raise
             raise flag_error(exc) from None
 
 

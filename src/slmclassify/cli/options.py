@@ -11,13 +11,16 @@ import click
 
 from ..backends.names import DEVICES, PRECISIONS
 from ..core.task import MODES, Task, build_task, parse_labels
-from ..errors import FieldError, TaskError
+from ..errors import SlmClassifyError, TaskError
 
 FLAGS = {
     "max_text_tokens": "--max-tokens",
     "max_queue_items": "--max-queue",
     "request_timeout_s": "--request-timeout",
     "taps": "--layers",
+    "fmt": "--format",
+    "plots_dir": "--plots",
+    "task_file": "--task",
 }
 """Library fields whose flag is not the field's name with dashes (`max_rows` → `--max-rows`)."""
 
@@ -27,9 +30,9 @@ def flag_of(field: str) -> str:
     return FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
-def flag_error(exc: FieldError) -> TaskError:
-    """A library field error as the CLI says it: naming the flag."""
-    return TaskError(exc.naming(flag_of(exc.field)))
+def flag_error(exc: SlmClassifyError) -> SlmClassifyError:
+    """A library error as the CLI says it: naming flags where the library names fields."""
+    return exc.renamed(flag_of) if exc.template is not None else exc
 
 
 @dataclasses.dataclass(frozen=True)

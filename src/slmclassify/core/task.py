@@ -227,7 +227,8 @@ def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | No
             overrides.update(labels=labels, descriptions=())
         return task.with_overrides(**overrides)
     if not labels:
-        raise TaskError("give the labels with --labels a,b,c or a --task file")
+        raise TaskError("give the labels with {labels} a,b,c or a {task} file",
+                        names={"labels": "labels", "task": "task_file"})
     if instruction is None and default_instruction:
         overrides["instruction"] = default_instruction
     return Task(labels=labels).with_overrides(**overrides)

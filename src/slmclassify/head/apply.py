@@ -50,7 +50,8 @@ def resolve_scorer(head: Head | None, scorer: str | None) -> str:
     if scorer is None:
         return "zero-shot" if head is None else "head"
     if scorer != "zero-shot" and head is None:
-        raise TaskError(f"--scorer {scorer} needs a head: pass --head head.npz (fitted with `slmclassify fit`)")
+        raise TaskError("{field} {scorer} needs a head: pass {head} head.npz (fitted with `slmclassify fit`)",
+                        names={"field": "scorer", "head": "head"}, scorer=scorer)
     return scorer
 
 
@@ -71,8 +72,8 @@ def check(head: Head, classifier, source: str) -> None:
 def check_scorer(head: Head, task_labels, scorer: str) -> None:
     """`combined` multiplies the head's and the task's probabilities: it needs the same label set."""
     if scorer == "combined" and set(head.labels) != set(task_labels):
-        raise TaskError(f"--scorer combined needs the head's labels {list(head.labels)} to be the task's "
-                        f"labels {list(task_labels)}; use --scorer head")
+        raise TaskError("{field} combined needs the head's labels {head} to be the task's labels {task}; "
+                        "use {field} head", names={"field": "scorer"}, head=list(head.labels), task=list(task_labels))
 
 
 def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarray, task_labels, scorer: str) -> np.ndarray:

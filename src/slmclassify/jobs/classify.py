@@ -124,49 +124,12 @@ def run_classify(request: ClassifyRequest, task: Task, settings: EngineSettings,
 
 def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, model,
                   choice: HeadChoice, on_loaded) -> ClassifySummary:
-    input_path, output_path, text_column, id_column = (request.input_path, request.output_path, request.text_column,
-                                                       request.id_column)
-    errors, probes, gold_column = request.errors, request.probes, request.gold_column
-    result_prefix = request.result_prefix
-    resume, restart = request.resume, request.restart
-    head, scorer, head_source = choice.head, choice.scorer, choice.source
-    in_fmt = request.fmt if input_path == "-" else None
-    resumable = output_path != "-" and input_path != "-"
-    checkpoint = Checkpoint(output_path) if output_path != "-" else None
-    if resume and input_path == "-":
-        raise InputError("--resume needs an input file (stdin cannot be read again)")
-    if resume and output_path == "-":
-        raise InputError("--resume needs an output file (stdout cannot be appended to)")
-
-    reader = open_table(input_path, text_column, fmt=in_fmt, errors=errors, id_column=id_column)
-    if gold_column is not None and gold_column not in reader.columns:
-        raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
-    use_head = choice.used
-    if use_head:
-        from ..head.apply import check_scorer
-
-        check_scorer(head, task.labels, scorer)  # before the model loads
-    labels = head.labels if use_head else task.labels
-    columns = result_columns(labels, result_prefix)
-    clash = [c for c in columns if c in reader.columns]
-    if clash:
-        raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
-                         "so the results do not overwrite it")
-
-    shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows,
-             "max_text_tokens": settings.max_text_tokens, "text_column": text_column, "id_column": id_column,
-             "errors": errors, "result_prefix": result_prefix, "output_format": out_fmt}
-    identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
-    identity["task_shown"] = _task_shown(task)
-    identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
-    identity["head_shown"] = {"head": head_source if use_head else None, "scorer": scorer if use_head else None}
-    if use_head:
-        from ..head.apply import file_digest
-
-        identity["head"] = digest([file_digest(head_source) if head_source else repr(head.coef.tolist()), scorer])
-    if resumable:
-        identity["input"] = input_fingerprint(input_path)
-    saved = _saved_run(checkpoint, identity, resume, restart, input_path)
+    """open the input → the run's identity → the run to continue, if any → load → stream → probes."""
+    resumable = request.output_path != "-" and request.input_path != "-"
+    checkpoint = Checkpoint(request.output_path) if request.output_path != "-" else None
+    reader, labels = _open_input(request, task, choice)
+    identity = _identity(request, out_fmt, task, settings, choice, resumable)
+    saved = _saved_run(checkpoint, identity, request.resume, request.restart, request.input_path)
 
     done = saved["rows_done"] if saved is not None else 0
     if settings.precision == "auto" or getattr(model, "auto_precision", False):
@@ -176,45 +139,114 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
     started = time.perf_counter()
     classifier = Classifier(task, model=model, settings=settings, precision_sample=sample)
     load_seconds = time.perf_counter() - started
-    if use_head:
-        from ..head.apply import check, window_results
+    try:
+        if choice.used:
+            from ..head.apply import check
 
-        try:
-            check(head, classifier, head_source or "the head")
-        except BaseException:
-            reader.close()
-            raise
-    if on_loaded is not None:
-        on_loaded(classifier)
+            check(choice.head, classifier, choice.source or "the head")
+        if on_loaded is not None:
+            on_loaded(classifier)
+        _same_model(saved, identity, classifier, checkpoint)
+    except BaseException:
+        reader.close()
+        raise
+
+    state = _RunState.restore(saved, task.labels, request.probes, len(classifier.prefix_ids))
+    schema = (parquet_schema(reader, result_arrow_fields(labels, request.result_prefix)) if out_fmt == "parquet"
+              else list(reader.columns) + result_columns(labels, request.result_prefix))
+    sink = open_sink(request.output_path, checkpoint, out_fmt, schema, saved, resumable, identity, request.errors)
+    _stream(request, reader, chunks, classifier, choice, labels, state, sink, resumable)
+
+    classifier.stats = state.stats
+    report = state.verify(classifier) if request.probes > 0 else None
+    return ClassifySummary(
+        model=classifier.loaded.name, load_seconds=load_seconds, mode=classifier.mode,
+        mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
+        label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
+        engine=engine_line(classifier.loaded), report=report, output=request.output_path,
+        duplicates=state.stats.reused, resumed_at=state.resumed_at,
+        gold=state.gold if request.gold_column is not None else None, labels=tuple(labels))
+
+
+def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
+    """(the input's reader, the labels the results use); refuses, before the model loads, what cannot run."""
+    if request.resume and request.input_path == "-":
+        raise InputError("{resume} needs an input file (stdin cannot be read again)", names={"resume": "resume"})
+    if request.resume and request.output_path == "-":
+        raise InputError("{resume} needs an output file (stdout cannot be appended to)", names={"resume": "resume"})
+    reader = open_table(request.input_path, request.text_column, fmt=request.fmt if request.input_path == "-" else None,
+                        errors=request.errors, id_column=request.id_column)
+    gold_column = request.gold_column
+    if gold_column is not None and gold_column not in reader.columns:
+        raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
+    if choice.used:
+        from ..head.apply import check_scorer
+
+        check_scorer(choice.head, task.labels, choice.scorer)
+    labels = choice.head.labels if choice.used else task.labels
+    clash = [c for c in result_columns(labels, request.result_prefix) if c in reader.columns]
+    if clash:
+        raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
+                         "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
+    return reader, labels
+
+
+def _identity(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, choice: HeadChoice,
+              resumable: bool) -> dict:
+    """What a resumed run must share with the run it continues (digests, and the values shown when not)."""
+    shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows,
+             "max_text_tokens": settings.max_text_tokens, "text_column": request.text_column,
+             "id_column": request.id_column, "errors": request.errors, "result_prefix": request.result_prefix,
+             "output_format": out_fmt}
+    identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
+    identity["task_shown"] = _task_shown(task)
+    identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
+    identity["head_shown"] = {"head": choice.source if choice.used else None,
+                              "scorer": choice.scorer if choice.used else None}
+    if choice.used:
+        from ..head.apply import file_digest
+
+        identity["head"] = digest([file_digest(choice.source) if choice.source else repr(choice.head.coef.tolist()),
+                                   choice.scorer])
+    if resumable:
+        identity["input"] = input_fingerprint(request.input_path)
+    return identity
+
+
+def _same_model(saved: dict | None, identity: dict, classifier: Classifier, checkpoint) -> None:
+    """Add the loaded model and precision to `identity`; refuse to resume a run made with others."""
     identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
     identity["model_shown"] = {"model": classifier.loaded.name}
     if saved is not None and saved.get("model") != identity["model"]:
-        reader.close()
         same_name = saved.get("model_shown", {}).get("model") == classifier.loaded.name
         raise refuse_resume(checkpoint, "the model changed (same name, other weights or config)" if same_name
                             else changed({"model": saved.get("model"), "model_shown": saved.get("model_shown")},
                                          {"model": identity["model"], "model_shown": identity["model_shown"]}))
     identity["precision"] = classifier.loaded.backend.precision  # what --precision auto picked, too
     if saved is not None and saved.get("precision", identity["precision"]) != identity["precision"]:
-        reader.close()
         raise refuse_resume(checkpoint, f"the precision changed ({saved['precision']} → {identity['precision']})")
 
-    state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
-    schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
-              else list(reader.columns) + columns)
-    sink = open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity, errors)
+
+def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, choice: HeadChoice, labels,
+            state: _RunState, sink, resumable: bool) -> None:
+    """Score each chunk and append it, with its result columns, to the sink; on Ctrl-C/SIGTERM or a
+    failed write, keep the finished chunks for --resume and raise what the user reads."""
+    gold_column = request.gold_column
     bar = Progress(reader.total_rows, reader.total_bytes, enabled=request.progress, every=request.status_every,
                    done=state.rows)
     previous = handle_sigterm()
     try:
         for start, frame in chunks:
             texts = reader.texts(frame)
-            if use_head:
-                window = classifier.score_window(texts, start, taps=head.taps)
-                window = dataclasses.replace(window, results=window_results(head, scorer, classifier, window))
+            if choice.used:
+                from ..head.apply import window_results
+
+                window = classifier.score_window(texts, start, taps=choice.head.taps)
+                window = dataclasses.replace(window, results=window_results(choice.head, choice.scorer, classifier,
+                                                                            window))
             else:
                 window = classifier.score_window(texts, start)
-            results_frame = result_frame(window.results, labels, result_prefix, index=frame.index)
+            results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index)
             state.add(window, classifier.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
             sink.write(pd.concat([frame, results_frame], axis=1), state,
                        reader.read_digest() if resumable else None)
@@ -235,15 +267,6 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         reader.close()
     bar.close()
     sink.finish()
-
-    classifier.stats = state.stats
-    report = state.verify(classifier) if probes > 0 else None
-    return ClassifySummary(
-        model=classifier.loaded.name, load_seconds=load_seconds, mode=classifier.mode,
-        mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
-        label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
-        engine=engine_line(classifier.loaded), report=report, output=output_path, duplicates=state.stats.reused,
-        resumed_at=state.resumed_at, gold=state.gold if gold_column is not None else None, labels=tuple(labels))
 
 
 def label_lines(classifier: Classifier) -> tuple[str, ...]:
@@ -305,8 +328,9 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
         return None
     if not resume:
         done = f" ({saved['rows_done']} rows done)" if saved else ""
-        raise InputError(f"{checkpoint.partial} holds an unfinished run{done}; pass --resume to continue it, "
-                         "or --restart to start over")
+        raise InputError("{partial} holds an unfinished run{done}; pass {resume} to continue it, or {restart} to "
+                         "start over", names={"resume": "resume", "restart": "restart"}, partial=checkpoint.partial,
+                         done=done)
     if saved is None:  # a partial without a record never completed a chunk
         checkpoint.discard()
         return None

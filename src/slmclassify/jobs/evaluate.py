@@ -90,10 +90,11 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     gold, accepted = gold_indices(data, task.labels)
     head_gold = np.array([head.labels.index(names[0]) for names in data.gold]) if use_head else None
     if use_head and (gold < 0).any() and (compare_modes or fit_temperature):
-        raise TaskError("--compare-modes and --fit-temperature score the task's labels, and some gold labels "
-                        "are only the head's; run them without --head")
+        raise TaskError("{modes} and {temperature} score the task's labels, and some gold labels are only the "
+                        "head's; run them without {head}",
+                        names={"modes": "compare_modes", "temperature": "fit_temperature", "head": "head"})
     if plots_dir:
-        _check_matplotlib("--plots")
+        _check_matplotlib("plots_dir")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
     states = []
 
@@ -133,23 +134,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
 
     rows = []
     if compare_modes:
-        for m in ("first", "full", "full-mean"):
-            try:
-                mclf, mscores, msec = run(task.with_overrides(mode=m, calibrate=False))
-            except TaskError:
-                # Labels share first tokens: score them the article's way anyway (tied labels get
-                # equal scores and the first in label order wins), as the baseline to beat.
-                mclf = Classifier(task.with_overrides(mode="full", calibrate=False), model=loaded, settings=settings)
-                mclf.trie = build_trie(task.labels, list(mclf.trie.sequences), "first")
-                start = time.perf_counter()
-                mscores = mclf.score(mclf.encode(texts))
-                msec = time.perf_counter() - start
-            prior = mclf.content_free_prior()
-            for bias in (None, prior):
-                ev = evaluation(m, mscores, bias, 1.0, mclf, msec)
-                rows.append({"mode": m, "calibrated": bias is not None, "accuracy": ev.accuracy,
-                             "macro_f1": ev.macro_f1, "ece": ev.ece, "items_per_s": len(texts) / msec})
-        summary["modes"] = rows
+        rows = summary["modes"] = _compare_modes(run, evaluation, task, loaded, settings, texts)
 
     if fewshot_cost > 0:
         first_gold = [names[0] for names in data.gold]
@@ -162,6 +147,28 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         fitted_temperature=temperature if fit_temperature else None, main=main, head=head if use_head else None,
         modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary)
     return _write(result, plots_dir, task_file, json_path, temperature if fit_temperature else None)
+
+
+def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list[dict]:
+    """Every scoring mode, uncalibrated and calibrated, on the same items: one row each."""
+    rows = []
+    for m in ("first", "full", "full-mean"):
+        try:
+            mclf, mscores, msec = run(task.with_overrides(mode=m, calibrate=False))
+        except TaskError:
+            # Labels share first tokens: score them the article's way anyway (tied labels get
+            # equal scores and the first in label order wins), as the baseline to beat.
+            mclf = Classifier(task.with_overrides(mode="full", calibrate=False), model=loaded, settings=settings)
+            mclf.trie = build_trie(task.labels, list(mclf.trie.sequences), "first")
+            start = time.perf_counter()
+            mscores = mclf.score(mclf.encode(texts))
+            msec = time.perf_counter() - start
+        prior = mclf.content_free_prior()
+        for bias in (None, prior):
+            ev = evaluation(m, mscores, bias, 1.0, mclf, msec)
+            rows.append({"mode": m, "calibrated": bias is not None, "accuracy": ev.accuracy,
+                         "macro_f1": ev.macro_f1, "ece": ev.ece, "items_per_s": len(texts) / msec})
+    return rows
 
 
 def _write(result: EvaluateSummary, plots_dir, task_file, json_path, temperature) -> EvaluateSummary:
@@ -180,12 +187,12 @@ def _write(result: EvaluateSummary, plots_dir, task_file, json_path, temperature
         Path(json_path).write_text(json.dumps(result.figures, indent=2))
     return dataclasses.replace(result, plots=plots, task_file=task_file, task_values=values, json_path=json_path)
 
-def _check_matplotlib(option: str) -> None:
+def _check_matplotlib(field: str) -> None:
     """Refuse before the work when plots are asked for and matplotlib is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise TaskError(f"{option} needs matplotlib: pip install 'slmclassify[plots]'") from None
+        raise TaskError("{field} needs matplotlib: pip install 'slmclassify[plots]'", names={"field": field}) from None
 
 
 def fit_temperature_on(scores, bias, gold) -> float:

@@ -83,8 +83,9 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
     if len(labels) < 2:
         raise InputError(f"{path}: the gold column {label_column!r} has fewer than two labels: {list(labels)}")
     if min(counts.values()) < folds:
-        raise InputError(f"{path}: label {min(counts, key=counts.get)!r} has {min(counts.values())} items; "
-                         f"{folds}-fold cross-validation needs at least {folds} per label (or pass --folds)")
+        raise InputError("{path}: label {label!r} has {items} items; {folds}-fold cross-validation needs at least "
+                         "{folds} per label (or pass {folds_field})", names={"folds_field": "folds"}, path=path,
+                         label=min(counts, key=counts.get), items=min(counts.values()), folds=folds)
 
     loaded = load_model(model, settings.device, settings.precision)
     clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts)

@@ -36,4 +36,5 @@ class ServeSettings:
         if not self.request_timeout_s > 0:
             raise FieldError("request_timeout_s", "{field} must be positive, got {value}", value=self.request_timeout_s)
         if self.api_key is not None and not self.api_key.strip():
-            raise TaskError("the API key is empty; unset SLMCLASSIFY_API_KEY or pass a non-empty --api-key")
+            raise TaskError("the API key is empty; unset SLMCLASSIFY_API_KEY or pass a non-empty {field}",
+                            names={"field": "api_key"})
