@@ -129,8 +129,6 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
     if set(head.labels) == set(classifier.task.labels):
         zero = softmax(calibrated)[:, [list(classifier.task.labels).index(lab) for lab in head.labels]]
         zero_ev = Evaluation(head.labels, gold, zero.argmax(1), zero.max(1))
-        echo(f"zero-shot on the same items: accuracy {zero_ev.accuracy:.3f}, macro-F1 {zero_ev.macro_f1:.3f}, "
-             f"ECE {zero_ev.ece:.3f}")
         extra["zero_shot"] = {"accuracy": zero_ev.accuracy, "macro_f1": zero_ev.macro_f1, "ece": zero_ev.ece}
     return Evaluation(head.labels, gold, probs.argmax(1), probs.max(1), name=scorer,
                       target_accuracy=target_accuracy, extra=extra)
