@@ -84,9 +84,11 @@ def _classify_on_ray(input_path, output_path, task, settings, model, text_column
         raise TaskError("--ray does not support --resume, --restart or --gold-column")
     rs = RaySettings(actors=2 if actors is None else actors, cpus_per_actor=cpus_per_actor,
                      block_rows=DEFAULT_BLOCK_ROWS if block_rows is None else block_rows)
+    from .progress import Progress
+
     summary = run_ray_classify(input_path, output_path, task, settings, rs, model=model, address=ray_address,
                                text_column=text_column, result_prefix=result_prefix, errors=errors,
-                               progress=not quiet)
+                               progress=not quiet, meter=lambda rows, size, done: Progress(rows, size, not quiet))
     summaries.print_ray(summary)
 
 
@@ -131,9 +133,12 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
 
     request = ClassifyRequest(input_path, output_path, text_column=text_column, id_column=id_column, fmt=fmt,
                               errors=errors, probes=0 if no_verify else probes, gold_column=gold_column,
-                              progress=not quiet, result_prefix=result_prefix, resume=resume, restart=restart)
+                              result_prefix=result_prefix, resume=resume, restart=restart)
+    from .progress import Progress
+
     summary = run_classify(request, task, settings, model=opts.model, head=head,
-                           on_loaded=lambda classifier: summaries.print_loaded(classifier, head))
+                           on_loaded=lambda classifier: summaries.print_loaded(classifier, head),
+                           meter=lambda rows, size, done: Progress(rows, size, enabled=not quiet, done=done))
     summaries.print_classify(summary)
     report = summary.report
     if report is not None and not report.ok:

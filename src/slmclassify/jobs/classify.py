@@ -31,6 +31,7 @@ from ..core.encode import EncodedItems
 from ..core.labels import describe_labels
 from ..errors import InputError
 from ..head.apply import HeadChoice
+from .meter import Meter, MeterFactory, no_meter
 from ..interrupts import handle_sigterm
 from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
                             refuse_resume)
@@ -39,7 +40,6 @@ from ..io.lock import OutputLock
 from ..io.readers import open_table
 from ..io.sink import WriteFailed, open_sink
 from ..io.writers import parquet_schema
-from ..io.progress import Progress
 from ..core.results import RunStats, result_arrow_fields, result_columns, result_frame
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
@@ -64,12 +64,9 @@ class ClassifyRequest:
     """Items checked against the per-item path after the run (0: none)."""
     gold_column: str | None = None
     """Column of true labels: the summary counts accuracy."""
-    progress: bool = True
     result_prefix: str = ""
     resume: bool = False
     restart: bool = False
-    status_every: float = 15.0
-    """Seconds between progress lines when stderr is not a terminal."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,13 +97,14 @@ class ClassifySummary:
 
 
 def run_classify(request: ClassifyRequest, task: Task, settings: EngineSettings, *, model=None,
-                 head: HeadChoice = HeadChoice(),
-                 on_loaded: Callable[[Classifier], None] | None = None) -> ClassifySummary:
+                 head: HeadChoice = HeadChoice(), on_loaded: Callable[[Classifier], None] | None = None,
+                 meter: MeterFactory = no_meter) -> ClassifySummary:
     """Classify every row of a table and write it with the result columns added; returns the summary.
 
     With a head and scorer head or combined, the result columns are the head's labels and
     probabilities, read from the same pass; probes still check the label scores against the per-item path.
-    `on_loaded(classifier)` is called once the model is loaded, before any row is scored.
+    `on_loaded(classifier)` is called once the model is loaded, before any row is scored; `meter`
+    makes the progress meter the rows are counted on.
 
     Raises `Interrupted` on Ctrl-C/SIGTERM (finished chunks stay in OUTPUT.partial for --resume).
     Refuses, before any work, an output that is the input, and an output another run is writing.
@@ -116,14 +114,14 @@ def run_classify(request: ClassifyRequest, task: Task, settings: EngineSettings,
     check_not_input(request.input_path, request.output_path)
     lock = OutputLock(request.output_path).acquire() if request.output_path != "-" else None
     try:
-        return _run_classify(request, out_fmt, task, settings, model, head, on_loaded)
+        return _run_classify(request, out_fmt, task, settings, model, head, on_loaded, meter)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, model,
-                  choice: HeadChoice, on_loaded) -> ClassifySummary:
+                  choice: HeadChoice, on_loaded, meter: MeterFactory) -> ClassifySummary:
     """open the input → the run's identity → the run to continue, if any → load → stream → probes."""
     resumable = request.output_path != "-" and request.input_path != "-"
     checkpoint = Checkpoint(request.output_path) if request.output_path != "-" else None
@@ -155,7 +153,8 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
     schema = (parquet_schema(reader, result_arrow_fields(labels, request.result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + result_columns(labels, request.result_prefix))
     sink = open_sink(request.output_path, checkpoint, out_fmt, schema, saved, resumable, identity, request.errors)
-    _stream(request, reader, chunks, classifier, choice, labels, state, sink, resumable)
+    bar = meter(reader.total_rows, reader.total_bytes, state.rows)
+    _stream(request, reader, chunks, classifier, choice, labels, state, sink, resumable, bar)
 
     classifier.stats = state.stats
     report = state.verify(classifier) if request.probes > 0 else None
@@ -228,12 +227,10 @@ def _same_model(saved: dict | None, identity: dict, classifier: Classifier, chec
 
 
 def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, choice: HeadChoice, labels,
-            state: _RunState, sink, resumable: bool) -> None:
+            state: _RunState, sink, resumable: bool, bar: Meter) -> None:
     """Score each chunk and append it, with its result columns, to the sink; on Ctrl-C/SIGTERM or a
     failed write, keep the finished chunks for --resume and raise what the user reads."""
     gold_column = request.gold_column
-    bar = Progress(reader.total_rows, reader.total_bytes, enabled=request.progress, every=request.status_every,
-                   done=state.rows)
     previous = handle_sigterm()
     try:
         for start, frame in chunks:

@@ -22,6 +22,7 @@ from ..core.settings import EngineSettings
 from ..errors import InputError
 from ..io.formats import FORMATS, check_not_input, check_output, table_format
 from ..io.lock import OutputLock
+from .meter import MeterFactory, no_meter
 from ..core.results import RunStats
 from ..core.task import Task
 from ..ray.actors import process_started
@@ -90,8 +91,10 @@ class RaySummary:
 
 def run_ray_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings,
                      ray_settings: RaySettings, *, model=None, address: str | None = None, text_column="text",
-                     result_prefix="", errors="strict", progress=True) -> RaySummary:
-    """Classify INPUT into OUTPUT on Ray; returns the summary's figures."""
+                     result_prefix="", errors="strict", progress=True,
+                     meter: MeterFactory = no_meter) -> RaySummary:
+    """Classify INPUT into OUTPUT on Ray; returns the summary's figures. `progress`: Ray Data's
+    progress bars; `meter`: the rows written when this process feeds the actors."""
     if input_path == "-" or output_path == "-":
         raise InputError("--ray reads and writes files or folders, not stdin/stdout")
     folder_out = Path(output_path).suffix == ""
@@ -114,7 +117,7 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
                        result_prefix=result_prefix, errors=errors, precision_sample=sample)
             if reads_on_driver(in_fmt, files):
                 feed = "actors fed by this process, which read the file"
-                handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, progress, how)
+                handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, meter, how)
             else:
                 feed = "Ray Data: Ray's readers, an actor pool"
                 handed, rows, figures = _on_dataset(in_fmt, files, output_path, out_fmt, folder_out, progress, how)
@@ -127,20 +130,19 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
                 ray.shutdown()
 
 
-def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bool, progress: bool,
+def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bool, make_meter: MeterFactory,
              how: dict) -> tuple[float, int, dict]:
     """One small file: the actors start loading, the driver reads and spreads the file meanwhile, then
     feeds them its blocks (`pool.py`); (when the actors were started, rows written, figures)."""
     import pyarrow as pa
 
-    from ..io.progress import Progress
     from ..ray.pool import start_pool
 
     handed = time.time()
     pool = start_pool(**how)
     rs = how["ray_settings"]
     blocks, order = spread(driver_table(fmt, path), how["text_column"], rs.block_rows, rs.actors)
-    meter = Progress(sum(b.num_rows for b in blocks), None, enabled=progress)
+    meter = make_meter(sum(b.num_rows for b in blocks), None, 0)
     table = pa.concat_tables(pool.classify(blocks, done=meter.update))
     meter.close()
     if order is not None:
