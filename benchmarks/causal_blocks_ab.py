@@ -13,7 +13,7 @@ from slmclassify.backends import attention, fp32_kernels
 n, rounds, threads = engine_ab.arguments((600, 1, 1))
 fp32_kernels.ENABLED = False  # the torch attention path (the C kernel, where it runs, has no query blocks)
 ways = {"one call": 10**9, "blocks": attention.CAUSAL_BLOCK}
-clf, batches, best, max_diff = engine_ab.run(ways, lambda value: setattr(attention, "CAUSAL_BLOCK", value),
-                                             n, rounds, threads)
-engine_ab.report(clf, batches, best, max_diff, n, rounds, threads, f", blocks of {ways['blocks']}",
+clf, batches, timings, max_diff = engine_ab.run(ways, lambda value: setattr(attention, "CAUSAL_BLOCK", value),
+                                                n, rounds, threads)
+engine_ab.report(clf, batches, timings, max_diff, n, rounds, threads, f", blocks of {ways['blocks']}",
                  block=ways["blocks"])

@@ -14,6 +14,6 @@ from slmclassify.backends import fp32_kernels
 
 n, rounds, threads = engine_ab.arguments((600, 1, 2))
 ways = {"torch": False, "C kernel": True}
-clf, batches, best, max_diff = engine_ab.run(ways, lambda value: setattr(fp32_kernels, "ENABLED", value),
-                                             n, rounds, threads)
-engine_ab.report(clf, batches, best, max_diff, n, rounds, threads)
+clf, batches, timings, max_diff = engine_ab.run(ways, lambda value: setattr(fp32_kernels, "ENABLED", value),
+                                                n, rounds, threads)
+engine_ab.report(clf, batches, timings, max_diff, n, rounds, threads)

@@ -1,6 +1,7 @@
 """Accuracy of each precision against float32 on labelled data, in one process: the demo tickets
 (`examples/tickets.csv`, gold column `gold`, task `examples/support.toml`) and the BIG-bench intent
-data set, scored in fp32 and in each precision asked for, with the library's own calibration.
+data set (BIG-bench's `intent_recognition.json`, not part of this repository: pass its path with
+`--intent`), scored in fp32 and in each precision asked for, with the library's own calibration.
 
 Per data set it prints each precision's accuracy (as `slmclassify evaluate` counts it: tied BIG-bench
 gold labels all count), its agreement with fp32 (items whose calibrated prediction is fp32's) and
@@ -8,13 +9,12 @@ the largest |Δ probability| of any label, then one JSON line last. Each precisi
 own, `load_model(precision=...)`, loaded after the previous one is dropped.
 
 usage: python benchmarks/precision_accuracy.py [--precisions int8,bf16] [--limit N] [--sets demo,intent]
+                                              [--intent PATH/intent_recognition.json]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import time
 
 import numpy as np
 import torch
@@ -28,10 +28,11 @@ from slmclassify.jobs.evaluate import task_for_file
 from slmclassify.models.loading import set_threads
 from slmclassify.models.precision import agreement
 from slmclassify.core.results import softmax
+from slmclassify.timing import Stopwatch, json_line
 
 SETS = {  # name: (path, text column, label column, task file)
     "demo": ("examples/tickets.csv", "text", "gold", "examples/support.toml"),
-    "intent": ("/work/shared/data/intent_recognition.json", "text", "label", None),
+    "intent": (None, "text", "label", None),  # the path comes from --intent
 }
 
 
@@ -39,12 +40,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precisions", default="int8,bf16", help="comma-separated, compared with fp32")
     parser.add_argument("--limit", type=int, default=None, help="the first N items of each data set")
-    parser.add_argument("--sets", default="demo,intent", help=f"comma-separated of {', '.join(SETS)}")
-    parser.add_argument("--intent", default=SETS["intent"][0], help="path of the intent data set (BIG-bench JSON)")
+    parser.add_argument("--sets", default=None,
+                        help=f"comma-separated of {', '.join(SETS)} (default: demo, and intent when --intent is given)")
+    parser.add_argument("--intent", default=None, help="path of the intent data set (BIG-bench JSON); needed for intent")
     parser.add_argument("--model", default=None, help="model source (default: the embedded model)")
     args = parser.parse_args()
     precisions = ["fp32"] + [p for p in args.precisions.split(",") if p and p != "fp32"]
-    sets = {name: SETS[name] for name in args.sets.split(",")}
+    names = args.sets.split(",") if args.sets else ["demo"] + (["intent"] if args.intent else [])
+    if "intent" in names and not args.intent:
+        parser.error("the intent set needs --intent PATH (BIG-bench intent_recognition.json)")
+    sets = {name: SETS[name] for name in names}
     if "intent" in sets:
         sets["intent"] = (args.intent, *sets["intent"][1:])
     threads = set_threads()
@@ -65,9 +70,9 @@ def main() -> None:
         for name in sets:
             clf = Classifier(tasks[name], model=loaded)
             engines[precision] = clf.engine.backend.describe()
-            start = time.perf_counter()
-            raw = clf.score(clf.encode(data[name].texts))
-            seconds[name, precision] = time.perf_counter() - start
+            with Stopwatch() as watch:  # one pass each: the precisions are loaded one at a time
+                raw = clf.score(clf.encode(data[name].texts))
+            seconds[name, precision] = watch.seconds
             scores[name, precision] = clf.calibrated(raw)
         del loaded, clf
     print(f"engines: {'; '.join(f'{p}: {e}' for p, e in engines.items())}; int8 smoothing alpha "
@@ -90,7 +95,7 @@ def main() -> None:
             print(f"{name:<10} {len(calibrated):>5} {precision:<9} {ev.accuracy:>8.3f} "
                   f"{f'{agree.agree}/{agree.n}':>11} {agree.max_prob_diff:>8.3f} {rate:>8.1f}")
     print("(items/s: one pass each, not interleaved; on a shared machine only the accuracy columns are firm)")
-    print(json.dumps({"machine": cpu_name(), "flags": matmul_flags(), "threads": threads, "torch": torch.__version__,
+    print(json_line({"machine": cpu_name(), "flags": matmul_flags(), "threads": threads, "torch": torch.__version__,
                       "engines": engines, "alpha": smoothing.ALPHA, "outlier_ratio": smoothing.OUTLIER_RATIO,
                       "rows": rows}))
 

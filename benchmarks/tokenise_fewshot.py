@@ -1,5 +1,6 @@
 """Tokenising N rows of a few-shot task: old encode (full prompt ids as lists) vs new (suffix arrays).
-Usage: python benchmarks/tokenise_fewshot.py old|new N  -> one JSON line (seconds, peak RSS added in MB, prefix tokens).
+Usage: python benchmarks/tokenise_fewshot.py old|new N INTENT_JSON  -> one JSON line (seconds, peak RSS added in MB,
+prefix tokens). INTENT_JSON: BIG-bench's intent_recognition.json (not part of this repository).
 "old" is encode.py as it was before streaming, extracted with
     git show afa22bd:src/slmclassify/encode.py | sed 's/from .prompts/from slmclassify.core.prompts/' > /tmp/old_encode.py
 Run each way in its own process (peak RSS is per process)."""
@@ -9,9 +10,9 @@ from transformers import AutoTokenizer
 from slmclassify.core.task import Task, Example
 from slmclassify.core.prompts import PromptRenderer
 
-which, n = sys.argv[1], int(sys.argv[2])
+which, n, intent_json = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 tok = AutoTokenizer.from_pretrained(str(next(Path.home().joinpath(".cache/slmclassify").glob("gguf-*-v2"))))
-data = json.load(open("/work/shared/data/intent_recognition.json"))["examples"]
+data = json.load(open(intent_json))["examples"]
 labels = tuple(data[0]["target_scores"])
 gold = [max(ex["target_scores"], key=ex["target_scores"].get) for ex in data]
 examples = []

@@ -31,7 +31,7 @@ from slmclassify.models.loading import wrap_model  # noqa: E402
 from slmclassify.models.precision import agreement  # noqa: E402
 from slmclassify.core.article_tickets import ARTICLE_TASK, article_tickets  # noqa: E402
 
-SHAPES = {  # the real models' configurations (as in /work/shared/tools/hf_anchor.py)
+SHAPES = {  # the real models' configurations (their config.json values)
     "SmolLM2-135M": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                                    rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)),

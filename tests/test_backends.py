@@ -370,7 +370,7 @@ def test_task_file_precision_and_flag_precedence(llama_dir, tmp_path):
 def test_plain_transformers_token_budget_rows_match_the_loop(llama_loaded):
     """bench's (h) rows (run on CUDA) are device-agnostic: on CPU in float32 they equal the loop."""
     from slmclassify.bench.plain_transformers import token_budget_scores
-    from slmclassify.bench.compare import article_loop
+    from slmclassify.bench.article import article_loop
     from slmclassify.core.article_tickets import ARTICLE_TASK
 
     clf = Classifier(ARTICLE_TASK, model=llama_loaded)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slmclassify.bench.compare import article_batched, non_embedding_params, roofline, run_bench
+from slmclassify.bench.article import article_batched
+from slmclassify.bench.compare import non_embedding_params, roofline, run_bench
 from slmclassify.cli.main import cli
 from slmclassify.core.article_tickets import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
 
@@ -213,7 +214,7 @@ def test_ctranslate2_scores_equal_the_reference(tiny_loaded, tmp_path):
     Qwen2 with its biases): the conversion, the static prompt, the token strings and the last
     logits row of a ragged batch are all right. int8 still names the same labels."""
     from slmclassify import Classifier
-    from slmclassify.bench.compare import _article_first_ids
+    from slmclassify.bench.article import first_ids
     from slmclassify.bench.ctranslate2 import CT2Scorer, converted
 
     clf = Classifier(ARTICLE_TASK.with_overrides(mode="first"), model=tiny_loaded)
@@ -221,7 +222,7 @@ def test_ctranslate2_scores_equal_the_reference(tiny_loaded, tmp_path):
     assert encoded.cached.all() and len({len(encoded.own(i)) for i in range(10)}) > 3  # ragged
     reference = clf.reference(encoded, range(10))
     folder = converted(tiny_loaded.model, tiny_loaded.tokenizer, tmp_path)
-    first = _article_first_ids(tiny_loaded.tokenizer, ARTICLE_TASK.labels).tolist()
+    first = first_ids(tiny_loaded.tokenizer, ARTICLE_TASK.labels).tolist()
     fp32 = CT2Scorer(folder, "fp32", tiny_loaded.tokenizer, first, clf.prefix_ids, threads=1, batch_rows=4)
     for scores in (fp32.per_item(encoded), fp32.batched(encoded)):
         assert np.abs(scores - reference).max() < 1e-4, np.c_[scores, reference]
@@ -299,3 +300,29 @@ def test_sweep_prints_the_table_before_a_missing_matplotlib(run_main, monkeypatc
     assert err.splitlines()[-1] == ("slmclassify: error: plot not written: matplotlib is not installed "
                                     "(pip install 'slmclassify[plots]'); the measurements are above")
     assert not (tmp_path / "s.png").exists()
+
+
+def test_sweep_interleaves_the_settings(llama_loaded, monkeypatch):
+    """Every setting runs once per round, the order rotating (timing harness), not one setting after another."""
+    from slmclassify import Classifier
+    from slmclassify.bench.sweep import run_sweep, run_window_sweep
+
+    seen = []
+    score = Classifier.score
+
+    def spy(self, encoded, *args, **kwargs):
+        seen.append((self.settings.token_budget, self.settings.max_rows, self.settings.window, len(encoded)))
+        return score(self, encoded, *args, **kwargs)
+
+    monkeypatch.setattr(Classifier, "score", spy)
+    texts = short_tickets(10)
+    points = run_sweep(llama_loaded, ARTICLE_TASK, texts, [64, 256], [4], log=lambda m: None, rounds=2)
+    assert [(p.token_budget, p.max_rows) for p in points] == [(64, 4), (256, 4)]
+    assert [s[:2] for s in seen if s[3] == 10] == [(64, 4), (256, 4), (256, 4), (64, 4)]
+    assert all(p.items_per_s > 0 and p.batches >= 1 and p.peak_rss_mb > 0 for p in points)
+    assert points[0].batches > points[1].batches  # the smaller budget makes more batches
+    seen.clear()
+    windows = run_window_sweep(llama_loaded, ARTICLE_TASK, texts, [4, 16, 4], log=lambda m: None, rounds=2)
+    assert [w.window for w in windows] == [4, 16]
+    runs = [s[2] for s in seen if s[2] != 1024]  # not calibration and warm-up; windows of 4: 3 calls, of 16: one
+    assert runs == [4, 4, 4, 16, 16, 4, 4, 4]

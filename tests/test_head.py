@@ -263,3 +263,19 @@ def test_states_from_low_precision_backends_are_float32_on_cpu(tiny_model_dir, p
     _, swapped = clf.score(encoded, taps=(2, 1))
     hidden = ref.shape[1] // 2
     np.testing.assert_array_equal(swapped, np.concatenate([low[:, hidden:], low[:, :hidden]], axis=1))
+
+
+def test_head_cost_times_zero_shot_and_head_interleaved(llama_loaded):
+    """`bench.head_cost.measure`: both sides score every chunk in every round, the order alternating
+    (timing harness), and its figures are the harness's."""
+    from slmclassify.bench.head_cost import measure
+
+    clf = Classifier(Task(labels=("money", "broken app")), model=llama_loaded)
+    texts, _ = labelled(5)
+    out = measure(clf, texts, chunk=4, rounds=2)
+    timings = out.pop("timings")
+    assert (out["items"], out["rounds"], timings.rounds, timings.units) == (10, 2, 2, 3)
+    assert [side for _, _, side in timings.calls] == ["zero-shot", "head", "head", "zero-shot"] * 3
+    assert out["features"] == len(out["taps"]) * llama_loaded.model.config.hidden_size + 2
+    assert out["ratio"] == pytest.approx(np.median(timings.per_round("head") / timings.per_round("zero-shot")))
+    assert out["zero_shot_items_per_s"] == pytest.approx(20 / timings.total("zero-shot"))

@@ -209,12 +209,19 @@ def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     assert on_ray.exit_code == 0, on_ray.output
     assert "items: 300 (" in on_ray.output and "padding:" in on_ray.output
     assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
-    from slmclassify.bench.ray_scaling import _ACTOR, _RAY, _grab
+    from slmclassify import EngineSettings
+    from slmclassify.bench.ray_scaling import ray_figures
+    from slmclassify.jobs.ray_classify import run_ray_classify
 
-    found = _grab(_RAY, on_ray.output)  # the bench reads every figure it prints from this summary
+    # The Ray bench's child runs this job and reads every figure it prints from its return value.
+    found = ray_figures(run_ray_classify(str(tmp_path / "in.csv"), str(tmp_path / "job.csv"), Task(labels=LABELS),
+                                         EngineSettings(), RaySettings(actors=2, block_rows=64), model=str(llama_dir),
+                                         progress=False))
     assert None not in found.values(), found
     assert 0 <= found["ray_init_s"] < found["driver_to_submit_s"], found  # Ray is up already here: 0 s
-    assert len(_ACTOR.findall(on_ray.output)) == on_ray.output.count("  actor ")
+    assert sum(actor["rows"] for actor in found["actors"]) == 300 and 0 < found["scored_by_model"] <= 300
+    assert all(actor["phases"].startswith("process started") or "__init__ began" in actor["phases"]
+               for actor in found["actors"]), found["actors"]
     assert "__init__ began" in on_ray.output and "imports done" in on_ray.output
     one = pd.read_csv(tmp_path / "one.csv", dtype={"id": str})
     got = pd.read_csv(tmp_path / "ray.csv", dtype={"id": str})

@@ -24,10 +24,9 @@ _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 # Causal attention (or a `lower` mask) over at least twice this many queries runs in blocks of this many queries, each
 # against the keys up to its last query. The CPU kernel computes every key block it is handed in full
 # (its key blocks are 512 wide) and masks afterwards, so one causal call over W < 512 keys costs W^2
-# products where the triangle needs W^2/2; blocks of b queries cost about W^2/2 + W b/2. On the
-# engine's shapes (9 heads, 3 KV heads, D 64, W 73-451; 2-core Xeon, AVX-512, shared) blocks of 32
-# took 1.22x less time than one call (1 thread; 1.26x with 2), 48/64/96/128 1.18/1.20/1.16/1.11x;
-# at W 39 two blocks were 0.95x.
+# products where the triangle needs W^2/2; blocks of b queries cost about W^2/2 + W b/2. 32 was the
+# fastest size tried on the engine's shapes, and two blocks lose to one call on short rows (the sizes
+# compared: docs/performance.md, *Causal attention in query blocks*).
 CAUSAL_BLOCK = 32
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import TaskError
+from ..timing import Side, interleave
 from . import fp32_kernels as fp32_passes
 from . import int8_kernels
 from .smoothing import Smoothing, split_weight
@@ -356,9 +357,9 @@ def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_
     `smoothed[i]`: int8 ops of weight i divide their input by smoothing scales, as the engine's
     qkv and gate_up ops do (`smoothing.py`), so that int8 is timed with that multiply.
 
-    The kernels run interleaved, round after round, so that a machine shared with other work
-    slows them alike; each kernel's best round counts. Stops after `budget_s` seconds (building
-    the ops included), having run at least two rounds.
+    The kernels run interleaved round after round (`timing.interleave`: the order rotates), so that
+    a machine shared with other work slows them alike; each kernel's best round counts. Stops after
+    `budget_s` seconds (building the ops included), having run at least two rounds (at most 50).
     """
     start = time.perf_counter()
     device = weights[0].device
@@ -366,23 +367,19 @@ def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_
            for name in kernels}
     xs = [torch.randn(rows, w.shape[0], device=device) for w in weights]
     flops = sum(2 * rows * w.shape[0] * w.shape[1] for w in weights)
-    best = {name: float("inf") for name in kernels}
-    for name in kernels:  # warm-up (first calls allocate and pick algorithms)
-        for op, x in zip(ops[name], xs):
-            op(x)
-    rounds = 0
-    while rounds < 2 or time.perf_counter() - start < budget_s:
-        for name in kernels:
-            t0 = time.perf_counter()
+
+    def every_shape(name: str) -> Callable[[object], None]:
+        def run(_) -> None:  # returns nothing: no output is kept across rounds
             for op, x in zip(ops[name], xs):
                 op(x)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            best[name] = min(best[name], time.perf_counter() - t0)
-        rounds += 1
-        if rounds >= 50:
-            break
-    return {name: flops / seconds / 1e9 for name, seconds in best.items()}
+
+        return run
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    # One untimed call each first (first calls allocate and pick algorithms).
+    timings = interleave([Side(name, every_shape(name)) for name in kernels], rounds=2, sync=sync,
+                         deadline=start + budget_s, max_rounds=50)
+    return {name: flops / timings.best_round(name) / 1e9 for name in kernels}
 
 
 def _timed_op(name: str, weight: torch.Tensor, dtype: torch.dtype, smoothed: bool) -> LinearOp:

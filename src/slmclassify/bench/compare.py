@@ -19,16 +19,17 @@ Configurations (same model, same threads, same items):
      ctranslate2 is importable, on a CPU), with its best recipe for this job: the shared prefix as
      its cached `static_prompt`, one step of vocabulary logits, items sorted by length; per item
      and in batches of 2 (its fastest batching), all timed interleaved with (d) like (g); each row is the faster mode
-     (`bench_ct2`)
+     (`ctranslate2.py`)
   h  on CUDA: the best plain-transformers configurations (sorted token-budget batches, with and
-     without a prefix cache; `backends.hf_plain`)
+     without a prefix cache; `plain_transformers.py`)
 On CUDA the Hugging Face rows (a, b, c, h) run in bfloat16, as a user would run them there.
-Every row reports agreement with (a) and the largest |Δ label log-probability|.
+Every row reports agreement with (a) and the largest |Δ label log-probability|. The timing is
+`timing.py`'s: (g) and (i) by its interleaving on d's batches (`on_batches.py`), the other rows
+with its stopwatch.
 """
 
 from __future__ import annotations
 
-import json
 import platform
 import resource
 import time
@@ -38,8 +39,12 @@ import numpy as np
 import torch
 
 from ..classifier import Classifier, EngineSettings
-from ..models.loading import LoadedModel
+from ..core.encode import EncodedItems
 from ..core.task import Task
+from ..models.loading import LoadedModel
+from ..timing import Side, Stopwatch, interleave, json_line
+from .article import article_batched, article_loop
+from .on_batches import against_base, sync_of
 
 SCHEMA_VERSION = 1
 
@@ -117,6 +122,10 @@ class BenchReport:
             )
         return "\n".join(lines)
 
+    def roofline_of(self, seconds: float) -> float:
+        """The roofline share of a run of ours that took `seconds` (`roofline`)."""
+        return roofline(self.work_tokens, self.flops_per_token, seconds, self.matmul_gflops)
+
 
 def machine_info() -> dict:
     import transformers
@@ -141,14 +150,13 @@ def matmul_rate(model: torch.nn.Module, rows: int = 2048, repeats: int = 5) -> f
     xs = {k: torch.randn(rows, k) for _, k in shapes}
     ws = [torch.randn(k, n) for n, k in shapes]
     flops = sum(2 * rows * n * k for n, k in shapes)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for (_, k), w in zip(shapes, ws):
-                torch.mm(xs[k], w)
-            best = min(best, time.perf_counter() - start)
-    return flops / best / 1e9
+
+    @torch.inference_mode()
+    def every_shape(unit) -> None:
+        for (_, k), w in zip(shapes, ws):
+            torch.mm(xs[k], w)
+
+    return flops / interleave([Side("mm", every_shape)], rounds=repeats, warmup=0).best_round("mm") / 1e9
 
 
 def roofline(work_tokens: int, flops_per_token: int, seconds: float, matmul_gflops: float) -> float:
@@ -164,46 +172,7 @@ def non_embedding_params(model: torch.nn.Module) -> int:
     return total - embed.numel() - (0 if head is embed else head.numel())
 
 
-# --- the article's code paths (a, b, c), as in the article ----------------------------------
-
-def _article_first_ids(tokenizer, labels) -> torch.Tensor:
-    return torch.tensor([tokenizer.encode(label, add_special_tokens=False)[0] for label in labels])
-
-
-@torch.inference_mode()
-def article_loop(loaded: LoadedModel, prompts: list[str], labels) -> np.ndarray:
-    """(a): one forward per item, full prompt, last position only, first-token scores."""
-    tok, model = loaded.tokenizer, loaded.model
-    first = _article_first_ids(tok, labels)
-    out = np.zeros((len(prompts), len(labels)))
-    for i, prompt in enumerate(prompts):
-        inputs = tok(prompt, add_special_tokens=False, return_tensors="pt").to(model.device)
-        logits = model(**inputs, logits_to_keep=1).logits[0, -1, :].float()
-        out[i] = torch.log_softmax(logits, dim=-1)[first.to(model.device)].cpu().numpy()
-    return out
-
-
-@torch.inference_mode()
-def article_batched(loaded: LoadedModel, prompts: list[str], labels, order, batch_size=32):
-    """(b)/(c): fixed batches in the given order; returns (scores, processed, real tokens)."""
-    tok, model = loaded.tokenizer, loaded.model
-    first = _article_first_ids(tok, labels)
-    out = np.zeros((len(prompts), len(labels)))
-    processed = real = 0
-    for i in range(0, len(order), batch_size):
-        idx = order[i : i + batch_size]
-        side = tok.padding_side  # the tokenizer is shared with every classifier of this model: restore it
-        tok.padding_side = "left"
-        try:
-            batch = tok([prompts[j] for j in idx], add_special_tokens=False, padding=True, return_tensors="pt")
-        finally:
-            tok.padding_side = side
-        processed += batch["input_ids"].numel()
-        real += int(batch["attention_mask"].sum())
-        logits = model(**batch.to(model.device), logits_to_keep=1).logits[:, -1, :].float()
-        out[idx] = torch.log_softmax(logits, dim=-1)[:, first.to(model.device)].cpu().numpy()
-    return out, processed, real
-
+# --- the peers ----------------------------------------------------------------------------
 
 def llama_cpp_scores(gguf_path: str, prompts: list[str], labels, tokenizer) -> np.ndarray | None:
     """(f): llama.cpp item by item, reusing its cached prompt prefix between calls."""
@@ -253,6 +222,54 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+@dataclass
+class _Inputs:
+    """What every configuration of one bench run scores: the same items, prompts and model."""
+
+    loaded: LoadedModel
+    hf: LoadedModel
+    """The model the Hugging Face rows (a, b, c, h) run: bfloat16 on CUDA, as a user runs it there."""
+    task: Task
+    settings: EngineSettings
+    texts: list[str]
+    prompts: list[str]
+    encoded: EncodedItems
+    lengths: np.ndarray
+    """[n] prompt tokens of each item."""
+    probe: Classifier
+    """Ours with default settings, for the prompts and the prefix (never timed)."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.backend.device
+
+
+class _Rows:
+    """Appends rows to the report; (a), the first row, is the reference of every later row's speed-up and agreement."""
+
+    def __init__(self, report: BenchReport, inputs: _Inputs, log):
+        self.report, self.log = report, log
+        self.items, self.prompt_tokens = len(inputs.texts), int(inputs.lengths.sum())
+        self.reference: np.ndarray | None = None
+        """[n, L] (a)'s scores."""
+        self.reference_seconds = 0.0
+        """(a)'s seconds."""
+
+    def add(self, name, description, seconds, scores, padding=None, roofline=None, rss=None, vs_d=None) -> BenchRow:
+        row = BenchRow(name, description, seconds, self.items, self.prompt_tokens, padding=padding,
+                       roofline=roofline, peak_rss_mb=rss, vs_d=vs_d)
+        if self.reference is None:
+            row.speedup, row.agree, row.max_abs_diff = 1.0, self.items, 0.0
+            self.reference, self.reference_seconds = scores, seconds
+        else:
+            row.speedup = self.reference_seconds / seconds
+            row.agree = int((scores.argmax(1) == self.reference.argmax(1)).sum())
+            row.max_abs_diff = float(np.abs(scores - self.reference).max())
+        self.report.rows.append(row)
+        self.log(f"  {name}: {seconds:.2f} s, {row.items_per_s:.2f} items/s, agree {row.agree}/{row.items}")
+        return row
+
+
 def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: EngineSettings | None = None,
               gguf_path: str | None = None, log=print, precision_sample: list[str] | None = None,
               with_ctranslate2: bool = True) -> BenchReport:
@@ -260,20 +277,33 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
 
     `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets);
     `with_ctranslate2` False: no (i) rows."""
-    from ..jobs.verify import engine_line
-
     # No item-token cap: the article's loop (a) runs every item whole, and every row must see the same tokens.
     settings = replace(settings or EngineSettings(), max_text_tokens=None)
     report = BenchReport(machine=machine_info())
+    inputs = _prepare(loaded, texts, task, settings, precision_sample, report, log)
+    rows = _Rows(report, inputs, log)
+    clf, d = _article_and_ours(inputs, rows, report)
+    _ablations(inputs, rows, report)
+    _other_precisions_rows(inputs, rows, report, clf, d)
+    _ctranslate2_rows(inputs, rows, report, clf, d, log, with_ctranslate2)
+    if inputs.device.type == "cuda":
+        _plain_transformers_rows(inputs, rows)
+    if gguf_path is not None:
+        _llama_cpp_row(inputs, rows, gguf_path, log)
+    return report
+
+
+def _prepare(loaded, texts, task, settings, precision_sample, report: BenchReport, log) -> _Inputs:
+    """The prompts, encoded items and lengths every row shares; fills the report's machine figures."""
+    from ..jobs.verify import engine_line
+
     device = loaded.backend.device
     hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
     probe = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
     report.engine = engine_line(loaded)
     log(f"engine: {report.engine}")
-    prompts = [probe.renderer.render(t) for t in texts]
     encoded = probe.encode(texts)
     lengths = np.array([len(ids) for ids in encoded.ids])
-    total_tokens = int(lengths.sum())
     # The roofline's useful work: every scored item's tokens after the shared prefix, the same
     # for every configuration (recomputing the prefix, as the ablation without the cache does,
     # is not useful work).
@@ -283,142 +313,124 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     report.matmul_gflops = matmul_rate(loaded.model) if device.type == "cpu" else loaded.gemm_rates["rates"]["bf16"]
     report.flops_per_token = 2 * non_embedding_params(loaded.model)
     log(f"float32 matmul rate on the model's shapes: {report.matmul_gflops:.1f} GFLOP/s")
+    return _Inputs(loaded, hf, task, settings, texts, [probe.renderer.render(t) for t in texts], encoded, lengths,
+                   probe)
 
-    def add(name, description, seconds, scores, padding=None, roofline=None, rss=None):
-        row = BenchRow(name, description, seconds, len(texts), total_tokens, padding=padding,
-                       roofline=roofline, peak_rss_mb=rss)
-        base = report.rows[0] if report.rows else None
-        if base is None:
-            row.speedup, row.agree, row.max_abs_diff = 1.0, len(texts), 0.0
-            add.reference = scores
-        else:
-            row.speedup = base.seconds / seconds
-            row.agree = int((scores.argmax(1) == add.reference.argmax(1)).sum())
-            row.max_abs_diff = float(np.abs(scores - add.reference).max())
-        report.rows.append(row)
-        log(f"  {name}: {seconds:.2f} s, {row.items_per_s:.2f} items/s, agree {row.agree}/{row.items}")
 
-    # (a) and (d) run interleaved: after each of our batches, the article's loop takes as many
-    # items, so that drift in the machine's speed (shared hosts) hits both alike.
-    article_loop(hf, prompts[:4], task.labels)  # warm-up of both paths
-    probe.score(probe.encode(texts[:4]))
-    loop_scores = np.zeros((len(texts), len(task.labels)))
-    loop = {"seconds": 0.0, "done": 0}
+class _ArticleAlongside:
+    """(a) advanced by ours: `advance(n)` runs the article's loop on its next n items (a progress
+    callback of our run), so that drift in the machine's speed (shared hosts) hits both alike; its
+    seconds are its own `watch`, taken out of our run's."""
 
-    def run_loop_chunk(n: int) -> None:
-        start, done = time.perf_counter(), loop["done"]
-        loop_scores[done : done + n] = article_loop(hf, prompts[done : done + n], task.labels)
-        loop["seconds"] += time.perf_counter() - start
-        loop["done"] += n
+    def __init__(self, inputs: _Inputs):
+        self.inputs = inputs
+        self.scores = np.zeros((len(inputs.texts), len(inputs.task.labels)))
+        self.done = 0
+        self.watch = Stopwatch()
 
+    def advance(self, n: int) -> None:
+        with self.watch:
+            end = self.done + n
+            self.scores[self.done : end] = article_loop(self.inputs.hf, self.inputs.prompts[self.done : end],
+                                                        self.inputs.task.labels)
+            self.done = end
+
+
+def _article_and_ours(inputs: _Inputs, rows: _Rows, report: BenchReport) -> tuple[Classifier, BenchRow]:
+    """Rows (a), (b), (c) and (d); (a) and (d) interleaved, item count for item count. Returns
+    (d's classifier, d's row)."""
+    texts, labels = inputs.texts, inputs.task.labels
+    article_loop(inputs.hf, inputs.prompts[:4], labels)  # warm-up of both paths
+    inputs.probe.score(inputs.probe.encode(texts[:4]))
+    article = _ArticleAlongside(inputs)
     reset_peak_rss()
-    start = time.perf_counter()
-    clf = Classifier(task, model=loaded, settings=settings)  # includes the prefix prefill and calibration
-    ours_scores = clf.score(clf.encode(texts), progress=run_loop_chunk)
-    ours_seconds = time.perf_counter() - start - loop["seconds"]
+    with Stopwatch() as whole:
+        clf = Classifier(inputs.task, model=inputs.loaded, settings=inputs.settings)  # prefix prefill, calibration
+        ours_scores = clf.score(clf.encode(texts), progress=article.advance)
+    ours_seconds = whole.seconds - article.watch.seconds
     ours_rss = peak_rss_mb()
-    run_loop_chunk(len(texts) - loop["done"])  # items not scored by us (empty texts), if any
-    add("a article per-item loop", "full prompt per item, logits_to_keep=1", loop["seconds"], loop_scores)
+    article.advance(len(texts) - article.done)  # items not scored by us (empty texts), if any
+    rows.add("a article per-item loop", "full prompt per item, logits_to_keep=1", article.watch.seconds,
+             article.scores)
 
     for name, order in (("b article batch 32 unsorted", np.arange(len(texts))),  # input order
-                        ("c article batch 32 sorted", np.argsort(lengths, kind="stable"))):
-        start = time.perf_counter()
-        scores, processed, real = article_batched(hf, prompts, task.labels, order)
-        add(name, "HF forward, fixed batches of 32", time.perf_counter() - start, scores, padding=1 - real / processed)
+                        ("c article batch 32 sorted", np.argsort(inputs.lengths, kind="stable"))):
+        with Stopwatch() as watch:
+            scores, processed, real = article_batched(inputs.hf, inputs.prompts, labels, order)
+        rows.add(name, "HF forward, fixed batches of 32", watch.seconds, scores, padding=1 - real / processed)
 
-    def share(seconds: float) -> float:
-        return roofline(report.work_tokens, report.flops_per_token, seconds, report.matmul_gflops)
+    d = rows.add("d ours (default)",
+                 f"prefix cache, sorted, token budget {inputs.settings.token_budget}; timed interleaved with a",
+                 ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=report.roofline_of(ours_seconds),
+                 rss=ours_rss)
+    return clf, d
 
-    add("d ours (default)", f"prefix cache, sorted, token budget {settings.token_budget}; timed interleaved with a",
-        ours_seconds, ours_scores, padding=clf.stats.padding_share, roofline=share(ours_seconds),
-        rss=ours_rss)
 
-    def ours(name, description, engine_settings, model=loaded):
-        _sync(device)
-        start = time.perf_counter()
-        clf = Classifier(task, model=model, settings=engine_settings)
-        scores = clf.score(clf.encode(texts))
-        _sync(device)
-        seconds = time.perf_counter() - start
-        add(name, description, seconds, scores, padding=clf.stats.padding_share, roofline=share(seconds))
+def _ablations(inputs: _Inputs, rows: _Rows, report: BenchReport) -> None:
+    """Rows (e): ours with one change each, a whole run each (its classifier built inside the clock)."""
+    settings = inputs.settings
+    for name, description, changed in (
+            ("e ours - no prefix cache", "sorted token-budget batches only", replace(settings, prefix_cache=False)),
+            ("e ours - fixed 32 rows", "prefix cache, sorted, 32 rows per batch",
+             replace(settings, token_budget=None, max_rows=32)),
+            ("e ours - unsorted", "prefix cache, token budget, input order", replace(settings, sort=False))):
+        with Stopwatch(sync=sync_of(inputs.device)) as watch:
+            clf = Classifier(inputs.task, model=inputs.loaded, settings=changed)
+            scores = clf.score(clf.encode(inputs.texts))
+        rows.add(name, description, watch.seconds, scores, padding=clf.stats.padding_share,
+                 roofline=report.roofline_of(watch.seconds))
 
-    ours("e ours - no prefix cache", "sorted token-budget batches only",
-         replace(settings, prefix_cache=False))
-    ours("e ours - fixed 32 rows", "prefix cache, sorted, 32 rows per batch",
-         replace(settings, token_budget=None, max_rows=32))
-    ours("e ours - unsorted", "prefix cache, token budget, input order", replace(settings, sort=False))
 
-    d_seconds = report.rows[3].seconds
-    for precision in _other_precisions(loaded):
-        other = _with_precision(loaded, precision)
-        low = Classifier(task, model=other, settings=settings)
-        ratios, scores = _interleaved(clf, {"g": low.score}, encoded, device)
-        seconds = d_seconds / ratios["g"]  # g at the machine speed of the (d) run
-        add(f"g ours {precision}", f"as d, {other.backend.describe()}; {ratios['g']:.2f}x d, timed interleaved with d",
-            seconds, scores["g"], padding=report.rows[3].padding, roofline=share(seconds))  # d's batches
-        report.rows[-1].vs_d = ratios["g"]
+def _other_precisions_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow) -> None:
+    """Rows (g): ours in each other precision this machine runs natively, timed against (d) on d's batches."""
+    for precision in _other_precisions(inputs.loaded):
+        other = _with_precision(inputs.loaded, precision)
+        low = Classifier(inputs.task, model=other, settings=inputs.settings)
+        ratios, scores = against_base(clf, {"g": low.score}, inputs.encoded, inputs.device)
+        seconds = d.seconds / ratios["g"]  # g at the machine speed of the (d) run
+        rows.add(f"g ours {precision}", f"as d, {other.backend.describe()}; {ratios['g']:.2f}x d, timed interleaved "
+                 "with d", seconds, scores["g"], padding=d.padding, roofline=report.roofline_of(seconds),  # d's batches
+                 vs_d=ratios["g"])
 
+
+def _ctranslate2_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow, log,
+                      wanted: bool) -> None:
+    """Rows (i): CTranslate2 in fp32 and int8, timed against (d) on d's batches (`ctranslate2.py`)."""
     from . import ctranslate2 as bench_ct2
 
-    skipped = bench_ct2.skipped(device) if with_ctranslate2 else "switched off"
+    skipped = bench_ct2.skipped(inputs.device) if wanted else "switched off"
     if skipped:
         log(f"  i ctranslate2: skipped ({skipped})")
-    for peer in [] if skipped else bench_ct2.measure(loaded, task, clf, encoded, device):
-        add(peer.name, peer.description, d_seconds / peer.vs_d, peer.scores)  # at the speed of the (d) run
-        report.rows[-1].vs_d = peer.vs_d
-        ours = _ours_vs_d(report, loaded, peer.precision)
+        return
+    for peer in bench_ct2.measure(inputs.loaded, inputs.task, clf, inputs.encoded, inputs.device):
+        rows.add(peer.name, peer.description, d.seconds / peer.vs_d, peer.scores, vs_d=peer.vs_d)  # at d's speed
+        ours = _ours_vs_d(report, inputs.loaded, peer.precision)
         log(f"    {peer.modes}" + (f"; ours {peer.precision} is {ours / peer.vs_d:.2f}x it" if ours else ""))
 
-    if device.type == "cuda":
-        from .plain_transformers import token_budget_scores
 
-        for use_prefix in (False, True):
-            _sync(device)
-            start = time.perf_counter()
-            scores, padding = token_budget_scores(hf, prompts, task.labels, probe.prefix_ids if use_prefix else [],
-                                                  budget=32768, max_rows=512)
-            _sync(device)
-            add(f"h transformers budget{' +prefix' if use_prefix else ''}",
-                "HF bf16, sorted token-budget batches (32k)" + (", prefix KV cache copied per batch" if use_prefix else ""),
-                time.perf_counter() - start, scores, padding=padding)
+def _plain_transformers_rows(inputs: _Inputs, rows: _Rows) -> None:
+    """Rows (h), on CUDA: plain transformers in sorted token-budget batches, with and without a prefix cache."""
+    from .plain_transformers import token_budget_scores
 
-    if gguf_path is not None:
-        start = time.perf_counter()
-        scores = llama_cpp_scores(gguf_path, prompts, task.labels, loaded.tokenizer)
-        if scores is not None:
-            add("f llama.cpp per item", "llama-cpp-python, prefix reused", time.perf_counter() - start, scores)
-        else:
-            log("  f llama.cpp: skipped (llama-cpp-python is not installed)")
-    return report
+    for use_prefix in (False, True):
+        with Stopwatch(sync=sync_of(inputs.device)) as watch:
+            scores, padding = token_budget_scores(inputs.hf, inputs.prompts, inputs.task.labels,
+                                                  inputs.probe.prefix_ids if use_prefix else [], budget=32768,
+                                                  max_rows=512)
+        rows.add(f"h transformers budget{' +prefix' if use_prefix else ''}",
+                 "HF bf16, sorted token-budget batches (32k)" + (", prefix KV cache copied per batch" if use_prefix
+                                                                 else ""),
+                 watch.seconds, scores, padding=padding)
 
 
-def _interleaved(base: Classifier, others: dict, encoded, device: torch.device) -> tuple[dict, dict]:
-    """({name: items/s of others[name] over `base`}, {name: its [n, L] scores}), all timed batch by batch.
-
-    `others`: name -> a scorer of `EncodedItems` ([b, L] scores, like `Classifier.score`). The
-    batches are those `base.score` makes (`Classifier.plan`), planned once; each is scored by
-    `base` and by every other in turn (its items as one call; a Classifier plans them as the same
-    single batch), the order rotating by one each batch, so that drift in the machine's speed hits all.
-    """
-    batches = [rows for _, rows in base.plan(encoded)]  # input indices of each batch's items
-    runners = [*others.items(), (None, base.score)]  # None: the base
-    scores = {name: np.full((len(encoded), len(base.task.labels)), np.nan) for name in others}
-    seconds = dict.fromkeys([*others, None], 0.0)
-    if batches:
-        for score in others.values():
-            score(encoded.subset(batches[-1]))  # warm-up of the other kernels (and caches)
-    for k, rows in enumerate(batches):
-        items = encoded.subset(rows)
-        shift = k % len(runners)
-        for name, score in runners[shift:] + runners[:shift]:
-            _sync(device)
-            start = time.perf_counter()
-            batch_scores = score(items)
-            _sync(device)
-            seconds[name] += time.perf_counter() - start
-            if name is not None:
-                scores[name][rows] = batch_scores
-    return {name: seconds[None] / seconds[name] for name in others}, scores
+def _llama_cpp_row(inputs: _Inputs, rows: _Rows, gguf_path: str, log) -> None:
+    """Row (f): llama.cpp on the GGUF file, when llama-cpp-python is installed."""
+    with Stopwatch() as watch:
+        scores = llama_cpp_scores(gguf_path, inputs.prompts, inputs.task.labels, inputs.loaded.tokenizer)
+    if scores is None:
+        log("  f llama.cpp: skipped (llama-cpp-python is not installed)")
+        return
+    rows.add("f llama.cpp per item", "llama-cpp-python, prefix reused", watch.seconds, scores)
 
 
 def _ours_vs_d(report: BenchReport, loaded: LoadedModel, precision: str) -> float | None:
@@ -426,11 +438,6 @@ def _ours_vs_d(report: BenchReport, loaded: LoadedModel, precision: str) -> floa
     if precision == loaded.backend.precision:
         return 1.0
     return next((r.vs_d for r in report.rows if r.name == f"g ours {precision}"), None)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _bf16_copy(loaded: LoadedModel) -> LoadedModel:
@@ -460,4 +467,5 @@ def _with_precision(loaded: LoadedModel, precision: str) -> LoadedModel:
 
 
 def dump_json(report: BenchReport) -> str:
-    return json.dumps(report.to_json(), sort_keys=True)
+    """The report as the one JSON line `slmclassify bench` prints last."""
+    return json_line(report.to_json(), sort_keys=True)

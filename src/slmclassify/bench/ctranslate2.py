@@ -34,11 +34,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .article import first_ids
+from .on_batches import against_base
+
 VERSION = "4.8.5"  # the pinned extra (`pip install 'slmclassify[ctranslate2]'`)
 PRECISIONS = {"fp32": "float32", "int8": "int8"}  # our name -> CTranslate2 compute_type
-# Batched mode's rows per call: the fewer the faster, and all slower than per item (48 article
-# tickets, 2 threads, AMX Xeon; items/s fp32 / int8): per item 3.77 / 13.6; batches of 2: 2.26 / 6.76,
-# 4: 1.83 / 5.28, 8: 1.42 / 3.70 (earlier: 16: 0.90 / 2.27, 32: 1.04 / 1.95, all 60 at once: 0.59 / 1.41).
+# Batched mode's rows per call: the fewer the faster, and all slower than per item (CTranslate2
+# decodes the longer prompts' tails token by token; figures in docs/performance.md).
 BATCH_ROWS = 2
 
 
@@ -70,28 +72,28 @@ def skipped(device: torch.device) -> str | None:
 
 def measure(loaded, task, clf, encoded, device: torch.device) -> list[PeerRow]:
     """fp32 and int8, per item and batched, all four timed interleaved with (d) (`clf`) on d's
-    batches (`bench._interleaved`); each precision's row is its faster mode."""
+    batches (`on_batches.against_base`); each precision's row is its faster mode."""
     import ctranslate2
 
-    from .compare import _article_first_ids, _interleaved
     from ..cache import cache_root
 
     folder = converted(loaded.model, loaded.tokenizer, cache_root())
-    first = _article_first_ids(loaded.tokenizer, task.labels).tolist()
+    first = first_ids(loaded.tokenizer, task.labels).tolist()
     threads = torch.get_num_threads()  # as ours
     scorers = {p: CT2Scorer(folder, p, loaded.tokenizer, first, clf.prefix_ids, threads) for p in PRECISIONS}
     modes = ("per item", "batched")
-    ratios, scores = _interleaved(clf, {(p, mode): getattr(scorer, mode.replace(" ", "_"))
+    ratios, scores = against_base(clf, {f"{p} {mode}": getattr(scorer, mode.replace(" ", "_"))
                                         for p, scorer in scorers.items() for mode in modes}, encoded, device)
     rows = []
     for p, scorer in scorers.items():
-        best = max(modes, key=lambda mode: ratios[p, mode])
-        both = f"per item {ratios[p, 'per item']:.2f}x d, batched ({scorer.batch_rows} rows) {ratios[p, 'batched']:.2f}x d"
+        best = max(modes, key=lambda mode: ratios[f"{p} {mode}"])
+        both = (f"per item {ratios[f'{p} per item']:.2f}x d, batched ({scorer.batch_rows} rows) "
+                f"{ratios[f'{p} batched']:.2f}x d")
         rows.append(PeerRow(
             p, f"i ctranslate2 {p} {best}",
             f"ctranslate2 {ctranslate2.__version__} {PRECISIONS[p]}, static prompt cached, sorted, one step of "
             f"vocabulary logits; {both}, timed interleaved with d",
-            ratios[p, best], scores[p, best], both))
+            ratios[f"{p} {best}"], scores[f"{p} {best}"], both))
     return rows
 
 

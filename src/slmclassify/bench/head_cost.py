@@ -2,12 +2,10 @@
 
 The same items are scored in chunks, alternating zero-shot and head (its states read from the same
 pass, then its matrix product and softmax), so that the host's speed drift hits both sides alike.
-`python -m slmclassify.bench.head_cost INPUT [--task task.toml] [--rounds 3]` prints the table.
+`python -m slmclassify.bench.head_cost INPUT [--task task.toml] [--rounds 3]` prints the table, then one JSON line.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
@@ -16,12 +14,14 @@ from ..core.results import make_results
 from ..head.apply import score_with_head
 from ..head.features import default_taps
 from ..head.model import Head
+from ..timing import Side, interleave, json_line, render_table
 
 
 def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: int = 3, seed: int = 0) -> dict:
-    """Seconds per item of zero-shot scoring and of head scoring, chunk by chunk alternated.
+    """Items/s of zero-shot scoring and of head scoring, chunk by chunk interleaved (`timing.interleave`).
 
-    The head is a random one of the real shape (its numbers do not change the cost).
+    The head is a random one of the real shape (its numbers do not change the cost). "ratio" is the
+    head's time over zero-shot's, the median of the per-round ratios.
     """
     taps = default_taps(classifier.loaded.model.config.num_hidden_layers)
     rng = np.random.default_rng(seed)
@@ -31,24 +31,22 @@ def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: i
                 coef=rng.normal(size=(L, F)), intercept=np.zeros(L), model={}, task={}, info={})
     encoded = classifier.encode(texts)
     chunks = [encoded.subset(list(range(i, min(i + chunk, len(texts))))) for i in range(0, len(texts), chunk)]
-    seconds = {"zero-shot": 0.0, "head": 0.0}
-    agree = 0
-    for r in range(rounds):
-        for j, part in enumerate(chunks):
-            order = ("zero-shot", "head") if (r + j) % 2 == 0 else ("head", "zero-shot")
-            for side in order:
-                start = time.perf_counter()
-                if side == "head":
-                    _, results = score_with_head(classifier, part, head, "head")
-                else:
-                    scores = classifier.score(part)
-                    results = make_results(classifier.task.labels, scores, classifier.calibrated(scores), part.status,
-                                           classifier.task.min_confidence)
-                seconds[side] += time.perf_counter() - start
+
+    def zero_shot(part) -> None:
+        scores = classifier.score(part)
+        make_results(classifier.task.labels, scores, classifier.calibrated(scores), part.status,
+                     classifier.task.min_confidence)
+
+    def with_head(part) -> None:
+        score_with_head(classifier, part, head, "head")
+
+    timings = interleave([Side("zero-shot", zero_shot), Side("head", with_head)], units=chunks, rounds=rounds,
+                         warmup=0)  # the caller warms the model up
     n = rounds * len(texts)
+    ratio = float(np.median(timings.ratios("head", "zero-shot")))  # head's seconds over zero-shot's
     return {"items": len(texts), "rounds": rounds, "taps": list(taps), "features": F,
-            "zero_shot_items_per_s": n / seconds["zero-shot"], "head_items_per_s": n / seconds["head"],
-            "ratio": seconds["head"] / seconds["zero-shot"]}
+            "zero_shot_items_per_s": n / timings.total("zero-shot"), "head_items_per_s": n / timings.total("head"),
+            "ratio": ratio, "timings": timings}
 
 
 def main() -> None:
@@ -74,8 +72,11 @@ def main() -> None:
     out = measure(clf, texts, rounds=args.rounds)
     print(f"{out['items']} items x {out['rounds']} rounds, mode {clf.mode}, head on layers {out['taps']} "
           f"({out['features']} features)")
+    print(render_table(out["timings"], baseline="zero-shot"))
     print(f"zero-shot {out['zero_shot_items_per_s']:.2f} items/s; with head {out['head_items_per_s']:.2f} items/s; "
           f"time ratio head/zero-shot {out['ratio']:.3f}")
+    print(json_line({**{k: v for k, v in out.items() if k != "timings"}, "mode": clf.mode,
+                     **out["timings"].summary("zero-shot")}))
 
 
 if __name__ == "__main__":

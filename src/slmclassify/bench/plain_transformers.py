@@ -1,8 +1,8 @@
 """The best plain-transformers configuration a user would write on a GPU, for `bench`'s (h) rows:
 prompts sorted by length (longest first), left-padded into token-budget batches, one forward with
 `logits_to_keep=1` each, first-token label scores; optionally continuing a prefix KV cache computed
-once and copied per batch (as in /work/shared/tools/hf_anchor.py, where it measured 654-936
-items/s on an H200 against 878 without the cache for SmolLM2-135M shapes).
+once and copied per batch (the article's plain-transformers recipe; its GPU figures are in
+docs/performance.md).
 """
 
 from __future__ import annotations

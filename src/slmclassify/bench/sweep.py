@@ -1,12 +1,15 @@
 """`slmclassify sweep`: throughput and padding over token budgets and row caps on the user's data.
 
-Every setting runs the same items through the same loaded model, one after another, so the
-figures are ratios measured side by side. The best setting can be saved as the user's default.
+Every setting runs the same items through the same loaded model, interleaved with the others
+round after round (`timing.interleave`: the order rotates each round), so that drift of a shared
+machine hits all settings alike; a setting's items/s is that of its median round. The best setting
+can be saved as the user's default.
 """
 
 from __future__ import annotations
 
-import time
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .compare import peak_rss_mb, reset_peak_rss
@@ -15,6 +18,10 @@ from ..errors import SlmClassifyError
 from ..models.loading import LoadedModel
 from ..models.precision import auto_line
 from ..core.task import Task
+from ..timing import Side, interleave
+
+ROUNDS = 2
+"""Runs of every setting: two, so that each setting runs once early and once late in the sweep."""
 
 
 @dataclass(frozen=True)
@@ -30,30 +37,45 @@ class SweepPoint:
 
 def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_caps,
               max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS, log=print,
-              precision_sample: list[str] | None = None) -> list[SweepPoint]:
-    """Score `texts` once per (budget, row cap), items cut at `max_text_tokens` (None: no cap);
-    the first run also warms the model up. `precision_sample`: the user's texts for `--precision
-    auto`'s check (None: article tickets)."""
+              precision_sample: list[str] | None = None, rounds: int = ROUNDS) -> list[SweepPoint]:
+    """Score `texts` `rounds` times per (budget, row cap), the settings interleaved, items cut at
+    `max_text_tokens` (None: no cap); a first run of 8 items warms the model up.
+    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets)."""
     clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens),
                      precision_sample=precision_sample)
     if line := auto_line(loaded):
         log(line)
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
+    settings = {(budget, rows): EngineSettings(token_budget=budget, max_rows=rows, max_text_tokens=max_text_tokens)
+                for rows in row_caps for budget in budgets}
+
+    def score() -> tuple[float, int, float]:
+        clf.score(encoded)
+        return clf.stats.padding_share, clf.stats.batches, peak_rss_mb()
+
+    timings = interleave([Side(f"{budget} {rows}", lambda _: score(), _switch(clf, changed))
+                          for (budget, rows), changed in settings.items()], rounds=rounds, warmup=0)
     points = []
-    for rows in row_caps:
-        for budget in budgets:
-            clf.settings = EngineSettings(token_budget=budget, max_rows=rows, max_text_tokens=max_text_tokens)
-            reset_peak_rss()
-            start = time.perf_counter()
-            clf.score(encoded)
-            seconds = time.perf_counter() - start
-            point = SweepPoint(budget, rows, len(texts) / seconds, clf.stats.padding_share, clf.stats.batches,
-                               peak_rss_mb())
-            points.append(point)
-            log(f"  budget {budget:>6}, rows {rows:>4}: {point.items_per_s:7.2f} items/s, "
-                f"padding {100 * point.padding:5.1f}%, {point.batches} batches, peak RSS {point.peak_rss_mb:.0f} MB")
+    for budget, rows in settings:
+        name = f"{budget} {rows}"
+        padding, batches, _ = timings.last(name)[0]
+        point = SweepPoint(budget, rows, len(texts) / timings.median(name), padding, batches,
+                           max(value[0][2] for value in timings.values[name]))
+        points.append(point)
+        log(f"  budget {budget:>6}, rows {rows:>4}: {point.items_per_s:7.2f} items/s, "
+            f"padding {100 * point.padding:5.1f}%, {point.batches} batches, peak RSS {point.peak_rss_mb:.0f} MB")
     return points
+
+
+def _switch(clf: Classifier, settings: EngineSettings) -> Callable[[], None]:
+    """The untimed step before a setting's run: its settings on, the peak RSS reset."""
+
+    def switch() -> None:
+        clf.settings = settings
+        reset_peak_rss()
+
+    return switch
 
 
 def best(points: list[SweepPoint]) -> SweepPoint:
@@ -101,22 +123,27 @@ class WindowPoint:
 
 
 def run_window_sweep(loaded: LoadedModel, task: Task, texts: list[str], windows, settings: EngineSettings | None = None,
-                     log=print) -> list[WindowPoint]:
-    """Stream `texts` through `classify_iter` once per window size (rows sorted and batched per window):
-    a small window holds less and pads more; duplicates are found within a window only."""
-    import dataclasses
-
+                     log=print, rounds: int = ROUNDS) -> list[WindowPoint]:
+    """Stream `texts` through `classify_iter` `rounds` times per window size, the sizes interleaved
+    (rows sorted and batched per window): a small window holds less and pads more; duplicates are
+    found within a window only."""
     clf = Classifier(task, model=loaded, settings=settings)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up
-    points = []
-    for window in windows:
-        clf.settings = dataclasses.replace(clf.settings, window=window)
-        reset_peak_rss()
-        start = time.perf_counter()
+    windows = list(dict.fromkeys(windows))  # each size once
+
+    def stream() -> tuple[float, int, float]:
         for _ in clf.classify_iter(texts):
             pass
-        seconds = time.perf_counter() - start
-        point = WindowPoint(window, len(texts) / seconds, clf.stats.padding_share, clf.stats.reused, peak_rss_mb())
+        return clf.stats.padding_share, clf.stats.reused, peak_rss_mb()
+
+    timings = interleave([Side(str(window), lambda _: stream(), _switch(clf, dataclasses.replace(clf.settings,
+                                                                                                  window=window)))
+                          for window in windows], rounds=rounds, warmup=0)
+    points = []
+    for window in windows:
+        padding, reused, _ = timings.last(str(window))[0]
+        point = WindowPoint(window, len(texts) / timings.median(str(window)), padding, reused,
+                            max(value[0][2] for value in timings.values[str(window)]))
         points.append(point)
         log(f"  window {window:>6}: {point.items_per_s:7.2f} items/s, padding {100 * point.padding:5.1f}%, "
             f"{point.reused} duplicates reused, peak RSS {point.peak_rss_mb:.0f} MB")

@@ -503,3 +503,33 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, use_s
                        curve_sizes=tuple(int_list(curve, "--curve")), plot_path=plot_path, json_path=json_path)
     summaries.print_fit(summary)
 
+
+
+@cli.command()
+@click.argument("input_path", metavar="INPUT")
+@click.option("--store", "store_path", help="SQLite file of the answers (default: INPUT's name + .labels.sqlite, "
+              "here); starting again with it continues where it stopped.")
+@click.option("--port", type=int, default=0, show_default=True, help="Port on 127.0.0.1 (0: a free one).")
+@click.option("--api-key", envvar="SLMCLASSIFY_API_KEY",
+              help="The page's token (also from $SLMCLASSIFY_API_KEY; default: a random one, in the printed URL).")
+@click.option("--export", "export_path", help="Write the labelled input rows with a gold column to this file "
+              "and exit (no page).")
+@click.option("--fit", "fit_path", help="Fit a head (.npz, for `classify --head`) on the answers and exit (no page).")
+@click.option("--sample", type=int, default=20000, show_default=True, help="Work on a seeded sample of this many rows.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--review-first", is_flag=True, help="INPUT is a `classify` output: offer its needs_review rows first.")
+@click.option("--target-accuracy", type=float, help="Accuracy the automatic share must reach (default: the share "
+              "at the task's min_confidence).")
+@task_options
+def label(input_path, store_path, port, api_key, export_path, fit_path, sample, seed, text_column, review_first,
+          target_accuracy, opts: ModelOptions):
+    """Label INPUT by hand on a local web page, one item at a time, picked by active learning; a head
+    is refitted as you go (needs the 'serve' and 'head' extras)."""
+    from .label import run_label
+
+    _need_serve_extra()
+    run_label(input_path, opts.task(), opts.settings(), model=opts.model,
+              store_path=store_path, port=port, api_key=api_key, export_path=export_path, fit_path=fit_path,
+              sample=sample, seed=seed, text_column=text_column, review_first=review_first,
+              target_accuracy=target_accuracy)

@@ -123,13 +123,10 @@ def print_ray(summary) -> None:
     _err(f"wrote {summary.output}")
 
 
-_PHASE_NAMES = (("process", "process started"), ("imports_began", "__init__ began"), ("imports", "imports done"),
-                ("load", "model loaded"), ("classifier", "classifier ready"),
-                ("first_block_began", "first block began"), ("last_block_ended", "last block ended"))
-
-
 def _actor_phases(phases: dict) -> str:
-    return "at " + ", ".join(f"{label} {phases[k]:.2f}" for k, label in _PHASE_NAMES if k in phases) + " s"
+    from ..jobs.ray_classify import ACTOR_PHASES
+
+    return "at " + ", ".join(f"{label} {phases[k]:.2f}" for k, label in ACTOR_PHASES.items() if k in phases) + " s"
 
 
 def print_evaluate(summary) -> None:

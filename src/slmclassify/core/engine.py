@@ -57,11 +57,8 @@ _LOGITS_CHUNK = 1 << 24
 
 # Rows at least this many times as wide as the prefix attend to it in one kernel call with their
 # own keys (the prefix copied into each row, C dummy queries in front); shorter rows call the
-# kernel twice and merge. Interleaved on SmolLM2's attention shapes (9 heads, 3 KV heads, D 64,
-# prefix 28; 2-core Xeon, shared): one call 1.06-1.24x faster for rows of 53-423 tokens, 0.91x
-# at 31 (the dummy queries' P^2/2 products are then a large share). Re-checked with causal attention
-# in query blocks (`attention.CAUSAL_BLOCK`), engine A/B on the batches of rows 22-39 wide: inline
-# 0.92-0.98x of merged, so the threshold stays.
+# kernel twice and merge: for them the dummy queries' P^2/2 products cost more than the merge
+# saves. The A/Bs behind 1.5 are in docs/performance.md (*Prefix attention inline for wide rows*).
 _INLINE_PREFIX_RATIO = 1.5
 
 

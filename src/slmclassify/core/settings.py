@@ -14,7 +14,7 @@ DEFAULT_TOKEN_BUDGET = 2048
 DEFAULT_MAX_ROWS = 128
 DEFAULT_MAX_TEXT_TOKENS = 512
 """Default cap on an item's text tokens: one very long text would otherwise dominate a run
-(attention is quadratic in its length) while the label rarely needs more (README, *Long texts*)."""
+(attention is quadratic in its length) while the label rarely needs more (docs/bad-input.md, *Long texts*)."""
 DEFAULT_WINDOW = 1024
 
 

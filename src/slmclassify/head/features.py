@@ -10,7 +10,7 @@ from ..core.encode import EncodedItems
 
 DEFAULT_DEPTHS = (0.5, 0.75, 1.0)
 """Which layers a head reads by default, as fractions of the model's depth (1.0 = the final,
-normed state). Chosen on the intent data (README, "Learning from labelled examples")."""
+normed state). Chosen on the intent data (docs/learned-heads.md)."""
 
 
 def default_taps(n_layers: int, depths=DEFAULT_DEPTHS) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from ..models.precision import auto_line
 from ..core.results import softmax
 from ..core.task import Example, Task, build_task
 from ..core.settings_sources import write_task_settings
+from ..timing import Side, Stopwatch, interleave
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +105,12 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
             from ..head.apply import check
 
             check(head, clf, head_source or "the head")
-        start = time.perf_counter()
-        scores = clf.score(clf.encode(texts), taps=taps)
+        with Stopwatch() as watch:
+            scores = clf.score(clf.encode(texts), taps=taps)
         if taps:
             scores, features = scores
             states.append(features)
-        return clf, scores, time.perf_counter() - start
+        return clf, scores, watch.seconds
 
     def evaluation(name, scores, bias, temperature, clf=None, seconds=None) -> Evaluation:
         probs = softmax(adjust(scores, bias, temperature))
@@ -204,15 +205,16 @@ def _fewshot_cost(loaded, task: Task, settings, texts, gold_names, per_label: in
     for label in task.labels:
         picked = [t for t, g in zip(texts, gold_names) if g == label][:per_label]
         examples += [Example(t, label) for t in picked]
-    out = {}
+    out, sides = {}, []
     for name, ex in (("zero_shot", ()), (f"{per_label}_per_label", tuple(examples))):
         clf = Classifier(task.with_overrides(examples=ex), model=loaded, settings=settings)
         clf.score(clf.encode(texts[:8]))  # warm-up
-        start = time.perf_counter()
-        clf.score(clf.encode(texts))
-        seconds = time.perf_counter() - start
-        out[name] = {"prefix_tokens": len(clf.prefix_ids), "ms_per_item": 1000 * seconds / len(texts)}
+        sides.append(Side(name, lambda _, clf=clf: clf.score(clf.encode(texts))))
+        out[name] = {"prefix_tokens": len(clf.prefix_ids)}
+    timings = interleave(sides, rounds=2, warmup=0)  # A B, then B A: drift hits both alike
+    for name in timings.names:
+        out[name]["ms_per_item"] = 1000 * timings.median(name) / len(texts)
     base, shots = out["zero_shot"], out[f"{per_label}_per_label"]
-    out["cost_ratio"] = shots["ms_per_item"] / base["ms_per_item"]
+    out["cost_ratio"] = float(np.median(timings.ratios(f"{per_label}_per_label", "zero_shot")))
     return out
 

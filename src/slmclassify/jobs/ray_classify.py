@@ -259,8 +259,8 @@ def _summary(figures: dict, rows: int, rs: RaySettings, address, output: str, ph
     for key, entry in sorted(actors.items()):
         s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
         per_actor.append(ActorFigures(key=str(key), rows=s.items, blocks=entry["calls"], busy_s=s.seconds,
-                                      scored_by_model=s.scored - s.reused, waited_s=_waited(entry),
-                                      phases=_actor_phases(entry, t0), stats=s))
+                                      scored_by_model=s.scored - s.reused, waited_s=waited_seconds(entry),
+                                      phases=actor_phases(entry, t0), stats=s))
     return RaySummary(
         rows=rows, seconds=phases["finished"] - t0, output=output, address=address, feed=phases["feed"],
         actors=rs.actors, cpus_per_actor=rs.cpus_per_actor, threads=rs.threads, block_rows=rs.block_rows,
@@ -269,19 +269,21 @@ def _summary(figures: dict, rows: int, rs: RaySettings, address, output: str, ph
         submitted_after_driver_s=None if driver is None else t0 - driver, actor_figures=tuple(per_actor))
 
 
-def _waited(entry: dict) -> float:
+def waited_seconds(entry: dict) -> float:
     """Seconds the actor waited, at the end of its blocks, for items other actors were running."""
     return sum(call[3] for call in entry.get("blocks") or () if len(call) > 3)
 
 
-ACTOR_PHASES = ("process", "imports_began", "imports", "load", "classifier")
-"""An actor's start-up phases, in order (`actors.py`)."""
+ACTOR_PHASES = {"process": "process started", "imports_began": "__init__ began", "imports": "imports done",
+                "load": "model loaded", "classifier": "classifier ready", "first_block_began": "first block began",
+                "last_block_ended": "last block ended"}
+"""An actor's phases in order (`actors.py`; the last two from its blocks), and their names in words."""
 
 
-def _actor_phases(entry: dict, t0: float) -> dict:
+def actor_phases(entry: dict, t0: float) -> dict:
     """When an actor's phases ended, in seconds after Ray was handed the work (`actors.py`)."""
     p, blocks = entry.get("phases") or {}, entry.get("blocks") or []
-    found = {k: p[k] - t0 for k in ACTOR_PHASES if k in p}
+    found = {k: p[k] - t0 for k in ACTOR_PHASES if k in p}  # the start-up ones (`actors.py`)
     if blocks:
         found["first_block_began"] = blocks[0][0] - t0
         found["last_block_ended"] = blocks[-1][1] - t0

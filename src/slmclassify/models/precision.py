@@ -38,7 +38,7 @@ MIN_SPEEDUP = 1.2
 MIN_AGREEMENT = 0.995
 """Share of the sample that must agree. The aim is ≥ 99% agreement on the user's data; 200 items
 cannot show 99% reliably (binomial: a precision that really agrees on 97.3% passes a 99% gate, ≤ 2
-of 200 differing, 9% of the time, as bf16 did on the demo tickets with 198/200), so the sample must
+of 200 differing, 9% of the time), so the sample must
 show 99.5% (≤ 1 of 200 differing): a precision agreeing on 97.3% then passes 2.7% of the time, on
 98% 8.9%, while one agreeing on 99.9% still passes 98% of the time."""
 AGREEMENT_ITEMS = 200

@@ -1,9 +1,8 @@
 """How an input the driver read is cut into blocks for the actors: length bucketing across actors.
 
 An actor sorts and batches by length within each block it gets (`sharing.score_block`), so a
-block of rows of every length is padded like a small random sample: the article's 600 tickets in
-blocks of 150 rows in input order were run with 14.6% of the processed tokens padding, against
-5.5% for the single process, which sorts the whole input (2026-11-30, Intel Xeon, 2 cores).
+block of rows of every length is padded like a small random sample, far more than the single
+process, which sorts the whole input (figures in docs/ray.md, *Spreading the work*).
 
 When the driver has the whole input (`reading.reads_on_driver`: one file of at most 32 MiB),
 `spread` orders the rows longest text first (characters: the driver has no tokenizer, and token

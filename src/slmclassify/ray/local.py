@@ -6,7 +6,7 @@ do nothing for a run on one machine, and `start_ray` leaves them out when it sta
 
 - the autoscaler monitor: there is no cluster to scale (Ray Data's own autoscaling coordinator
   is an actor and stays). It also holds up `ray.shutdown()`: it ignores the SIGTERM for the whole
-  1 s that Ray waits before it kills it (1.0 s of shutdown's 1.1 s, 2026-11-30);
+  1 s that Ray waits before it kills it, nearly all of shutdown's time;
 - the log monitor: it streams the workers' logs to the driver, which `log_to_driver=False`
   turns off anyway (the logs are still written under the session's `logs/` folder);
 - the API server (the dashboard's process, without the dashboard: `include_dashboard=False`),
@@ -15,11 +15,9 @@ do nothing for a run on one machine, and `start_ray` leaves them out when it sta
   up. Ray runs without one where the dashboard cannot start (the `ray` minimal install), and
   Ray Data's only use of it, its hanging-task detector, takes a failed query as "unknown".
 
-Measured side by side (2026-11-30 14:10, Intel Xeon, 2 cores; 3 runs each, `ray.init` + 4 actors
-+ shutdown): without the monitor and log monitor `ray.init` 3.9 → 2.8 s, shutdown 1.1 → 0.2 s
-(`ray start --head` has the same two switches, `--no-monitor` and `--include-log-monitor=False`;
-`ray.init` does not pass them on, so they are set on the parameters it builds, only while this call
-starts Ray); without the API server too, `ray.init` 2.7 → 1.9 s.
+What leaving them out saves in `ray.init` and `ray.shutdown` is in docs/ray.md. `ray start --head`
+has the same switches for the first two, `--no-monitor` and `--include-log-monitor=False`; `ray.init`
+does not pass them on, so they are set on the parameters it builds, only while this call starts Ray.
 Without an address `ray.init` joins the Ray that `RAY_ADDRESS` names or that `ray start` runs on
 this machine, if any (Ray's rule; `address="local"` always starts a new one); a Ray that is joined
 is left as it is: its processes are its own.

@@ -6,14 +6,12 @@
 
 An input the driver read (`reading.reads_on_driver`: one CSV or JSONL file of at most 32 MiB) is
 in memory already, cut into blocks of equal work (`blocks.spread`); a Ray Dataset of it would only
-add Ray Data's fixed start-up. Measured (2026-11-30, Intel Xeon, 2 cores, the article's 600 tickets;
-`ray.bench` gives the side-by-side figures): the Dataset path's actors began their `__init__`
-3.6-3.8 s after the Dataset was submitted, because Ray Data creates its actor pool only when the
-Dataset is consumed (after the driver's read) and first starts three helper actors of its own
-(stats, autoscaling coordinator, actor-location tracker), each a Ray worker process that imports
-ray.data (~1.6 s of CPU each) on the cores the classifier actors load on. Here the actors are the
-same `ClassifierActor` with the same options, created before the input is read; they began their
-`__init__` 1.3 s after `ray.init` returned. Anything that is not one small file (a folder, Parquet,
+add Ray Data's fixed start-up: Ray Data creates its actor pool only when the Dataset is consumed
+(after the driver's read) and first starts three helper actors of its own (stats, autoscaling
+coordinator, actor-location tracker), each a Ray worker process that imports ray.data on the cores
+the classifier actors load on. Here the actors are the same `ClassifierActor` with the same
+options, created before the input is read, so they load while the driver reads (the side-by-side
+figures, `python -m slmclassify.bench.ray_scaling`, are in docs/ray.md). Anything that is not one small file (a folder, Parquet,
 a bigger file) and any Dataset a library user brings go through Ray Data (`dataset.py`).
 
 Faults, as there: an actor whose process dies is restarted (`max_restarts`) and the block it was

@@ -1,0 +1,266 @@
+"""The labelling loop simulated, with the gold labels as the person: how accurate the head is on
+the items not yet labelled after 14, 28, 56, 100 and 112 answers, for random picks and for the
+shipped strategy (`label/strategy.py`), mean and spread over seeds; and what one answer costs
+until the next item is chosen, on a synthetic pool of 20,000 items of the model's width.
+
+    python -m slmclassify.bench.label_sim --intent intent_recognition.json \\
+        [--demo examples/tickets.csv --task examples/support.toml] --seeds 5 \\
+        --plot docs/labelling-curves.png [--first-item]
+
+Each data set's zero-shot probabilities and head features come from ONE fast-path pass of the
+embedded model (as the session computes them), cached in the user cache folder by the texts, the
+task and the model's fingerprint. The simulated loop uses the session's own pieces: the `Picker`,
+and the head refitted after every answer (`label/refit.py`; the session refits in the background,
+so there the head lags by the answers given during one fit). `--first-item` also times a session's
+start on a 20,000-row input until its first item is ready. Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..cache import cache_root
+from ..classifier import Classifier
+from ..core.metrics import read_labelled
+from ..core.results import softmax
+from ..core.task import Task
+from ..head.features import collect, default_taps
+from ..head.model import model_fingerprint, task_record
+from ..label import refit
+from ..label.store import LabelStore
+from ..label.strategy import Picker, PoolView
+
+CHECKPOINTS = (14, 28, 56, 100, 112)
+STRATEGIES = ("random", "shipped")
+
+
+def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
+             log=print) -> tuple[np.ndarray, np.ndarray]:
+    """([n, L] zero-shot probabilities, [n, taps * hidden] states) of one pass, cached by the texts,
+    the task and `fingerprint` (the model's, taken once before any Classifier is built on it)."""
+    taps = default_taps(loaded.model.config.num_hidden_layers)
+    key = hashlib.sha256(json.dumps([texts, task_record(task), fingerprint, list(taps)]).encode())
+    path = cache_root() / "label_sim" / f"{name}-{key.hexdigest()[:16]}.npz"
+    if path.exists():
+        with np.load(path) as data:
+            return data["zero_shot"], data["states"]
+    clf = Classifier(task, model=loaded, precision_sample=texts)
+    start = time.perf_counter()
+    _, calibrated, states = collect(clf, clf.encode(texts), taps)
+    log(f"{name}: {len(texts)} items scored with layers {list(taps)} in {time.perf_counter() - start:.0f} s "
+        f"(cached in {path.parent})")
+    zero = softmax(calibrated)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fh:
+        np.savez(fh, zero_shot=zero, states=states)
+    return zero, states
+
+
+def simulate(zero: np.ndarray, X: np.ndarray, gold: np.ndarray, strategy: str, seed: int,
+             checkpoints=CHECKPOINTS) -> dict[int, dict]:
+    """{answers: {accuracy on the unlabelled items, the live CV estimate, random picks so far}}."""
+    n, L = zero.shape
+    ok = ~np.isnan(X).any(axis=1) & ~np.isnan(zero).any(axis=1)
+    picker = Picker(L, seed)
+    order = np.random.default_rng(seed).permutation(np.flatnonzero(ok))
+    labelled: dict[int, int] = {}
+    head_probs, out, randoms, kinds = None, {}, 0, {}
+    for step in range(max(checkpoints)):
+        if strategy == "random":
+            row, kind = int(order[step]), "random"
+        else:
+            pick = picker.pick(PoolView(zero, X, ok, head_probs), labelled, set())
+            row, kind, randoms = pick.row, pick.kind, randoms + (pick.kind == "random")
+        labelled[row], kinds[row] = int(gold[row]), kind
+        count = len(labelled)
+        if strategy == "shipped" or count in checkpoints:
+            rows = np.fromiter(labelled, np.int64)
+            y = gold[rows]
+            head = refit.fit_head(X[rows], y, L, seed) if refit.can_fit(y, L) else None
+            head_probs = head.probabilities(X) if head is not None else None
+        if count in checkpoints:
+            rest = ok.copy()
+            rest[rows] = False
+            probs = head_probs if head_probs is not None else zero
+            fair = np.array([kinds[r] in refit.REPRESENTATIVE for r in rows])
+            est = refit.estimate(X[rows], y, L, seed, fair)
+            out[count] = {"accuracy": float((probs[rest].argmax(1) == gold[rest]).mean()),
+                          "estimate": est.mean if est is not None else None, "random_picks": randoms}
+    return out
+
+
+def answer_to_next(width: int, n_labels: int = 7, pool: int = 20000, answers: int = 200, seed: int = 0) -> dict:
+    """Seconds from an answer to the next item (store write + pick), on a synthetic pool of `pool` items
+    with random features of `width`; the clusters are prepared first, as the session's scorer does."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((pool, width)).astype(np.float32)
+    zero = rng.dirichlet(np.ones(n_labels), pool)
+    head = rng.dirichlet(np.ones(n_labels), pool)
+    scored = np.ones(pool, bool)
+    picker = Picker(n_labels, seed)
+    start = time.perf_counter()
+    picker.clusters.update(X, scored)
+    prepare = time.perf_counter() - start
+    times = {"cold": [], "warm": []}
+    labelled: dict[int, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = LabelStore.open(Path(tmp) / "s.sqlite", {"bench": "answer_to_next"})
+        pick = picker.pick(PoolView(zero, X, scored, None), labelled, set())
+        for i in range(answers):
+            phase = "cold" if i < 4 * n_labels else "warm"
+            label = int(rng.integers(n_labels))
+            began = time.perf_counter()
+            store.answer(pick.row, "0" * 12, str(label))
+            labelled[pick.row] = label
+            pick = picker.pick(PoolView(zero, X, scored, None if phase == "cold" else head), labelled, set())
+            times[phase].append(time.perf_counter() - began)
+        store.close()
+    every = times["cold"] + times["warm"]
+    return {"pool": pool, "width": width, "answers": answers, "prepare_clusters_s": prepare,
+            "p50_ms": 1000 * float(np.percentile(every, 50)), "p95_ms": 1000 * float(np.percentile(every, 95)),
+            "p95_cold_ms": 1000 * float(np.percentile(times["cold"], 95)),
+            "p95_warm_ms": 1000 * float(np.percentile(times["warm"], 95))}
+
+
+def first_item(texts: list[str], task: Task, rows: int = 20000) -> dict:
+    """Seconds from `LabelSession.start` (embedded model, loaded from its cache) to the first item,
+    on a `rows`-row CSV made of `texts` with a row number appended (all distinct)."""
+    import pandas as pd
+
+    from ..label.session import LabelSession
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "input.csv"
+        pd.DataFrame({"text": [f"{texts[i % len(texts)]} (#{i})" for i in range(rows)]}).to_csv(path, index=False)
+        began = time.perf_counter()
+        session = LabelSession.start(str(path), task, store_path=Path(tmp) / "s.sqlite")
+        loaded = time.perf_counter() - began
+        session.wait_ready()
+        seconds = time.perf_counter() - began
+        first = session.state()["item"] is not None
+        session.close()
+    return {"rows": rows, "start_s": loaded, "first_item_s": seconds, "item_shown": first}
+
+
+def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=print) -> dict:
+    labels = task.labels
+    gold = np.array([labels.index(g) for g in gold_names])
+    zero, X = features(name, texts, task, loaded, fingerprint, log)
+    ok = ~np.isnan(zero).any(axis=1)
+    result = {"items": len(texts), "labels": len(labels),
+              "zero_shot": float((zero[ok].argmax(1) == gold[ok]).mean()), "curves": {}}
+    for strategy in STRATEGIES:
+        began = time.perf_counter()
+        runs = [simulate(zero, X, gold, strategy, seed) for seed in range(seeds)]
+        result["curves"][strategy] = {
+            str(k): {"mean": float(np.mean([r[k]["accuracy"] for r in runs])),
+                     "std": float(np.std([r[k]["accuracy"] for r in runs])),
+                     "min": float(np.min([r[k]["accuracy"] for r in runs])),
+                     "estimate": _mean([r[k]["estimate"] for r in runs]),
+                     "random_picks": float(np.mean([r[k]["random_picks"] for r in runs]))}
+            for k in CHECKPOINTS}
+        log(f"{name}: {strategy}, {seeds} seeds in {time.perf_counter() - began:.0f} s")
+    return result
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def plot(results: dict, path: str) -> None:
+    """One panel per data set: accuracy on the unlabelled items vs answers, mean ± std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for ax, (name, res) in zip(axes[0], results.items()):
+        for strategy, colour in zip(STRATEGIES, ("tab:gray", "tab:blue")):
+            curve = res["curves"][strategy]
+            mean = np.array([curve[str(k)]["mean"] for k in CHECKPOINTS])
+            std = np.array([curve[str(k)]["std"] for k in CHECKPOINTS])
+            ax.errorbar(CHECKPOINTS, mean, yerr=std, marker="o", capsize=3, color=colour, label=strategy)
+        ax.axhline(res["zero_shot"], color="tab:red", linestyle="--", label=f"zero-shot {res['zero_shot']:.3f}")
+        ax.set_title(f"{name} ({res['items']} items, {res['labels']} labels)")
+        ax.set_xlabel("answers")
+        ax.set_ylabel("head accuracy on the unlabelled items")
+        ax.set_xticks(CHECKPOINTS)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    import argparse
+
+    from ..jobs.evaluate import task_for_file
+    from ..models.loading import load_model, set_threads
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--intent", help="the intent data (a BIG-bench task JSON)")
+    parser.add_argument("--demo", help="a labelled table, e.g. examples/tickets.csv")
+    parser.add_argument("--task", help="the demo's task file, e.g. examples/support.toml")
+    parser.add_argument("--label-column", default="gold", help="the demo's gold column")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--plot", help="write the curves to this PNG")
+    parser.add_argument("--first-item", action="store_true", help="also time start → first item on 20,000 rows")
+    args = parser.parse_args()
+    if not args.intent and not args.demo:
+        parser.error("give --intent PATH and/or --demo PATH --task TOML")
+    if args.demo and not args.task:
+        parser.error("--demo needs --task")
+    set_threads()
+    loaded = load_model(None)
+    fingerprint = model_fingerprint(loaded)
+    results, demo_task, demo_texts = {}, None, None
+    if args.intent:
+        data = read_labelled(args.intent, "text", "label")
+        task = task_for_file(args.intent)
+        results["intent"] = run_dataset("intent", data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
+                                        args.seeds)
+    if args.demo:
+        data = read_labelled(args.demo, "text", args.label_column)
+        demo_task = Task.from_toml(args.task)
+        demo_texts = data.texts
+        results["demo"] = run_dataset("demo", data.texts, [g[0] for g in data.gold], demo_task, loaded, fingerprint,
+                                        args.seeds)
+    width = len(default_taps(loaded.model.config.num_hidden_layers)) * loaded.model.config.hidden_size
+    timing = {"answer_to_next": answer_to_next(width)}
+    if args.first_item:
+        first_texts = demo_texts or read_labelled(args.intent, "text", "label").texts
+        timing["first_item"] = first_item(first_texts, demo_task or task_for_file(args.intent))
+
+    print(f"\n{'data':<8} {'strategy':<9} {'zero-shot':>9} " + " ".join(f"{k:>13}" for k in CHECKPOINTS))
+    for name, res in results.items():
+        for strategy in STRATEGIES:
+            curve = res["curves"][strategy]
+            cells = " ".join(f"{curve[str(k)]['mean']:.3f} ± {curve[str(k)]['std']:.3f}" for k in CHECKPOINTS)
+            print(f"{name:<8} {strategy:<9} {res['zero_shot']:>9.3f} {cells}")
+    t = timing["answer_to_next"]
+    print(f"\nanswer → next item, pool of {t['pool']:,} x {t['width']}: p50 {t['p50_ms']:.1f} ms, p95 {t['p95_ms']:.1f} ms "
+          f"(cold {t['p95_cold_ms']:.1f}, warm {t['p95_warm_ms']:.1f}); clusters prepared once in "
+          f"{t['prepare_clusters_s']:.1f} s")
+    if "first_item" in timing:
+        f = timing["first_item"]
+        print(f"start → first item, {f['rows']:,} rows: {f['first_item_s']:.1f} s (model and input loaded "
+              f"in {f['start_s']:.1f} s)")
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    print(json.dumps({"seeds": args.seeds, "checkpoints": list(CHECKPOINTS), "loop_C": refit.LOOP_C,
+                      "results": results, "timing": timing}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""`slmclassify label`: run the labelling page, or write its export / head from the store and exit.
+
+The library (slmclassify.label) prints nothing; the lines a person reads are printed here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import TaskError
+from ..interrupts import Interrupted, terminate_as_interrupt
+
+
+def default_store(input_path: str | Path) -> Path:
+    """`tickets.csv` → `tickets.labels.sqlite` in the current folder."""
+    return Path(f"{Path(input_path).stem}.labels.sqlite")
+
+
+def page_outputs(store_path: Path) -> tuple[Path, Path]:
+    """Where the page's Export and Fit buttons write: next to the store, named after it
+    (`tickets.labels.sqlite` → `tickets.labelled.csv`, `tickets.head.npz`)."""
+    base = store_path.stem.removesuffix(".labels")
+    return store_path.with_name(f"{base}.labelled.csv"), store_path.with_name(f"{base}.head.npz")
+
+
+def _not_the_input(path, input_path, what: str) -> None:
+    if Path(path).resolve() == Path(input_path).resolve():
+        raise TaskError(f"{what} {path} is the input file itself; give another path")
+
+
+def run_label(input_path, task, settings, *, model, store_path, port, api_key, export_path, fit_path, sample, seed,
+              text_column, review_first, target_accuracy) -> None:
+    """Start the session; with --export/--fit write those and exit, else serve the page."""
+    from ..label.server import new_token, run_page
+    from ..label.session import LabelSession
+
+    if sample < 1:
+        raise TaskError(f"--sample must be a positive number of rows, got {sample}")
+    if target_accuracy is not None and not 0 < target_accuracy <= 1:
+        raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
+    if api_key is not None and not api_key.strip():
+        raise TaskError("--api-key is empty; give a token or leave it out for a random one")
+    store_path = Path(store_path) if store_path else default_store(input_path)
+    page_export, page_fit = page_outputs(store_path)
+    for path, what in ((store_path, "--store"), (export_path, "--export"), (fit_path, "--fit"),
+                       (page_export, "the page's export file"), (page_fit, "the page's head file")):
+        if path:
+            _not_the_input(path, input_path, what)
+
+    def start():
+        return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,
+                                  sample=sample, seed=seed, text_column=text_column, review_first=review_first,
+                                  target_accuracy=target_accuracy)
+
+    if export_path or fit_path:
+        if not store_path.exists():
+            raise TaskError(f"no label store at {store_path}: label first (`slmclassify label {input_path} --task ...`), "
+                            "or give the store with --store")
+        session = start()
+        try:
+            if export_path:
+                rows = session.export(export_path)
+                click.echo(f"wrote {rows} labelled rows to {export_path}")
+            if fit_path:
+                session.wait_ready()  # the answered rows' hidden states are scored first
+                head = session.fit(fit_path)
+                click.echo(f"wrote {fit_path}: a head fitted on {head.info['items']} answers; "
+                           f"classify with it: slmclassify classify {input_path} -o OUT --head {fit_path}")
+        finally:
+            session.close()
+        return
+
+    def ready(url: str) -> None:
+        click.echo(url)
+        click.echo(f"answers are kept in {store_path} as they are given; Export writes {page_export}, Fit "
+                   f"writes {page_fit}; Ctrl-C stops", err=True)
+
+    try:
+        run_page(start, port=port, token=api_key or new_token(), export_path=page_export, fit_path=page_fit,
+                 on_ready=ready)
+    except KeyboardInterrupt:  # before the page was up: the answers given earlier are in the store already
+        raise Interrupted(f"interrupted; the answers given so far are kept in {store_path}",
+                          143 if terminate_as_interrupt.received else 130) from None
+    click.echo(f"stopped; the answers are kept in {store_path}", err=True)

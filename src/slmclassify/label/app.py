@@ -1,0 +1,173 @@
+"""The labelling page's web app: one HTML page and a small JSON API over a `LabelSession`.
+
+Routes (every one behind the token, see `TokenGuard`):
+  GET  /             the page (page.html, plain HTML + inline JS/CSS)
+  GET  /api/state    the session's state (current item, counts, estimates) + where export/fit write
+  POST /api/answer   {"row": int, "label": str}  (Enter on the page sends the guess it shows: a
+                                                 refit may have changed the session's guess since)
+  POST /api/skip     {"row": int}
+  POST /api/undo     {}
+  POST /api/export   {}                         writes the fixed export path given at start
+  POST /api/fit      {}                         writes the fixed head path given at start
+
+Invariants: no request reaches a handler without the token; no request names a file (bodies are
+closed models, `extra="forbid"`, and the only paths written are the two fixed at start); item texts
+reach the page as JSON and are shown with textContent, never as HTML. Handlers call the session
+in a worker thread, so a slow write or fit never stalls the page's other requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from importlib import resources
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from ..errors import SlmClassifyError, TaskError
+
+# The page loads nothing from elsewhere and may not be framed: its scripts and styles are inline.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; img-src data:; frame-ancestors 'none'; base-uri 'none'; "
+                               "form-action 'none'",
+    "Referrer-Policy": "no-referrer",  # the token is in the page's URL
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+class Row(BaseModel):
+    """A request about one item; `row` is the item's row in the input, as the state gave it."""
+
+    model_config = ConfigDict(extra="forbid")
+    row: int
+
+
+class Answer(Row):
+    label: str
+
+
+class Empty(BaseModel):
+    """A request with no parameters (undo, export, fit): any field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenGuard:
+    """ASGI middleware: every HTTP request needs the token, as `?token=` (how the page is opened),
+    `Authorization: Bearer TOKEN` or `X-Label-Token: TOKEN` (how the page's script calls the API).
+    401 when no token is given, 403 when a wrong one is; compared in constant time."""
+
+    def __init__(self, app, token: str):
+        if not token:
+            raise TaskError("the labelling page needs a non-empty token (--api-key), or none for a random one")
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self.app(scope, receive, send)
+        given = self._given(scope)
+        if given is None or not hmac.compare_digest(given.encode(), self.token):
+            status = 401 if given is None else 403
+            message = ("this page needs its token: open the URL that `slmclassify label` printed"
+                       if given is None else "wrong token: open the URL that `slmclassify label` printed")
+            if scope["type"] == "websocket":
+                return await send({"type": "websocket.close", "code": 1008})
+            body = json.dumps({"error": message}).encode()
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _given(scope) -> str | None:
+        headers = dict(scope.get("headers", ()))
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+        if headers.get(b"x-label-token"):
+            return headers[b"x-label-token"].decode("latin-1").strip()
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        return query["token"][-1] if query.get("token") else None
+
+
+def page_html() -> str:
+    """The page, shipped as package data next to this module."""
+    return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+
+
+def create_app(session, token: str, *, export_path: str | Path, fit_path: str | Path):
+    """The ASGI app for `session` (a started `LabelSession`), guarded by `token`.
+
+    `export_path` and `fit_path` are the only files the page can write (its Export and Fit
+    buttons), fixed here by the caller; the session itself is closed by the caller."""
+    export_path, fit_path = Path(export_path), Path(fit_path)
+    page = page_html()
+    app = FastAPI(title="slmclassify label", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request, exc: HTTPException):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+                             for e in exc.errors())
+        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+
+    @app.exception_handler(SlmClassifyError)
+    async def _refused(_request, exc: SlmClassifyError):
+        return JSONResponse({"error": str(exc)}, status_code=409)
+
+    def state() -> dict:
+        ready = session.ready()
+        body = session.state() if ready else {}
+        return {**body, "ready": ready, "export_path": str(export_path), "fit_path": str(fit_path)}
+
+    async def act(call, *args) -> dict:
+        await asyncio.to_thread(call, *args)
+        return await asyncio.to_thread(state)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index():
+        return HTMLResponse(page, headers=PAGE_HEADERS)
+
+    @app.get("/api/state")
+    async def get_state():
+        return await asyncio.to_thread(state)
+
+    @app.post("/api/answer")
+    async def answer(body: Answer):
+        return await act(session.answer, body.row, body.label)
+
+    @app.post("/api/skip")
+    async def skip(body: Row):
+        return await act(session.skip, body.row)
+
+    @app.post("/api/undo")
+    async def undo(_body: Empty):
+        return await act(session.undo)
+
+    @app.post("/api/export")
+    async def export(_body: Empty):
+        rows = await asyncio.to_thread(session.export, export_path)
+        return {"written": str(export_path), "rows": rows}
+
+    @app.post("/api/fit")
+    async def fit(_body: Empty):
+        await asyncio.to_thread(session.fit, fit_path)
+        return {"written": str(fit_path)}
+
+    return TokenGuard(app, token)

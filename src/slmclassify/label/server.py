@@ -1,0 +1,78 @@
+"""Run the labelling page: bind 127.0.0.1, start the session, wait for its first slice, serve.
+
+The port is bound before the model loads, so a taken port fails at once. The page's URL (with the
+token) is handed to the caller's `on_ready` once the first slice is scored: the library prints
+nothing. SIGTERM / Ctrl-C stop uvicorn (requests in flight finish), then the session is closed;
+answers need no saving at exit, the store has each one when it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import TaskError
+
+HOST = "127.0.0.1"  # never another interface: the page shows the input's texts
+
+
+def new_token() -> str:
+    """A random token for the page's URL (128 bits)."""
+    return secrets.token_urlsafe(16)
+
+
+def page_url(port: int, token: str) -> str:
+    return f"http://{HOST}:{port}/?token={token}"
+
+
+def bind(port: int) -> socket.socket:
+    """A listening socket on 127.0.0.1:port (0: a free port); errors name the port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((HOST, port))
+    except OSError as exc:
+        sock.close()
+        raise TaskError(f"cannot listen on {HOST}:{port}: {exc.strerror}; pick another --port (0: any free one)") \
+            from None
+    sock.listen(64)
+    return sock
+
+
+def run_page(start_session: Callable[[], object], *, port: int, token: str, export_path: str | Path,
+             fit_path: str | Path, on_ready: Callable[[str], None], poll_s: float = 0.1) -> None:
+    """Bind, call `start_session()` (a started `LabelSession`), wait until it is ready, call
+    `on_ready(url)`, then serve the page until SIGTERM/SIGINT; the session is closed on the way out."""
+    from .app import create_app
+
+    sock = bind(port)
+    session = None
+    try:
+        session = start_session()
+        while not session.ready():
+            time.sleep(poll_s)
+        app = create_app(session, token, export_path=export_path, fit_path=fit_path)
+        server = _server(app)
+        on_ready(page_url(sock.getsockname()[1], token))
+        server.run(sockets=[sock])
+    finally:
+        if session is not None:
+            session.close()
+        sock.close()
+
+
+def _server(app):
+    """A uvicorn server for `app` that exits 0 after SIGTERM/SIGINT (uvicorn would raise the signal
+    again once shut down; stopping the page is how a labelling session normally ends)."""
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return StoppingServer(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning",
+                                         timeout_graceful_shutdown=10))

@@ -1,0 +1,432 @@
+"""A labelling session: the loaded model, a seeded sample of the input, a background scorer and a
+background refitter around a `LabelStore`, and the `Picker` that chooses the next item.
+
+    start ──► scorer thread: the sample, a slice at a time (first slice first), through one
+              fast-path pass that gives the zero-shot scores AND the head's hidden states
+          ──► refit thread: as answers arrive, the loop's head (`refit.py`), its cross-validated
+              accuracy and the share of the pool it could label at the target accuracy
+
+Rows are the input's row numbers (0-based, as read); the pool is the sample's rows, in a seeded
+order. Invariants: every public method is thread-safe and returns without waiting for a fit or
+for the scorer (`start` returns once the model is loaded; `ready()` says when the first slice is
+scored and an item can be shown); an answer is durable (in the store) before the call returns;
+the current item is never a labelled or skipped row, except the row an undo brings back; a store
+started for another input, task, model, sample or seed is refused, naming what differs, and a row
+whose text changed since it was answered is refused too. A failure in a background thread is
+raised by the next `ready()` or `state()` call.
+
+Additions to the brief's interface (for the page): `start(..., target_accuracy=None,
+random_share=0.1)`; `wait_ready(timeout)`; `state()` has also `ready`, `labels`, `done` (no item
+left and everything scored; `item` is None when nothing is left) and `auto_threshold`, and its
+`accuracy` has `on` ("representative answers" or "all answers", see `refit.estimate`); `accept`
+returns the label it gave, `export` the number of rows written; `Picker.pick` returns None when
+nothing is left and its `Pick` has a `kind`; `LabelStore.answer(..., kind="")` records that kind
+and `LabelStore.kinds()` returns it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..classifier import Classifier, EngineSettings
+from ..core.results import softmax
+from ..core.task import Task
+from ..errors import InputError, SlmClassifyError, TaskError
+from ..head.apply import text_hashes
+from ..head.features import default_taps
+from ..head.model import Head, model_fingerprint, task_hash, task_record
+from ..models.loading import LoadedModel, load_model
+from . import refit
+from .store import LabelStore
+from .strategy import Picker, PoolView
+
+SLICE = 256
+"""Items scored per slice after the first (the scorer publishes its work a slice at a time)."""
+
+
+class _Closing(Exception):
+    """Raised inside the scorer's pass when the session closes, so it stops after one batch."""
+
+
+class LabelSession:
+    """One person labelling one input for one task; see the module docstring."""
+
+    @classmethod
+    def start(cls, input_path: str, task: Task, *, model=None, settings: EngineSettings | None = None,
+              store_path: str | Path, sample: int = 20000, seed: int = 0, first_slice: int = 300,
+              text_column: str = "text", review_first: bool = False, target_accuracy: float | None = None,
+              random_share: float = 0.1) -> LabelSession:
+        """Load the model and the input, open the store, start the scorer and the refitter.
+
+        `target_accuracy`: the accuracy the auto-labelled share must reach (threshold from the
+        cross-validated predictions); None: the task's `min_confidence` is the threshold.
+        `review_first`: offer first the rows a `classify` output flagged `needs_review`."""
+        try:
+            import sklearn  # noqa: F401
+        except ImportError:
+            raise InputError("labelling fits a head, which needs scikit-learn: pip install 'slmclassify[head]'") from None
+        if sample < 1 or first_slice < 1:
+            raise TaskError(f"sample and first_slice must be positive, got {sample} and {first_slice}")
+        from ..io import read_table, texts_of
+
+        frame = read_table(input_path, text_column)
+        texts_all = texts_of(frame, text_column, name=input_path)
+        priority = None
+        if review_first:
+            if "needs_review" not in frame.columns:
+                raise InputError(f"{input_path}: no needs_review column to review first; give the output of "
+                                 "`slmclassify classify`, or leave review_first off")
+            priority = frame["needs_review"].astype(str).str.lower().isin(("true", "1")).to_numpy()
+        settings = settings or EngineSettings()
+        loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
+        clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts_all[:1000])
+        with open(input_path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+        fingerprint = {"input": {"rows": len(frame), "sha256": digest, "text_column": text_column},
+                       "task": task_hash(task), "model": model_fingerprint(loaded), "sample": sample, "seed": seed}
+        store = LabelStore.open(store_path, fingerprint)
+        try:
+            return cls(input_path, frame, texts_all, clf, store, sample=sample, seed=seed, first_slice=first_slice,
+                       priority=priority, target_accuracy=target_accuracy, random_share=random_share)
+        except BaseException:
+            store.close()
+            raise
+
+    def __init__(self, input_path, frame, texts_all, clf: Classifier, store: LabelStore, *, sample, seed,
+                 first_slice, priority, target_accuracy, random_share):
+        self.input_path, self.frame, self.clf, self.store = input_path, frame, clf, store
+        self.task = clf.task
+        self.labels = self.task.labels
+        self.seed, self.target_accuracy = seed, target_accuracy
+        n_total = len(texts_all)
+        rng = np.random.default_rng(seed)
+        self.rows = np.sort(rng.permutation(n_total)[:sample]) if n_total > sample else np.arange(n_total)  # [n]
+        self.index = {int(r): i for i, r in enumerate(self.rows)}  # input row → pool position
+        self.texts = [texts_all[r] for r in self.rows]
+        self.hashes = text_hashes(self.texts)
+        self.sample_note = (f"working on a seeded sample of {len(self.rows):,} of the {n_total:,} rows (seed {seed})"
+                            if n_total > sample else None)
+        n, L = len(self.rows), len(self.labels)
+        self.taps = default_taps(clf.loaded.model.config.num_hidden_layers)
+        width = len(self.taps) * clf.loaded.model.config.hidden_size
+        self.zero_shot = np.full((n, L), np.nan)  # [n, L]
+        self.features = np.zeros((n, width), np.float32)  # [n, taps * hidden]
+        self.scored = np.zeros(n, bool)  # [n] scored and not empty
+        self.visited = np.zeros(n, bool)  # [n] scored, empty or not
+        self.head_probs: np.ndarray | None = None  # [n, L]
+        self.head: refit.LoopHead | None = None
+        self.priority = priority[self.rows] if priority is not None else None
+        self.picker = Picker(L, seed, random_share=random_share)
+
+        self.answers: dict[int, int] = {}  # pool position → label index
+        self.kinds: dict[int, str] = {}  # pool position → why it was offered (`Pick.kind`), for the estimate
+        self.skips: set[int] = set()
+        stored_hashes = store.hashes()
+        for row, h in stored_hashes.items():
+            if row not in self.index or self.hashes[self.index[row]] != h:
+                raise TaskError(f"row {row} of {input_path} is not the text that was answered in {store.path}; "
+                                "use the input the store was started with, or another store")
+        for row, label in store.answers().items():
+            if label not in self.labels:
+                raise TaskError(f"{store.path} holds label {label!r} for row {row}, which is not in the task's "
+                                f"labels {list(self.labels)}")
+            self.answers[self.index[row]] = self.labels.index(label)
+        self.kinds = {self.index[row]: kind for row, kind in store.kinds().items()}
+        self.skips = {self.index[row] for row in store.skipped()}
+
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._ready = threading.Event()
+        self._closing = False
+        self._version = 0  # bumped by every change of the answers
+        self._fitting = False
+        self._estimate: refit.Estimate | None = None
+        self._threshold: float | None = None
+        self._error: BaseException | None = None
+        self._current: tuple[int, str, str] | None = None  # (pool position, reason, kind)
+        # answered rows first (the head needs their features), then review rows, then a seeded order
+        order = rng.permutation(n)
+        first = np.zeros(n, bool)
+        first[list(self.answers)] = True
+        rank = np.where(first, 0, 2)  # [n] by pool position
+        if self.priority is not None:
+            rank[~first & self.priority] = 1
+        self._order = order[np.argsort(rank[order], kind="stable")]
+        self._first_slice = first_slice + int(first.sum())  # the answered rows come on top of the first slice
+        self._scorer = threading.Thread(target=self._guard(self._score_loop), name="label-scorer", daemon=True)
+        self._refitter = threading.Thread(target=self._guard(self._refit_loop), name="label-refit", daemon=True)
+        self._scorer.start()
+        self._refitter.start()
+
+    # ----- the page's calls
+
+    def ready(self) -> bool:
+        """Whether the first slice is scored (an item can be shown); raises a background failure."""
+        self._raise()
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until `ready()` (for scripts and tests; the page polls `ready`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            self._raise()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        self._raise()
+        return True
+
+    def state(self) -> dict:
+        """Everything the page shows, JSON-able."""
+        self._raise()
+        with self._lock:
+            counts = np.bincount(list(self.answers.values()), minlength=len(self.labels)) if self.answers else \
+                np.zeros(len(self.labels), int)
+            item = None
+            if self._current is not None:
+                pos, reason, _ = self._current
+                label, confidence = self._guess(pos)
+                item = {"row": int(self.rows[pos]), "text": self.texts[pos], "guess": label,
+                        "confidence": confidence, "reason": reason}
+            est = self._estimate
+            return {
+                "ready": self._ready.is_set(), "item": item, "labels": list(self.labels),
+                "counts": {lab: int(c) for lab, c in zip(self.labels, counts)},
+                "labelled": len(self.answers), "skipped": len(self.skips), "pool": len(self.rows),
+                "scored": int(self.visited.sum()), "sample_note": self.sample_note,
+                "accuracy": est.as_dict() if est is not None else None,
+                "auto_share": self._auto_share(), "auto_threshold": self._threshold,
+                "fitting": self._fitting, "done": self._current is None and bool(self.visited.all()),
+            }
+
+    def answer(self, row: int, label: str) -> None:
+        """Record `label` for input row `row` (durable on return) and move on if it was the current item."""
+        pos = self._position(row)
+        if label not in self.labels:
+            raise TaskError(f"label {label!r} is not one of the task's labels {list(self.labels)}")
+        with self._lock:
+            kind = self._current[2] if self._current is not None and self._current[0] == pos else "chosen"
+        self.store.answer(int(row), self.hashes[pos], label, kind)
+        with self._lock:
+            self.answers[pos] = self.labels.index(label)
+            self.kinds[pos] = kind
+            self.skips.discard(pos)
+            self._moved(pos)
+
+    def accept(self, row: int) -> str:
+        """Answer `row` with the current guess; returns that label."""
+        pos = self._position(row)
+        with self._lock:
+            label, _ = self._guess(pos)
+        if label is None:
+            raise TaskError(f"row {row} is not scored yet, so there is no guess to accept")
+        self.answer(row, label)
+        return label
+
+    def skip(self, row: int) -> None:
+        """Skip `row` (not offered again; durable on return)."""
+        pos = self._position(row)
+        self.store.skip(int(row), self.hashes[pos])
+        with self._lock:
+            self.skips.add(pos)
+            self.answers.pop(pos, None)
+            self.kinds.pop(pos, None)
+            self._moved(pos)
+
+    def undo(self) -> int | None:
+        """Take back the latest answer or skip; that row becomes the current item. Its row, or None."""
+        with self._lock:
+            row = self.store.undo()
+            if row is None:
+                return None
+            pos = self.index[row]
+            previous = self.store.answers().get(row)
+            kind = self.kinds.pop(pos, None) or "undo"  # a random pick answered again still counts as one
+            self.answers.pop(pos, None)
+            self.skips.discard(pos)
+            if previous is not None:  # an undone change of answer: the earlier answer stands again
+                self.answers[pos] = self.labels.index(previous)
+                self.kinds[pos] = self.store.kinds().get(row, "")
+            elif row in self.store.skipped():
+                self.skips.add(pos)
+            self._current = (pos, "brought back by undo", kind)
+            self._version += 1
+            self._changed.notify_all()
+            return row
+
+    def export(self, path: str) -> int:
+        """Write the input rows that have an answer, in input order, with a `gold` column (replacing
+        one the input has); returns the number of rows written."""
+        from ..io.writers import write_table
+
+        with self._lock:
+            rows = sorted(int(self.rows[pos]) for pos in self.answers)
+            gold = {int(self.rows[pos]): self.labels[lab] for pos, lab in self.answers.items()}
+        out = self.frame.iloc[rows].copy()
+        out["gold"] = [gold[r] for r in rows]
+        write_table(out.reset_index(drop=True), str(path))
+        return len(rows)
+
+    def fit(self, path: str) -> Head:
+        """Fit a head on the answers so far (C by cross-validation when every label has 2 or more)
+        and save it where `classify --head` reads it."""
+        from ..head.fitting import fit
+
+        with self._lock:
+            pos = np.array([p for p in self.answers if self.scored[p]], dtype=np.int64)
+            y = np.array([self.labels[self.answers[p]] for p in pos])
+            X = self.features[pos].astype(np.float64)
+            est = self._estimate
+        counts = {lab: int((y == lab).sum()) for lab in sorted(set(y.tolist()))}
+        if len(counts) < 2:
+            raise TaskError(f"a head needs answers for at least two labels; so far: {counts or 'none'}")
+        folds = min(5, min(counts.values()))
+        final = fit(X, y, seed=self.seed, folds=folds)
+        info = {"C": final.C, "items": int(len(y)), "per_label": counts, "folds": folds, "source": str(self.input_path),
+                "labelled_by": "slmclassify label", "cv": ({"accuracy": est.mean, "low": est.low, "high": est.high}
+                                                            if est is not None else None),
+                "item_hashes": text_hashes([self.texts[p] for p in pos])}
+        head = Head(labels=final.labels, taps=tuple(self.taps), use_scores=False, mean=final.mean, scale=final.scale,
+                    coef=final.coef, intercept=final.intercept, model=model_fingerprint(self.clf.loaded),
+                    task=task_record(self.task), info=info)
+        head.save(path)
+        return head
+
+    def close(self) -> None:
+        """Stop the threads and close the store (answers are already on disk)."""
+        with self._lock:
+            self._closing = True
+            self._changed.notify_all()
+        for thread in (self._scorer, self._refitter):
+            if thread is not threading.current_thread():
+                thread.join()  # the scorer stops after its current batch, the refitter after its fit
+        self.store.close()
+
+    # ----- internals (called with the lock held unless said otherwise)
+
+    def _position(self, row: int) -> int:
+        try:
+            return self.index[int(row)]
+        except (KeyError, TypeError, ValueError):
+            raise TaskError(f"row {row!r} is not in this session's pool") from None
+
+    def _guess(self, pos: int) -> tuple[str | None, float | None]:
+        probs = self.head_probs[pos] if self.head_probs is not None and self.scored[pos] else self.zero_shot[pos]
+        if np.isnan(probs).any():
+            return None, None
+        top = int(probs.argmax())
+        return self.labels[top], float(probs[top])
+
+    def _moved(self, pos: int) -> None:
+        self._version += 1
+        self._changed.notify_all()
+        if self._current is None or self._current[0] == pos:
+            self._next()
+
+    def _next(self) -> None:
+        if not self.scored.any():
+            self._current = None
+            return
+        pool = PoolView(zero_shot=self.zero_shot, features=self.features, scored=self.scored, head=self.head_probs,
+                        labels=self.labels, priority=self.priority)
+        pick = self.picker.pick(pool, self.answers, self.skips)
+        self._current = None if pick is None else (pick.row, pick.reason, pick.kind)
+
+    def _auto_share(self) -> float | None:
+        if self.head_probs is None or self._threshold is None:
+            return None
+        open_ = self.scored.copy()
+        open_[list(self.answers)] = False
+        if not open_.any():
+            return None
+        return float((self.head_probs[open_].max(axis=1) >= self._threshold).mean())
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _guard(self, loop):
+        def run():
+            try:
+                loop()
+            except BaseException as exc:  # shown to the page's next call, not lost in a thread
+                self._error = exc if isinstance(exc, SlmClassifyError) else InputError(
+                    f"labelling stopped: {type(exc).__name__}: {exc}")
+                self._ready.set()
+        return run
+
+    def _score_loop(self) -> None:
+        """Score the pool a slice at a time, publishing each slice under the lock (no lock while scoring)."""
+        order, start = self._order, 0
+        while start < len(order) and not self._closing:
+            size = self._first_slice if start == 0 else SLICE
+            part = np.sort(order[start:start + size])
+            try:
+                window = self.clf.score_window([self.texts[p] for p in part], progress=self._stop_if_closing,
+                                               taps=self.taps)
+            except _Closing:
+                return
+            probs = softmax(self.clf.calibrated(window.scores))  # NaN rows for empty items
+            ok = ~np.isnan(window.scores).any(axis=1)
+            with self._lock:
+                self.zero_shot[part] = probs
+                self.features[part[ok]] = window.states[ok]
+                self.scored[part[ok]] = True
+                self.visited[part] = True
+                self.picker.clusters.update(self.features, self.scored)
+                if self.head is not None:
+                    self.head_probs[part[ok]] = self.head.probabilities(self.features[part[ok]])
+                if self._current is None:
+                    self._next()
+                self._version += 1
+                self._changed.notify_all()
+                if self._current is not None or self.visited.all():  # something to show, or nothing ever
+                    self._ready.set()
+            start += size
+        self._ready.set()
+
+    def _stop_if_closing(self, _done: int) -> None:
+        # a slice takes a minute on a busy 2-core machine; a thread still in torch when the
+        # interpreter exits aborts the process ("terminate called without an active exception")
+        if self._closing:
+            raise _Closing
+
+    def _refit_loop(self) -> None:
+        """Refit whenever the answers changed since the last fit; publish head, estimate, threshold."""
+        fitted_version = -1
+        while True:
+            with self._lock:
+                while not self._closing and self._version == fitted_version:
+                    self._changed.wait()
+                if self._closing:
+                    return
+                fitted_version = self._version
+                pos = np.array([p for p in self.answers if self.scored[p]], dtype=np.int64)
+                y = np.array([self.answers[p] for p in pos], dtype=np.int64)
+                fair = np.array([self.kinds.get(p, "") in refit.REPRESENTATIVE for p in pos], dtype=bool)
+                if not refit.can_fit(y, len(self.labels)):
+                    continue
+                X = self.features[pos].copy()
+                self._fitting = True
+            try:
+                head = refit.fit_head(X, y, len(self.labels), self.seed)
+                est = refit.estimate(X, y, len(self.labels), self.seed, fair)
+                threshold = (refit.auto_threshold(est, y, self.labels, self.target_accuracy, self.task.min_confidence)
+                             if est is not None else None)
+                with self._lock:
+                    scored = np.flatnonzero(self.scored)
+                    feats = self.features[scored]
+                probs = np.full((len(self.rows), len(self.labels)), np.nan)
+                probs[scored] = head.probabilities(feats)
+            finally:
+                with self._lock:
+                    self._fitting = False
+            with self._lock:
+                late = np.flatnonzero(self.scored & np.isnan(probs[:, 0]))  # scored while this fit ran
+                probs[late] = head.probabilities(self.features[late])
+                # the item on screen stays: the new head ranks the next pick
+                self.head, self.head_probs, self._estimate, self._threshold = head, probs, est, threshold

@@ -1,0 +1,166 @@
+"""Where a labelling session keeps its answers: one SQLite file in WAL mode with synchronous=FULL.
+
+Invariants: every call that changes the store has committed (and SQLite has fsynced the WAL) when
+it returns, so killing the process (`kill -9`) at any point loses no answer that was acknowledged;
+the store records the fingerprint it was created for (task, model, input, sample) and refuses to
+be opened for another, naming the keys that differ; answers are kept as an append-only list of
+events (answer, skip), and undo marks the latest live event as undone in one statement, so an undo
+of a changed answer brings back the one before it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from ..errors import InputError, TaskError
+
+SCHEMA = 1
+
+
+class LabelStore:
+    """Answers and skips, keyed by input row and a hash of the row's text."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, fingerprint: dict):
+        self._conn = conn
+        self._lock = threading.Lock()  # one connection shared by the page's and the refit's threads
+        self.path = path
+        self.fingerprint = fingerprint
+
+    @classmethod
+    def open(cls, path: str | Path, fingerprint: dict) -> LabelStore:
+        """Open (or create) the store at `path` for `fingerprint` (a JSON-able dict).
+
+        Raises TaskError when the store was created for another fingerprint, naming what differs.
+        """
+        path = Path(path)
+        if path.is_dir():
+            raise InputError(f"label store {path} is a folder; give a file name such as labels.sqlite")
+        if not path.parent.is_dir():
+            raise InputError(f"the folder of label store {path} does not exist; create it or give another path")
+        try:
+            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            conn.execute("CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+                         "row INTEGER NOT NULL, text_hash TEXT NOT NULL, label TEXT, kind TEXT NOT NULL DEFAULT '', "
+                         "undone INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL)")
+            stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as exc:
+            raise InputError(f"{path} is not a label store ({exc}); give another --store path") from None
+        wanted = json.loads(json.dumps(fingerprint))  # tuples → lists, as they come back from JSON
+        if not stored:
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                                 [("schema", str(SCHEMA)), ("fingerprint", json.dumps(wanted, sort_keys=True))])
+        else:
+            if stored.get("schema") != str(SCHEMA):
+                conn.close()
+                raise InputError(f"{path}: label store schema {stored.get('schema')}, this version reads {SCHEMA}")
+            recorded = json.loads(stored["fingerprint"])
+            differs = _differences(recorded, wanted)
+            if differs:
+                conn.close()
+                raise TaskError(f"label store {path} was started for another run ({', '.join(differs)} differ"
+                                f"{_detail(recorded, wanted, differs)}); use the same input, task, model and "
+                                "sample, or another --store path")
+        return cls(conn, path, wanted)
+
+    def answer(self, row: int, text_hash: str, label: str, kind: str = "") -> None:
+        """Record `label` for `row` (replacing an earlier answer or skip of that row); `kind`: why
+        the row was offered (`Pick.kind`), which decides whether it counts in the accuracy estimate."""
+        if not isinstance(label, str) or not label:
+            raise TaskError(f"an answer needs a label name, got {label!r}")
+        self._append(row, text_hash, label, kind)
+
+    def skip(self, row: int, text_hash: str) -> None:
+        """Record that `row` was skipped (it is not offered again, and has no label)."""
+        self._append(row, text_hash, None)
+
+    def undo(self) -> int | None:
+        """Remove the latest answer or skip still in force; its row, or None when there is none."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            last = self._conn.execute("SELECT seq, row FROM events WHERE undone = 0 ORDER BY seq DESC LIMIT 1").fetchone()
+            if last is None:
+                return None
+            self._conn.execute("UPDATE events SET undone = 1 WHERE seq = ?", (last[0],))
+            return int(last[1])
+
+    def answers(self) -> dict[int, str]:
+        """{row: label} of the rows whose latest live event is an answer."""
+        return {row: label for row, label in self._latest().items() if label is not None}
+
+    def skipped(self) -> set[int]:
+        """Rows whose latest live event is a skip."""
+        return {row for row, label in self._latest().items() if label is None}
+
+    def kinds(self) -> dict[int, str]:
+        """{row: kind} of the rows whose latest live event is an answer."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT e.row, e.kind FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events WHERE undone = 0 "
+                "GROUP BY row) last ON e.seq = last.seq WHERE e.label IS NOT NULL").fetchall()
+        return {int(row): kind for row, kind in rows}
+
+    def hashes(self) -> dict[int, str]:
+        """{row: text hash} of every row with a live event (to check the input has not changed)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT row, text_hash FROM events WHERE undone = 0 ORDER BY seq").fetchall()
+        return {int(row): h for row, h in rows}
+
+    def order(self) -> list[int]:
+        """Rows with a live event, oldest first (each row once, at its latest event)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT row, MAX(seq) FROM events WHERE undone = 0 GROUP BY row "
+                                      "ORDER BY MAX(seq)").fetchall()
+        return [int(r) for r, _ in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _append(self, row: int, text_hash: str, label: str | None, kind: str = "") -> None:
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("INSERT INTO events (row, text_hash, label, kind, at) VALUES (?, ?, ?, ?, ?)",
+                               (int(row), str(text_hash), label, str(kind), time.time()))
+
+    def _latest(self) -> dict[int, str | None]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT e.row, e.label FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events WHERE undone = 0 "
+                "GROUP BY row) last ON e.seq = last.seq").fetchall()
+        return {int(row): label for row, label in rows}
+
+
+def _differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the keys whose values differ (nested dicts compared key by key)."""
+    out = []
+    for key in sorted(set(recorded) | set(wanted)):
+        a, b = recorded.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _detail(recorded: dict, wanted: dict, keys: list[str]) -> str:
+    """'; key: A in the store, B here' for up to three short differences."""
+    def get(d, dotted):
+        for part in dotted.split("."):
+            d = d.get(part) if isinstance(d, dict) else None
+        return d
+
+    parts = []
+    for key in keys[:3]:
+        a, b = repr(get(recorded, key)), repr(get(wanted, key))
+        if len(a) <= 40 and len(b) <= 40:
+            parts.append(f"{key}: {a} in the store, {b} here")
+    return "; " + "; ".join(parts) if parts else ""

@@ -1,0 +1,204 @@
+"""`slmclassify label` in a real browser: headless Chromium (Debian's chromium + chromium-driver)
+driven by Selenium labels 30 items by keyboard alone, the server is killed with SIGKILL, started
+again, and every answer is still there and the page goes on.
+
+Skipped, saying why, where Selenium, Chromium or chromedriver is missing; .ci/run installs them and
+sets SLMCLASSIFY_REQUIRE_BROWSER, under which a missing one fails the test instead.
+The screenshot (1280x800) goes to $SLMCLASSIFY_SCREENSHOT when set (docs/label-page.png for the
+README), else into the test's temporary folder, so a test run leaves the checkout unchanged.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("sklearn")
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+MISSING = ("needs Chromium and chromedriver on PATH (Debian: apt-get install chromium chromium-driver)"
+           if not (CHROMIUM and CHROMEDRIVER) else None)
+if os.environ.get("SLMCLASSIFY_REQUIRE_BROWSER"):  # CI (.ci/run) installs them: a skip would hide the test
+    assert MISSING is None, MISSING
+    from selenium import webdriver
+else:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the 'test' extra)")
+    if MISSING:
+        pytest.skip(MISSING, allow_module_level=True)
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+WAIT = 120  # the first slice of the tiny model is scored on a busy machine
+LABELS = ("billing", "technical", "account")
+TASK_TOML = 'labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\nmin_confidence = 0.5\n'
+SUBJECTS = ["My card was charged twice", "The app crashes on start", "I need to change my email",
+            "The invoice shows the wrong amount", "Login error after the update", "Please close my account",
+            "Refund for the cancelled order", "The settings page is blank", "Password reset link expired",
+            "Parcel delivery is late again"]
+DETAILS = ["since Monday.", "and nobody answered.", "on my phone.", "for the third time.", "this morning.",
+           "after I paid."]
+
+
+def write_input(path: Path, n: int = 60) -> list[str]:
+    texts = [f"{SUBJECTS[i % len(SUBJECTS)]} {DETAILS[(i * 7) % len(DETAILS)]} (ticket {1000 + i})"
+             for i in range(n)]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "text"])
+        writer.writerows([1000 + i, text] for i, text in enumerate(texts))
+    return texts
+
+
+class Page:
+    """The `slmclassify label` process (a subprocess) and the URL it printed."""
+
+    def __init__(self, args: list[str], cwd: str | None = None):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from slmclassify.cli.main import main; main()", "label", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.errors: list[str] = []
+        threading.Thread(target=lambda: self.errors.extend(self.proc.stderr), daemon=True).start()
+        self.url = self._printed_url()
+
+    def _printed_url(self) -> str:
+        found: list[str] = []
+        reader = threading.Thread(target=lambda: found.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(WAIT)
+        line = found[0].strip() if found else ""
+        assert line.startswith("http://127.0.0.1:") and "/?token=" in line, (line, "".join(self.errors))
+        return line
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(WAIT)
+
+
+def chromium():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
+    # the page itself at 1280x800, whatever the window's frame takes
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
+    return driver
+
+
+def page_state(driver) -> dict:
+    """What the page shows now, read in one script (the page re-renders between two reads):
+    the item's row and text, the guess, the action count, the status line, the header, the counts."""
+    return driver.execute_script("""
+        const text = (id) => document.getElementById(id).textContent;
+        const row = text("row"), guess = document.querySelector("#guess b");
+        return {row: row ? Number(row.split(" ").pop()) : null, text: text("text"),
+                guess: guess ? guess.textContent : null,
+                actions: Number(document.getElementById("main").dataset.actions || 0),
+                status: text("status"), error: document.getElementById("status").className === "error",
+                header: text("pool"),
+                counts: Object.fromEntries([...document.querySelectorAll("#counts .bar")].map(
+                    (b) => [b.querySelector(".name").textContent, Number(b.querySelector(".n").textContent)]))};
+    """)
+
+
+def press(driver, key: str) -> dict:
+    """Press one key on the page and wait until the page has acted on it."""
+    before = page_state(driver)["actions"]
+    driver.find_element(By.TAG_NAME, "body").send_keys(key)
+    WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["actions"] > before or page_state(d)["error"])
+    after = page_state(driver)
+    assert not after["error"], after["status"]
+    return after
+
+
+def wait_for_item(driver) -> dict:
+    WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["row"] is not None)
+    return page_state(driver)
+
+
+def exported(path: Path) -> dict[int, str]:
+    with path.open(newline="") as f:
+        return {int(r["id"]) - 1000: r["gold"] for r in csv.DictReader(f)}
+
+
+def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
+    input_path, task, store = tmp_path / "tickets.csv", tmp_path / "support.toml", tmp_path / "tickets.labels.sqlite"
+    texts = write_input(input_path)
+    task.write_text(TASK_TOML)
+    args = [str(input_path), "--task", str(task), "--store", str(store), "--model", str(llama_dir), "--port", "0",
+            "--seed", "3"]
+    expected: dict[int, str] = {}
+    done: list[int] = []  # rows in the order they were answered or skipped (undo pops)
+    page = Page(args)
+    driver = chromium()
+    try:
+        driver.get(page.url)
+        shown = wait_for_item(driver)
+        keys = ["1", "2", "3", Keys.ENTER, "2", "S", "1", Keys.BACK_SPACE, "3"]
+        step = 0
+        while len(expected) < 30:
+            key = keys[step % len(keys)]
+            step += 1
+            row, guess = shown["row"], shown["guess"]
+            assert shown["text"] == texts[row]
+            shown = press(driver, key)
+            if key == Keys.BACK_SPACE:
+                undone = done.pop()
+                expected.pop(undone, None)
+                assert shown["row"] == undone, "after an undo the page offers the undone item again"
+                continue
+            done.append(row)
+            if key == "S":
+                continue
+            if key == Keys.ENTER:  # the guess on screen when the key went (a poll may have changed it)
+                assert shown["status"].startswith(f"row {row}: ") and shown["status"].endswith(" (the guess)")
+                guess = shown["status"].removeprefix(f"row {row}: ").removesuffix(" (the guess)")
+            expected[row] = guess if key == Keys.ENTER else LABELS[int(key) - 1]
+            assert shown["row"] not in expected, "an answered item was offered again"
+    finally:
+        page.kill()  # SIGKILL: no shutdown code runs
+    assert page.proc.returncode == -signal.SIGKILL
+
+    page = Page(args)
+    try:
+        driver.get(page.url)
+        shown = wait_for_item(driver)
+        assert shown["row"] not in expected and shown["row"] not in done
+        counts = {label: 0 for label in LABELS}
+        for label in expected.values():
+            counts[label] += 1
+        assert shown["header"].startswith(f"{len(expected)} labelled · ") and shown["counts"] == counts
+        row = shown["row"]
+        shown = press(driver, "2")  # the page goes on where it stopped
+        expected[row] = LABELS[1]
+        assert shown["row"] not in expected
+        driver.find_element(By.ID, "export").click()
+        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
+        assert page_state(driver)["status"] == f"wrote {len(expected)} rows to {tmp_path / 'tickets.labelled.csv'}"
+        driver.find_element(By.ID, "fit").click()
+        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].endswith(".npz"))
+        assert page_state(driver)["status"] == f"wrote {tmp_path / 'tickets.head.npz'}"
+        driver.execute_script("document.getElementById('status').textContent = ''")
+        screenshot = Path(os.environ.get("SLMCLASSIFY_SCREENSHOT") or tmp_path / "label-page.png")
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(screenshot))
+    finally:
+        driver.quit()
+        page.kill()
+    assert exported(tmp_path / "tickets.labelled.csv") == expected
+    assert (tmp_path / "tickets.head.npz").stat().st_size > 0
