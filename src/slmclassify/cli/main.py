@@ -519,8 +519,8 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, use_s
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--review-first", is_flag=True, help="INPUT is a `classify` output: offer its needs_review rows first.")
-@click.option("--target-accuracy", type=float, help="Accuracy the automatic share must reach (default: the share "
-              "at the task's min_confidence).")
+@click.option("--target-accuracy", type=float, default=0.9, show_default=True,
+              help="Accuracy the automatic share must reach (its threshold from the cross-validated predictions).")
 @task_options
 def label(input_path, store_path, port, api_key, export_path, fit_path, sample, seed, text_column, review_first,
           target_accuracy, opts: ModelOptions):
