@@ -2,7 +2,7 @@
 
   offline   Classifier.classify on the tickets, in this process
   batched   `slmclassify serve` with micro-batching (default --max-wait-ms, printed)
-  off       the same server with micro-batching off (--max-wait-ms 0 --max-batch-rows 1)
+  off       the same server with micro-batching off (--max-wait-ms 0 --max-rows 1)
   wait N    (with --max-wait-sweep) the server at other --max-wait-ms values
   overload  a server with a small queue (--max-queue 16) under 4x the clients: 200s and 503s only
 
@@ -81,7 +81,7 @@ def main() -> None:
     from slmclassify.serve.adapter import result_json
 
     texts = article_tickets(args.n)
-    servers = [Server("batched"), Server("off", "--max-wait-ms", "0", "--max-batch-rows", "1")]
+    servers = [Server("batched"), Server("off", "--max-wait-ms", "0", "--max-rows", "1")]
     servers += [Server(f"wait {w} ms", "--max-wait-ms", w) for w in args.max_wait_sweep.split(",") if w]
     clf = Classifier(ARTICLE_TASK, model=load_model(), settings=EngineSettings(max_text_tokens=MAX_TEXT_TOKENS))
     for server in servers:

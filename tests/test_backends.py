@@ -308,9 +308,9 @@ def test_bf16_is_not_a_candidate_without_native_support(monkeypatch):
 def test_bad_device_and_precision_are_clear_errors():
     from slmclassify.errors import TaskError
 
-    with pytest.raises(TaskError, match="--precision must be one of"):
+    with pytest.raises(TaskError, match="^precision must be one of"):
         EngineSettings(precision="int4")
-    with pytest.raises(TaskError, match="--device must be one of"):
+    with pytest.raises(TaskError, match="^device must be one of"):
         EngineSettings(device="tpu")
     if not torch.cuda.is_available():
         from slmclassify.backends.device import resolve_device

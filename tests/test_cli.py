@@ -502,10 +502,12 @@ def no_model_load(monkeypatch):
         (["--labels", "a,b", "--max-tokens", "0"], ["--max-tokens"]),
         (["--labels", "a,b", "--token-budget", "0"], ["--token-budget"]),
         (["--labels", "a,b", "--max-rows", "0"], ["--max-rows"]),
+        (["--labels", "a,b", "--window", "0"], ["--window must be positive, got 0"]),
         ([], ["--labels"]),
     ],
     ids=["one-label", "one-label-after-strip", "duplicate", "no-placeholder", "two-placeholders",
-         "min-confidence-2", "min-confidence-negative", "max-tokens-0", "token-budget-0", "max-rows-0", "no-labels"],
+         "min-confidence-2", "min-confidence-negative", "max-tokens-0", "token-budget-0", "max-rows-0", "window-0",
+         "no-labels"],
 )
 def test_task_errors_before_model_load(run_main, no_model_load, tmp_path, args, fragments):
     src = write_input(tmp_path / "in.csv")

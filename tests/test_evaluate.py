@@ -171,7 +171,7 @@ def test_evaluate_keeps_labels_with_commas(tmp_path, llama_loaded):
         {"input": "app crashes", "target_scores": {"yes, definitely": 0, "no": 1}}])
     task = task_for_file(path)
     assert task.labels == ("yes, definitely", "no")
-    summary = evaluate_file(path, task, model=llama_loaded)
+    summary = evaluate_file(path, task, model=llama_loaded).figures
     assert summary["labels"] == ["yes, definitely", "no"] and summary["items"] == 2
 
 
@@ -221,7 +221,7 @@ def test_evaluate_counts_any_tied_label(tmp_path, llama_loaded):
         {"input": "my card was charged twice and the app crashes", "target_scores": scores} for scores in ties])
     task = Task(labels=("billing", "technical", "account"), calibrate=False)
     predicted = Classifier(task, model=llama_loaded).classify(["my card was charged twice and the app crashes"])[0]
-    summary = evaluate_file(path, task, model=llama_loaded)
+    summary = evaluate_file(path, task, model=llama_loaded).figures
     expected = 1.0 if predicted.label in ("billing", "technical") else 0.0
     assert summary["accuracy"] == expected
 

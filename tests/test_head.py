@@ -198,6 +198,28 @@ def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp
     assert "min_confidence" in result.output or "no threshold reaches accuracy 0.80" in result.output
 
 
+def test_evaluate_head_with_the_task_labels_prints_zero_shot_and_warns_of_its_own_items(llama_dir, tmp_path):
+    """Regression: the lines `evaluate --head` prints next to the head's report (zero-shot on the same
+    items, when the head's labels are the task's; the items the head was fitted on) come from the
+    figures the job returns; one was left printing in the library and raised NameError."""
+    texts, gold = labelled(6)
+    data = tmp_path / "gold.csv"
+    pd.DataFrame({"text": texts, "label": gold}).to_csv(data, index=False)
+    head_path = tmp_path / "head.npz"
+    runner = CliRunner()
+    fitted = runner.invoke(cli, ["fit", str(data), "-o", str(head_path), "--model", str(llama_dir), "--labels",
+                                 "money,broken app", "--folds", "3", "--curve", "2"], catch_exceptions=False)
+    assert fitted.exit_code == 0, fitted.output
+    result = runner.invoke(cli, ["evaluate", str(data), "--head", str(head_path), "--model", str(llama_dir)],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert ("warning: 12 of these 12 items were used to fit the head, so its figures on them are optimistic; "
+            "`slmclassify fit` prints cross-validated ones") in lines
+    assert any(line.startswith("zero-shot on the same items: accuracy ") for line in lines), result.output
+    assert "scorer: head (head: 2 labels, layers [1, 2], fitted on 12 items)" in lines
+
+
 def test_cli_refuses_mismatched_head(llama_dir, tmp_path, capsys, monkeypatch):
     from slmclassify import load_model
 

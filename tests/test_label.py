@@ -201,7 +201,10 @@ def test_session_end_to_end(tmp_path, llama_dir, one_torch_thread):
         assert state["labelled"] == len(given) and state["skipped"] == 1
         assert sum(state["counts"].values()) == len(given) and min(state["counts"].values()) >= 2
         assert 0 <= state["accuracy"]["low"] <= state["accuracy"]["mean"] <= state["accuracy"]["high"] <= 1
-        assert state["accuracy"]["n"] == len(given) and 0 <= state["auto_share"] <= 1
+        assert state["accuracy"]["n"] == len(given) and state["target_accuracy"] == 0.9
+        # a share only at a threshold whose out-of-fold predictions reach the target accuracy
+        assert (state["auto_share"] is None) == (state["auto_threshold"] is None)
+        assert state["auto_share"] is None or 0 <= state["auto_share"] <= 1
         item = state["item"]
         assert item["guess"] in task.labels and 0 < item["confidence"] <= 1 and item["reason"]
         given[item["row"]] = session.accept(item["row"])
@@ -306,3 +309,20 @@ def test_label_sim_runs_on_a_small_synthetic_pool():
     assert out[12]["accuracy"] == 1.0  # three separated blobs, one label each
     timing = label_sim.answer_to_next(width=16, n_labels=3, pool=300, answers=20)
     assert timing["answers"] == 20 and 0 < timing["p50_ms"] <= timing["p95_ms"]
+
+
+def test_the_automatic_share_is_at_the_target_accuracy_or_none():
+    """The threshold is the lowest confidence whose out-of-fold predictions reach the target; a
+    target no threshold reaches gives none (the page then shows no share), not min_confidence."""
+    from slmclassify.label.refit import Estimate, auto_threshold
+
+    # confident and right, then unsure and wrong: above 0.8 all four are right, below it half
+    oof = np.array([[0.95, 0.05], [0.9, 0.1], [0.1, 0.9], [0.15, 0.85],
+                    [0.6, 0.4], [0.55, 0.45], [0.4, 0.6], [0.45, 0.55]])
+    y = np.array([0, 0, 1, 1, 1, 1, 0, 1])
+    est = Estimate(0.75, 0.4, 0.9, 8, "all answers", np.arange(8), oof)
+    labels = ("a", "b")
+    threshold = auto_threshold(est, y, labels, 0.95, min_confidence=0.5)
+    assert threshold is not None and 0.6 < threshold <= 0.85
+    assert auto_threshold(est, np.array([1, 1, 0, 0, 0, 0, 1, 0]), labels, 0.95, 0.5) is None  # all wrong
+    assert auto_threshold(est, y, labels, None, 0.5) == 0.5  # no target: the task's min_confidence

@@ -288,7 +288,7 @@ def test_bad_input_is_refused_before_any_actor_starts(local_ray):
     clash = ray.data.from_items([{"text": "x", "label": "billing"}])
     with pytest.raises(InputError, match="already has column 'label'"):
         classify_dataset(clash, TASK)
-    with pytest.raises(TaskError, match="--actors must be positive"):
+    with pytest.raises(TaskError, match="^actors must be positive"):
         RaySettings(actors=0)
 
 
@@ -315,11 +315,55 @@ import slmclassify.jobs.ray_classify as job
 
 def seen(*args, **kwargs):
     print("torch" in sys.modules, "transformers" in sys.modules)
+    raise SystemExit(0)  # no summary to print: the job did not run
 
 job.run_ray_classify = seen
 from slmclassify.cli.main import main
 main()
 """
+
+
+def test_the_ray_summary_is_data_and_prints_the_lines_of_before(capsys):
+    """`run_ray_classify` returns its figures as data (`RaySummary`, JSON-able: what
+    bench/ray_scaling reads); `cli.summaries.print_ray` prints the summary lines from it."""
+    import json
+
+    from slmclassify.cli.summaries import print_ray
+    from slmclassify.core.results import RunStats
+    from slmclassify.jobs.ray_classify import _summary
+    from slmclassify.ray.sharing import SHARED_ITEMS
+
+    stats = RunStats(items=60, scored=58, seconds=2.0, batches=3, real_tokens=900, processed_tokens=1000,
+                     prefix_tokens=20, prefix_reused=1160, reused=5)
+    figures = {"info": {"model": "m", "load_seconds": 1.25, "mode": "first", "mode_reason": "r", "calibrated": True,
+                        "labels": ["a: 'a'", "b: 'b'"]},
+               "actors": {"h:2": {"calls": 2, "stats": vars(stats),
+                                  "phases": {"process": 100.5, "imports": 101.0, "load": 102.0},
+                                  "blocks": [[103.0, 104.0, 30, 0.5], [104.0, 105.5, 30, 0.25]]},
+                          "h:1": {"calls": 0, "stats": None, "phases": {}, "blocks": []}},
+               "shared": {"kept": 50, "forgotten": 0}}
+    phases = {"ray_init": 0.5, "began": 99.0, "submitted": 100.0, "finished": 106.0, "driver": 98.0,
+              "feed": "actors fed by this process, which read the file"}
+    summary = _summary(figures, 60, RaySettings(actors=2, block_rows=64), None, "out.csv", phases)
+    data = json.loads(json.dumps(summary.to_json()))
+    assert data["ray_init_s"] == 0.5 and data["submitted_after_driver_s"] == 2.0 and data["seconds"] == 6.0
+    assert [a["key"] for a in data["actor_figures"]] == ["h:1", "h:2"]
+    busy = data["actor_figures"][1]
+    assert (busy["rows"], busy["blocks"], busy["busy_s"], busy["scored_by_model"], busy["waited_s"]) == (60, 2, 2.0,
+                                                                                                          53, 0.75)
+    assert busy["phases"] == {"process": 0.5, "imports": 1.0, "load": 2.0, "first_block_began": 3.0,
+                              "last_block_ended": 5.5}
+    assert summary.scored_by_model == 53
+    print_ray(summary)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "model: m (loaded in 1.2 s per actor); mode: first (r); calibrated: True"
+    assert err[5] == f"shared scores: 50 distinct items kept on the board, 0 forgotten (at most {SHARED_ITEMS:,})"
+    assert err[6] == ("phases: ray.init 0.50 s (began 1.00 s after the driver process started, which handed Ray the "
+                      "work 2.00 s after it started); from handing Ray the work (0 s) to the last row written 6.00 s")
+    assert err[8] == ("  actor h:2: 60 rows in 2 blocks, busy 2.00 s, 30.0 items/s, padding 10.0%, run through the "
+                      "model 53, waited 0.75 s for items other actors were running; at process started 0.50, imports "
+                      "done 1.00, model loaded 2.00, first block began 3.00, last block ended 5.50 s")
+    assert err[-1] == "wrote out.csv"
 
 
 def test_the_ray_driver_does_not_import_torch(tmp_path):

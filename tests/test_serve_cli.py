@@ -16,6 +16,9 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
+from click.testing import CliRunner  # noqa: E402
+
+from slmclassify.cli import cli  # noqa: E402
 from slmclassify.cli.main import main  # noqa: E402
 
 WAIT = 60
@@ -81,7 +84,7 @@ def _queued(url: str) -> float:
     (["serve", "--task", "a=missing.toml"], "task file not found: missing.toml"),
     (["serve", "--task", "a=t.toml", "--task", "a=t.toml"], "task name 'a' is given twice"),
     (["serve", "--task", "a=t.toml", "--max-wait-ms", "-1"], "--max-wait-ms must be >= 0, got -1.0"),
-    (["serve", "--task", "a=t.toml", "--max-queue", "0"], "--max-queue-items must be positive, got 0"),
+    (["serve", "--task", "a=t.toml", "--max-queue", "0"], "--max-queue must be positive, got 0"),
     (["loadtest", "http://example.com:8080"], "loadtest only targets http://127.0.0.1 (loopback)"),
 ])
 def test_option_errors(tmp_path, monkeypatch, capsys, args, message):
@@ -94,3 +97,41 @@ def test_option_errors(tmp_path, monkeypatch, capsys, args, message):
     err = capsys.readouterr().err
     assert stop.value.code == 2
     assert err.startswith(f"slmclassify: error: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], (2048, 128, 512)),
+    (["--token-budget", "64", "--max-rows", "4", "--max-tokens", "100"], (64, 4, 100)),
+    (["--max-batch-rows", "4", "--max-text-tokens", "100"], (2048, 4, 100)),  # the old names still work
+    (["--max-tokens", "none"], (2048, 128, None)),
+])
+def test_serve_names_engine_settings_as_classify_does(tmp_path, monkeypatch, args, expected):
+    """`serve` takes the batch shape under classify's names (--max-rows, --max-tokens); the old
+    --max-batch-rows/--max-text-tokens stay as hidden aliases so scripts keep working."""
+    import slmclassify.serve.server as server
+
+    seen = {}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no saved defaults
+    (tmp_path / "t.toml").write_text(TASK_TOML)
+    monkeypatch.setattr(sys.modules["slmclassify.cli.main"], "_need_serve_extra", lambda: None)
+    monkeypatch.setattr(server, "bind", lambda host, port: type("S", (), {"close": lambda self: None})())
+    monkeypatch.setattr(server, "build_service", lambda tasks, model, engine, settings: seen.setdefault("e", engine))
+    monkeypatch.setattr(server, "serve", lambda *a: None)
+    result = CliRunner().invoke(cli, ["serve", "--task", "a=t.toml", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    engine = seen["e"]
+    assert (engine.token_budget, engine.max_rows, engine.max_text_tokens) == expected
+    assert "--max-batch-rows" not in CliRunner().invoke(cli, ["serve", "--help"]).output
+
+
+def test_serve_refuses_a_setting_under_both_names(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.toml").write_text(TASK_TOML)
+    monkeypatch.setattr(sys, "argv", ["slmclassify", "serve", "--task", "a=t.toml", "--max-rows", "4",
+                                      "--max-batch-rows", "8"])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == ("slmclassify: error: --max-batch-rows is the old name of --max-rows; "
+                                       "give one of them\n")

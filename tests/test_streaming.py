@@ -180,7 +180,7 @@ def test_progress_status_line_for_logs():
     """Not a terminal: one status line per period, with rows/s, the share done and an ETA."""
     import io as _io
 
-    from slmclassify.io.progress import Progress
+    from slmclassify.cli.progress import Progress
 
     stream = _io.StringIO()
     progress = Progress(total_rows=1000, total_bytes=None, every=0.0, stream=stream)

@@ -23,9 +23,9 @@ from slmclassify.core.settings_sources import write_task_settings
         (dict(labels=("a", "a")), "listed twice"),
         (dict(labels=("a", " ")), "empty"),
         (dict(labels=("a", "b "),), "whitespace"),
-        (dict(labels=("a", "b"), user_template="no placeholder"), "--user-template"),
-        (dict(labels=("a", "b"), min_confidence=1.5), "--min-confidence"),
-        (dict(labels=("a", "b"), mode="best"), "--mode"),
+        (dict(labels=("a", "b"), user_template="no placeholder"), "^user_template must contain '{text}'"),
+        (dict(labels=("a", "b"), min_confidence=1.5), "^min_confidence must be between 0 and 1"),
+        (dict(labels=("a", "b"), mode="best"), "^mode must be one of"),
         (dict(labels=("a", "b"), examples=(Example("x", "c"),)), "not in the label set"),
         (dict(labels=("a", "b"), descriptions=("one",)), "one per label"),
     ],
@@ -128,7 +128,7 @@ def test_parse_labels_refuses_broken_quoting():
 
 def test_build_task_takes_tuples_and_lets_values_win(tmp_path):
     assert build_task(None, ("yes, definitely", "no")).labels == ("yes, definitely", "no")
-    with pytest.raises(TaskError, match="give the labels with --labels a,b,c or a --task file"):
+    with pytest.raises(TaskError, match="give the labels with labels a,b,c or a task_file file"):
         build_task(None, None)
     path = tmp_path / "task.toml"
     path.write_text('instruction = "Route."\nmode = "full"\n[[labels]]\nname = "a"\ndescription = "d"\n'
@@ -140,6 +140,29 @@ def test_build_task_takes_tuples_and_lets_values_win(tmp_path):
     assert (task.labels, task.descriptions, task.instruction) == (("x", "y"), (), "Mine.")
     assert build_task(None, ("a", "b"), default_instruction="Is it?").instruction == "Is it?"
     assert build_task(None, ("a", "b")).instruction == DEFAULT_INSTRUCTION
+
+
+def test_library_errors_name_fields_and_the_cli_names_flags():
+    """Library errors name the field (`window`), not the flag that sets it on the command line
+    (`--window`): the CLI maps one to the other, so a library user reads the names they passed."""
+    from slmclassify.cli.options import flag_of
+    from slmclassify.core.settings import EngineSettings
+    from slmclassify.errors import FieldError
+
+    with pytest.raises(FieldError, match=r"^window must be positive, got 0$") as raised:
+        EngineSettings(window=0)
+    assert raised.value.field == "window" and isinstance(raised.value, TaskError)
+    assert raised.value.naming(flag_of) == "--window must be positive, got 0"
+    with pytest.raises(FieldError) as raised:
+        EngineSettings(max_text_tokens=0)
+    assert raised.value.naming(flag_of) == "--max-tokens must be positive, got 0"
+    with pytest.raises(FieldError) as raised:  # a value with braces is shown as given, not formatted
+        Task(labels=("a", "b"), user_template="{field} {0}")
+    assert str(raised.value) == "user_template must contain '{text}' exactly once, got '{field} {0}'"
+    import pickle
+
+    back = pickle.loads(pickle.dumps(raised.value))  # as Ray sends it: the message, a TaskError
+    assert isinstance(back, TaskError) and str(back) == str(raised.value)
 
 
 def test_library_never_imports_the_cli():

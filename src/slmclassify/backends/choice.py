@@ -74,10 +74,10 @@ def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm", in
         return fp32_kernel
     if precision == "int8":
         if device.type != "cpu":
-            from ..errors import TaskError
+            from ..errors import FieldError
 
-            raise TaskError("--precision int8 runs on the CPU only (dynamic quantisation); "
-                            "use bf16 or fp16 on CUDA")
+            raise FieldError("precision", "{field} int8 runs on the CPU only (dynamic quantisation); "
+                                          "use bf16 or fp16 on CUDA")
         if int8_kernel == "int8-fused" and gemm.int8_kernels.load() is None:
             int8_kernel = None  # measured where a compiler was; not here
         kernel = int8_kernel or gemm.int8_engine() or "int8-onednn"

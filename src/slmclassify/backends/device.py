@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import TaskError
+from ..errors import FieldError, TaskError
 from . import attention, fp32_kernels, gemm, isa
 from .names import DEVICES, PRECISIONS
 
@@ -32,7 +32,8 @@ class Backend:
 
     def __post_init__(self) -> None:
         if self.precision not in DTYPES:
-            raise TaskError(f"--precision must be one of {', '.join(PRECISIONS[1:])} here, got {self.precision!r}")
+            raise FieldError("precision", "{field} must be one of {choices} here, got {value!r}",
+                             choices=', '.join(PRECISIONS[1:]), value=self.precision)
         if self.gemm not in gemm.KERNELS:
             raise TaskError(f"unknown GEMM kernel {self.gemm!r}; known are {', '.join(gemm.KERNELS)}")
 
@@ -88,12 +89,13 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     """`auto` (or None) → cuda when available, else cpu; `cuda` without a GPU is an error."""
     name = "auto" if name is None else str(name)
     if name not in DEVICES and not name.startswith("cuda:"):
-        raise TaskError(f"--device must be one of {', '.join(DEVICES)}, got {name!r}")
+        raise FieldError("device", "{field} must be one of {choices}, got {value!r}",
+                         choices=', '.join(DEVICES), value=name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TaskError(f"--device {name}: no CUDA device is available to this PyTorch "
-                        f"({torch.__version__}); use --device cpu")
+        raise FieldError("device", "{field} {value}: no CUDA device is available to this PyTorch ({torch}); "
+                         "use {field} cpu", value=name, torch=torch.__version__)
     return torch.device(name)
 
 

@@ -160,32 +160,25 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
     return rows
 
 
-def single_figures(outcome) -> dict:
-    """What the bench reads of a single-process run (`jobs.classify.JobOutcome`)."""
-    stats = outcome.stats
-    return {"load_s": outcome.load_seconds, "scoring_s": stats.seconds,
-            "scored_by_model": stats.scored - outcome.duplicates}
+def single_figures(summary) -> dict:
+    """What the bench reads of a single-process run (`jobs.classify.ClassifySummary`)."""
+    return {"load_s": summary.load_seconds, "scoring_s": summary.stats.seconds,
+            "scored_by_model": summary.stats.scored - summary.duplicates}
 
 
-def ray_figures(figures: dict) -> dict:
-    """What the bench reads of a `--ray` run (what `jobs.ray_classify.run_ray_classify` returns): Ray's
-    start, the driver's phases, the actors' load, rows, busy and waiting seconds."""
-    from ..core.results import RunStats
-    from ..jobs.ray_classify import actor_phases, waited_seconds
+def ray_figures(summary) -> dict:
+    """What the bench reads of a `--ray` run (`jobs.ray_classify.RaySummary`): Ray's start, the
+    driver's phases, the actors' load, rows, busy and waiting seconds."""
+    from ..jobs.ray_classify import ACTOR_PHASES
 
-    phases, info = figures["phases"], figures.get("info") or {}
-    t0 = phases["submitted"]
-    total, actors = RunStats(), []
-    for key, entry in sorted(figures["actors"].items()):
-        stats = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
-        total.add(stats)
-        actors.append({"key": key, "rows": stats.items, "blocks": entry["calls"], "busy_s": stats.seconds,
-                       "scored_by_model": stats.scored - stats.reused, "waited_s": waited_seconds(entry),
-                       "phases": actor_phases(entry, t0).removeprefix("at ").removesuffix(" s")})
-    return {"ray_init_s": phases["ray_init"],
-            "driver_to_submit_s": None if phases["driver"] is None else t0 - phases["driver"],
-            "submit_to_written_s": phases["finished"] - t0, "scored_by_model": total.scored - total.reused,
-            "load_s": info.get("load_seconds"), "actors": actors}
+    actors = [{"key": a.key, "rows": a.rows, "blocks": a.blocks, "busy_s": a.busy_s,
+               "scored_by_model": a.scored_by_model, "waited_s": a.waited_s,
+               "phases": ", ".join(f"{label} {a.phases[k]:.2f}" for k, label in ACTOR_PHASES.items()
+                                   if k in a.phases)}
+              for a in summary.actor_figures]
+    return {"ray_init_s": summary.ray_init_s, "driver_to_submit_s": summary.submitted_after_driver_s,
+            "submit_to_written_s": summary.seconds, "scored_by_model": summary.scored_by_model,
+            "load_s": (summary.model or {}).get("load_seconds"), "actors": actors}
 
 
 def child() -> None:
@@ -198,13 +191,13 @@ def child() -> None:
 
     task, settings = build_task(spec["task"]), engine_settings(spec["task"])
     if spec["side"] == "single":
-        from ..jobs.classify import run_classify
+        from ..jobs.classify import ClassifyRequest, run_classify
         from ..models import loading
 
         loading.set_threads()  # as the CLI does, once per process
-        outcome = run_classify(spec["input"], spec["output"], task, settings, model=spec["model"], probes=0,
-                               progress=False)
-        figures = single_figures(outcome)
+        summary = run_classify(ClassifyRequest(spec["input"], spec["output"], probes=0), task, settings,
+                               model=spec["model"])
+        figures = single_figures(summary)
     else:
         from ..jobs.ray_classify import run_ray_classify
         from ..ray import RaySettings

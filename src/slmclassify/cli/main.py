@@ -1,4 +1,5 @@
-"""The `slmclassify` command line. Library errors become one-line messages and exit code 2."""
+"""The `slmclassify` commands. Library errors become one-line messages and exit code 2; an error
+about a library field names the flag that set it (`options.flag_of`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from pathlib import Path
 import click
 
 from ..errors import SlmClassifyError, TaskError, VerificationError
-from ..backends.names import DEVICES, PRECISIONS
-from ..core.task import MODES, Task, build_task, parse_labels
+from ..core.task import Task
+from . import summaries
+from .options import (ModelOptions, device_options, flag_error, head_options, hidden_alias, int_list, max_rows_option,
+                      max_tokens_option, merged, model_option, ray_options, task_and_head, task_options,
+                      token_budget_option)
 
 
 def main() -> None:
@@ -37,7 +41,19 @@ def main() -> None:
         sys.exit(2)
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group: a library error that names fields is re-raised naming the flags instead."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SlmClassifyError as exc:
+            if exc.template is None:
+                raise
+            raise flag_error(exc) from None
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="slmclassify")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
@@ -57,98 +73,6 @@ def _start_torch() -> None:
         loading.set_threads()  # once per process, from its CPU affinity; the library never does
 
 
-def task_options(fn):
-    """Options that define the task, shared by every command that scores."""
-    options = [
-        click.option("--task", "task_file", type=click.Path(dir_okay=False), help="TOML task file."),
-        click.option("--labels", help="Comma-separated labels, e.g. billing,technical,account; CSV quoting "
-                                      "for a comma inside a name: '\"x,y\",z'."),
-        click.option("--instruction", help="First line of the system turn."),
-        click.option("--system", help="Replace the whole system turn with TEXT."),
-        click.option("--user-template", help="Wrap each item, e.g. 'Ticket: {text}\\nCategory:'."),
-        click.option("--mode", type=click.Choice(MODES), help="Label scoring mode (default auto)."),
-        click.option("--min-confidence", type=float, help="Below this, needs_review = true (default 0.5)."),
-        click.option("--calibrate/--no-calibrate", default=None,
-                     help="Remove label priors measured on content-free inputs (contextual calibration)."),
-        click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M)."),
-        click.option("--token-budget", type=int, help="Max rows × padded tokens per batch."),
-        click.option("--max-rows", type=int, help="Max rows per batch."),
-        click.option("--max-tokens", metavar="N|none",
-                     help="Cut item texts to N tokens (default 512; none: only at the "
-                          "model's context)."),
-        *device_options(),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def device_options() -> list:
-    """--device and --precision, for every command that runs the model (names only: no torch import
-    while the CLI is built, so Ctrl-C during start-up is handled by `main`)."""
-    return [
-        click.option("--device", type=click.Choice(DEVICES), help="Where the model runs (default auto: CUDA if available)."),
-        click.option("--precision", type=click.Choice(PRECISIONS),
-                     help="fp32 (CPU default), bf16 (CUDA default), fp16, int8 (CPU), or auto: a low precision "
-                          "only if it is faster here and agrees with fp32 on >= 99.5% of 200 items of the input."),
-    ]
-
-
-def _task(task_file, labels, instruction=None, system=None, user_template=None, mode=None, min_confidence=None,
-          calibrate=None) -> Task:
-    """The task from the command's flags (strings as typed) and/or its task file; flags win."""
-    return build_task(task_file, parse_labels(labels) if labels else None, instruction=instruction, system=system,
-                      user_template=_unescape(user_template), mode=mode, min_confidence=min_confidence,
-                      calibrate=calibrate)
-
-
-def _settings(task_file, token_budget, max_rows, max_tokens, device=None, precision=None):
-    from ..core.settings_sources import engine_settings
-
-    return engine_settings(task_file, token_budget, max_rows, _max_tokens(max_tokens), device=device,
-                           precision=precision)
-
-
-def _max_tokens(value: str | None) -> int | None:
-    """`--max-tokens N` (a positive number) or `none` (no cap); None when not given."""
-    from ..core.settings_sources import NO_CAP
-
-    if value is None:
-        return None
-    if value.strip().lower() == "none":
-        return NO_CAP
-    try:
-        tokens = int(value)
-    except ValueError:
-        tokens = 0
-    if tokens < 1:
-        raise TaskError(f"--max-tokens must be a positive number of tokens or 'none' (no cap), got {value!r}")
-    return tokens
-
-
-def _unescape(template: str | None) -> str | None:
-    """Let shells pass `\\n` in --user-template."""
-    return None if template is None else template.replace("\\n", "\n").replace("\\t", "\t")
-
-
-def ray_options(fn):
-    """`classify --ray`: the run on a Ray cluster (the `slmclassify[ray]` extra)."""
-    options = [
-        click.option("--ray", "use_ray", is_flag=True, help="Run on Ray actors (without --ray-address: the Ray of "
-                     "RAY_ADDRESS or `ray start` on this machine, else a new local one); INPUT may be a folder, "
-                     "OUTPUT a folder of Parquet parts."),
-        click.option("--ray-address", help="Ray to join: auto, HOST:PORT, ray://HOST:10001, or local for a new "
-                     "local Ray (implies --ray)."),
-        click.option("--actors", type=int, help="Classifier actors under --ray (default 2)."),
-        click.option("--cpus-per-actor", type=float, default=1, show_default=True, help="CPUs (torch threads) per actor."),
-        click.option("--block-rows", type=int, help="Most rows per Ray block, sorted and batched together (default "
-                     "256; one small file is cut into blocks of equal work, at least 4 per actor)."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
 def _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix, errors, quiet,
                      unsupported, ray_address, actors, cpus_per_actor, block_rows):
     try:
@@ -160,32 +84,12 @@ def _classify_on_ray(input_path, output_path, task, settings, model, text_column
         raise TaskError("--ray does not support --resume, --restart or --gold-column")
     rs = RaySettings(actors=2 if actors is None else actors, cpus_per_actor=cpus_per_actor,
                      block_rows=DEFAULT_BLOCK_ROWS if block_rows is None else block_rows)
-    run_ray_classify(input_path, output_path, task, settings, rs, model=model, address=ray_address,
-                     text_column=text_column, result_prefix=result_prefix, errors=errors, progress=not quiet)
+    from .progress import Progress
 
-
-def head_options(fn):
-    """--head and --scorer, for the commands that can apply a learned head (`slmclassify fit`)."""
-    fn = click.option("--scorer", type=click.Choice(["zero-shot", "head", "combined"]),
-                      help="zero-shot label scoring, the head, or their product (default: the head when given).")(fn)
-    return click.option("--head", "head_path", type=click.Path(dir_okay=False),
-                        help="A head fitted by `slmclassify fit` (or `head = ...` in the task file).")(fn)
-
-
-def _task_and_head(head_path, scorer, task_file, labels, instruction, system, user_template, mode,
-                   min_confidence, calibrate):
-    """(task, head or None, scorer, head path): a head without task flags brings the task it was fitted with."""
-    from ..head.apply import head_path_in_task_file, resolve_scorer, task_of
-    from ..head.model import Head
-
-    head_path = head_path or head_path_in_task_file(task_file)
-    head = Head.load(head_path) if head_path else None
-    if head is not None and not (task_file or labels):
-        task = task_of(head).with_overrides(instruction=instruction, system=system, mode=mode, calibrate=calibrate,
-                                            user_template=_unescape(user_template), min_confidence=min_confidence)
-    else:
-        task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
-    return task, head, resolve_scorer(head, scorer), head_path
+    summary = run_ray_classify(input_path, output_path, task, settings, rs, model=model, address=ray_address,
+                               text_column=text_column, result_prefix=result_prefix, errors=errors,
+                               progress=not quiet, meter=lambda rows, size, done: Progress(rows, size, not quiet))
+    summaries.print_ray(summary)
 
 
 @cli.command()
@@ -210,33 +114,36 @@ def _task_and_head(head_path, scorer, task_file, labels, instruction, system, us
 @task_options
 def classify(input_path, output_path, text_column, id_column, fmt, errors, probes, no_verify, gold_column,
              result_prefix, quiet, resume, restart, window, use_ray, ray_address, actors, cpus_per_actor, block_rows,
-             head_path, scorer,
-             task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model,
-             token_budget, max_rows, max_tokens, device, precision):
+             head_path, scorer, opts: ModelOptions):
     """Classify every row of INPUT (CSV, JSONL, Parquet or - for stdin) into OUTPUT, streaming."""
     on_ray = bool(use_ray or ray_address or actors is not None)
     if not on_ray:  # the --ray driver never imports torch (2.5 s before ray.init); its actors do
         _start_torch()
     if resume and restart:
         raise TaskError("--resume and --restart exclude each other")
-    task, head, scorer, head_path = _task_and_head(head_path, scorer, task_file, labels, instruction, system,
-                                                   user_template, mode, min_confidence, calibrate)
-    settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
-    if window is not None:
-        settings = dataclasses.replace(settings, window=window)
+    task, head = task_and_head(head_path, scorer, opts)
+    settings = opts.settings(window=window)
     if on_ray:
-        if head is not None and scorer != "zero-shot":
+        if head.used:
             raise TaskError("--ray does not apply a head yet; run without --ray, or with --scorer zero-shot")
-        return _classify_on_ray(input_path, output_path, task, settings, model, text_column, result_prefix,
+        return _classify_on_ray(input_path, output_path, task, settings, opts.model, text_column, result_prefix,
                                 errors, quiet, resume or restart or gold_column, ray_address, actors,
                                 cpus_per_actor, block_rows)
-    from ..jobs.verify import classify_table
+    from ..jobs.classify import ClassifyRequest, run_classify
 
-    classify_table(
-        input_path, output_path, task, settings, model=model, text_column=text_column, id_column=id_column,
-        fmt=fmt, errors=errors, probes=0 if no_verify else probes, gold_column=gold_column, progress=not quiet,
-        result_prefix=result_prefix, resume=resume, restart=restart, head=head, scorer=scorer, head_source=head_path,
-    )
+    request = ClassifyRequest(input_path, output_path, text_column=text_column, id_column=id_column, fmt=fmt,
+                              errors=errors, probes=0 if no_verify else probes, gold_column=gold_column,
+                              result_prefix=result_prefix, resume=resume, restart=restart)
+    from .progress import Progress
+
+    summary = run_classify(request, task, settings, model=opts.model, head=head,
+                           on_loaded=lambda classifier: summaries.print_loaded(classifier, head),
+                           meter=lambda rows, size, done: Progress(rows, size, enabled=not quiet, done=done))
+    summaries.print_classify(summary)
+    report = summary.report
+    if report is not None and not report.ok:
+        raise VerificationError(f"the output was written, but {report.summary()}; "
+                                f"disagreeing rows {list(report.disagreements)}")
 
 
 @cli.command()
@@ -244,23 +151,22 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), help="Format for - (stdin).")
 @click.option("--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True)
-@click.option("--probes", "--n", "probes", type=int, default=16, show_default=True,
-              help="Probe items, spread over the length range (e.g. --precision int8 --n 200).")
+@click.option("--probes", type=int, help="Probe items, spread over the length range (e.g. --precision int8 "
+              "--probes 200)  [default: 16]")
+@hidden_alias("--n", "old_probes", type=int)
 @click.option("--tolerance", type=float, default=1e-3, show_default=True, help="Max allowed |Δ log-prob|.")
 @task_options
-def verify(input_path, text_column, fmt, errors, probes, tolerance, task_file, labels, instruction, system,
-           user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device,
-           precision):
+def verify(input_path, text_column, fmt, errors, probes, old_probes, tolerance, opts: ModelOptions):
     """Run probe items of INPUT through the fast and the per-item path and compare them."""
     from ..jobs.verify import verify_table
 
-    task = _task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
-    settings = _settings(task_file, token_budget, max_rows, max_tokens, device, precision)
-    report = verify_table(input_path, task, settings, model=model, text_column=text_column, fmt=fmt,
-                          errors=errors, probes=probes, tolerance=tolerance)
+    probes = merged(probes, old_probes, "--probes", "--n")
+    summary = verify_table(input_path, opts.task(), opts.settings(), model=opts.model, text_column=text_column,
+                           fmt=fmt, errors=errors, probes=16 if probes is None else probes, tolerance=tolerance)
+    summaries.print_verify(summary)
+    report = summary.report
     if not report.ok:
         raise VerificationError(f"verification failed: {report.summary()}; disagreeing rows {list(report.disagreements)}")
-
 
 
 
@@ -275,12 +181,11 @@ def _bench_texts(input_path, text_column, n):
     return [t for t in texts if t.strip()][:n]
 
 
-def _bench_task(task_file, labels, instruction, system, user_template):
+def _bench_task(opts: ModelOptions) -> Task:
+    """The task of the options, else the article's."""
     from ..core.article_tickets import ARTICLE_TASK
 
-    if not (task_file or labels):
-        return ARTICLE_TASK
-    return _task(task_file, labels, instruction, system, user_template)
+    return opts.task() if opts.has_task else ARTICLE_TASK
 
 
 @cli.command()
@@ -293,9 +198,9 @@ def _bench_task(task_file, labels, instruction, system, user_template):
 @click.option("--instruction")
 @click.option("--system")
 @click.option("--user-template")
-@click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M).")
-@click.option("--token-budget", type=int)
-@click.option("--max-rows", type=int)
+@model_option()
+@token_budget_option()
+@max_rows_option()
 @click.option("--llama-cpp/--no-llama-cpp", "with_llama_cpp", default=True, show_default=True,
               help="Run (f), llama.cpp on the GGUF, when llama-cpp-python is installed.")
 @click.option("--ctranslate2/--no-ctranslate2", "with_ctranslate2", default=True, show_default=True,
@@ -313,8 +218,11 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 
     if n_items < 1:
         raise TaskError(f"--n must be positive, got {n_items}")
-    task = _bench_task(task_file, labels, instruction, system, user_template).with_overrides(mode="first")
-    settings = _settings(task_file, token_budget, max_rows, None, device, precision)
+    opts = ModelOptions(task_file=task_file, labels=labels, instruction=instruction, system=system,
+                        user_template=user_template, model=model, token_budget=token_budget, max_rows=max_rows,
+                        device=device, precision=precision)
+    task = _bench_task(opts).with_overrides(mode="first")
+    settings = opts.settings()
     texts = _bench_texts(input_path, text_column, n_items)
     loaded = load_model(model, settings.device, settings.precision)
     gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
@@ -345,9 +253,8 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 @click.option("--windows", default="128,1024", show_default=True,
               help="classify's --window sizes to compare (rows sorted and batched together); '' to skip.")
 @task_options
-def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, windows, task_file,
-          labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget, max_rows,
-          max_tokens, device, precision):
+def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, windows,
+          opts: ModelOptions):
     """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets).
 
     --max-tokens and --calibrate apply to every setting; the budget and row cap are what it varies
@@ -358,20 +265,22 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     from ..models.loading import load_model
     from ..core.settings_sources import save_settings, write_task_settings
 
-    for option, value, instead in (("--token-budget", token_budget, "--budgets"), ("--max-rows", max_rows, "--row-caps")):
+    for option, value, instead in (("--token-budget", opts.token_budget, "--budgets"),
+                                   ("--max-rows", opts.max_rows, "--row-caps")):
         if value is not None:
             raise TaskError(f"sweep varies {option} itself: list the values to try with {instead} "
                             f"(e.g. {instead} {value})")
-    budget_list = _int_list(budgets, "--budgets")
-    rows_list = _int_list(row_caps, "--row-caps")
-    task = (_task(task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate)
-            if (task_file or labels) else _bench_task(None, None, None, None, None).with_overrides(calibrate=calibrate))
-    if save_to_task and not task_file:
+    budget_list = int_list(budgets, "--budgets")
+    rows_list = int_list(row_caps, "--row-caps")
+    task = (opts.task() if opts.has_task
+            else _bench_task(ModelOptions()).with_overrides(calibrate=opts.calibrate))
+    if save_to_task and not opts.task_file:
         raise TaskError("--save-to-task needs --task FILE")
-    settings = _settings(task_file, None, None, max_tokens, device, precision)
+    settings = opts.settings(scheduling=False)
     texts = _bench_texts(input_path, text_column, n_items)
     # --precision auto: decided here, for both sweeps, as `run_sweep` scores (default batching, the item cap)
-    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts if input_path else None,
+    loaded = load_model(opts.model, settings.device, settings.precision, task=task,
+                        sample=texts if input_path else None,
                         settings=EngineSettings(max_text_tokens=settings.max_text_tokens))
     points = sweeping.run_sweep(loaded, task, texts, budget_list, rows_list,
                                 max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True),
@@ -385,7 +294,7 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     click.echo(f"best: --token-budget {top.token_budget} --max-rows {top.max_rows} ({top.items_per_s:.2f} items/s)")
     if windows.strip():
         best_settings = dataclasses.replace(settings, token_budget=top.token_budget, max_rows=top.max_rows)
-        window_points = sweeping.run_window_sweep(loaded, task, texts, _int_list(windows, "--windows"),
+        window_points = sweeping.run_window_sweep(loaded, task, texts, int_list(windows, "--windows"),
                                                   best_settings, log=lambda m: click.echo(m, err=True))
         click.echo(f"{'window':>8} {'items/s':>8} {'padding%':>9} {'reused':>7} {'peak RSS MB':>12}")
         for w in window_points:
@@ -393,20 +302,10 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     if save:
         click.echo(f"saved as default in {save_settings(token_budget=top.token_budget, max_rows=top.max_rows)}")
     if save_to_task:
-        write_task_settings(task_file, token_budget=top.token_budget, max_rows=top.max_rows)
-        click.echo(f"saved into {task_file}")
+        write_task_settings(opts.task_file, token_budget=top.token_budget, max_rows=top.max_rows)
+        click.echo(f"saved into {opts.task_file}")
     sweeping.plot(points, plot_path)
     click.echo(f"plot: {plot_path}")
-
-
-def _int_list(spec: str, option: str) -> list[int]:
-    try:
-        values = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise TaskError(f"{option} must be comma-separated integers, got {spec!r}") from None
-    if not values or min(values) < 1:
-        raise TaskError(f"{option} must list positive integers, got {spec!r}")
-    return values
 
 
 @cli.command()
@@ -424,29 +323,31 @@ def _int_list(spec: str, option: str) -> list[int]:
 @head_options
 @task_options
 def evaluate(input_path, text_column, label_column, compare_modes, fit_temperature, target_accuracy, write_task,
-             fewshot_cost, plots_dir, json_path, limit, head_path, scorer, task_file, labels, instruction, system,
-             user_template, mode, min_confidence, calibrate, model, token_budget, max_rows, max_tokens, device, precision):
+             fewshot_cost, plots_dir, json_path, limit, head_path, scorer, opts: ModelOptions):
     """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
     macro-F1, calibration and the review threshold."""
     from ..jobs.evaluate import evaluate_file, task_for_file
 
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
-    if write_task and not task_file:
+    if write_task and not opts.task_file:
         raise TaskError("--write-task needs --task FILE")
-    head_task, head, scorer, head_path = (_task_and_head(head_path, scorer, task_file, labels, instruction, system,
-                                                         user_template, mode, min_confidence, calibrate)
-                                          if head_path or task_file or scorer else (None, None, "zero-shot", None))
-    task = head_task if head is not None else task_for_file(
-        input_path, text_column, label_column, task_file=task_file, labels=parse_labels(labels) if labels else None,
-        instruction=instruction, system=system, user_template=_unescape(user_template), mode=mode,
-        min_confidence=min_confidence, calibrate=calibrate, limit=limit)
-    evaluate_file(
-        input_path, task, _settings(task_file, token_budget, max_rows, max_tokens, device, precision), text_column=text_column,
-        label_column=label_column, model=model, compare_modes=compare_modes, fit_temperature=fit_temperature,
-        target_accuracy=target_accuracy, task_file=task_file if write_task else None, fewshot_cost=fewshot_cost,
-        plots_dir=plots_dir, json_path=json_path, limit=limit, head=head, scorer=scorer, head_source=head_path,
+    if head_path or opts.task_file or scorer:
+        head_task, choice = task_and_head(head_path, scorer, opts)
+    else:
+        from ..head.apply import HeadChoice
+
+        head_task, choice = None, HeadChoice()
+    task = head_task if choice.head is not None else task_for_file(
+        input_path, text_column, label_column, task_file=opts.task_file, labels=opts.label_names(), limit=limit,
+        **opts.overrides())
+    summary = evaluate_file(
+        input_path, task, opts.settings(), text_column=text_column, label_column=label_column, model=opts.model,
+        compare_modes=compare_modes, fit_temperature=fit_temperature, target_accuracy=target_accuracy,
+        task_file=opts.task_file if write_task else None, fewshot_cost=fewshot_cost, plots_dir=plots_dir,
+        json_path=json_path, limit=limit, head=choice.head, scorer=choice.scorer, head_source=choice.source,
     )
+    summaries.print_evaluate(summary)
 
 
 def _named_tasks(specs) -> dict:
@@ -470,10 +371,11 @@ def _named_tasks(specs) -> dict:
 @click.option("--port", type=int, default=8080, show_default=True, help="0 picks a free port (logged).")
 @click.option("--max-wait-ms", type=float, default=None, help="Longest the idle engine waits for requests to join a batch; "
               "less once arrivals pause for a quarter of it [default: 50].")
-@click.option("--token-budget", type=int, help="Max rows × padded tokens per engine batch.")
-@click.option("--max-batch-rows", type=int, help="Max rows per engine batch (1 turns batching off).")
-@click.option("--max-text-tokens", type=int, default=512, show_default=True,
-              help="Cut longer texts to this many tokens (status truncated).")
+@token_budget_option("Max rows × padded tokens per engine batch.")
+@max_rows_option("Max rows per engine batch (1 turns batching off).")
+@hidden_alias("--max-batch-rows", "old_max_rows", type=int)
+@max_tokens_option("Cut longer texts to N tokens (status truncated; default 512; none: only at the model's context).")
+@hidden_alias("--max-text-tokens", "old_max_tokens")
 @click.option("--max-texts", type=int, default=64, show_default=True, help="Most texts per request (413).")
 @click.option("--max-body-bytes", type=int, default=1 << 20, show_default=True, help="Largest request body (413).")
 @click.option("--max-queue", type=int, default=1024, show_default=True,
@@ -483,8 +385,8 @@ def _named_tasks(specs) -> dict:
               "(also from $SLMCLASSIFY_API_KEY); /healthz stays open. Needed off loopback unless --insecure.")
 @click.option("--insecure", is_flag=True, help="Serve on a non-loopback --host without --api-key (anyone who "
               "reaches the port can use the model and see its path).")
-def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_batch_rows, max_text_tokens, max_texts,
-          max_body_bytes, max_queue, request_timeout, api_key, insecure):
+def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_rows, old_max_rows, max_tokens, old_max_tokens,
+          max_texts, max_body_bytes, max_queue, request_timeout, api_key, insecure):
     """Serve tasks over HTTP, batching concurrent requests by length (needs the 'serve' extra)."""
     from ..serve import ServeSettings
     from ..serve.settings import DEFAULT_MAX_WAIT_MS
@@ -502,9 +404,9 @@ def serve(task_specs, model, host, port, max_wait_ms, token_budget, max_batch_ro
         max_wait_ms=DEFAULT_MAX_WAIT_MS if max_wait_ms is None else max_wait_ms, max_texts=max_texts,
         max_body_bytes=max_body_bytes, max_queue_items=max_queue, request_timeout_s=request_timeout,
         api_key=api_key or None)
-    from ..core.settings_sources import engine_settings
-
-    engine = engine_settings(None, token_budget, max_batch_rows, max_text_tokens)
+    engine = ModelOptions(token_budget=token_budget,
+                          max_rows=merged(max_rows, old_max_rows, "--max-rows", "--max-batch-rows"),
+                          max_tokens=merged(max_tokens, old_max_tokens, "--max-tokens", "--max-text-tokens")).settings()
     from ..serve.server import bind, build_service, serve as run_server
 
     bind(host, port).close()  # a taken port fails now, not after the model has loaded
@@ -588,8 +490,7 @@ def _need_serve_extra() -> None:
 @click.option("--json", "json_path", help="Write the figures as JSON.")
 @task_options
 def fit(input_path, output_path, text_column, label_column, folds, layers, use_scores, curve, plot_path, json_path,
-        task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget,
-        max_rows, max_tokens, device, precision):
+        opts: ModelOptions):
     """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
     regression on the model's hidden states, read on the fast path. Prints cross-validated accuracy,
     macro-F1 and ECE next to zero-shot scoring, and the learning curve."""
@@ -598,14 +499,13 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, use_s
 
     if folds < 2:
         raise TaskError(f"--folds must be at least 2, got {folds}")
-    task = task_for_file(input_path, text_column, label_column, task_file=task_file,
-                         labels=parse_labels(labels) if labels else None, instruction=instruction, system=system,
-                         user_template=_unescape(user_template), mode=mode, min_confidence=min_confidence,
-                         calibrate=calibrate)
-    fit_file(input_path, output_path, task, _settings(task_file, token_budget, max_rows, max_tokens, device, precision),
-             model=model, text_column=text_column, label_column=label_column, folds=folds,
-             taps=tuple(_int_list(layers, "--layers")) if layers else None, use_scores=use_scores,
-             curve_sizes=tuple(_int_list(curve, "--curve")), plot_path=plot_path, json_path=json_path)
+    task = task_for_file(input_path, text_column, label_column, task_file=opts.task_file, labels=opts.label_names(),
+                         **opts.overrides())
+    summary = fit_file(input_path, output_path, task, opts.settings(), model=opts.model, text_column=text_column,
+                       label_column=label_column, folds=folds,
+                       taps=tuple(int_list(layers, "--layers")) if layers else None, use_scores=use_scores,
+                       curve_sizes=tuple(int_list(curve, "--curve")), plot_path=plot_path, json_path=json_path)
+    summaries.print_fit(summary)
 
 
 
@@ -623,20 +523,17 @@ def fit(input_path, output_path, text_column, label_column, folds, layers, use_s
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--review-first", is_flag=True, help="INPUT is a `classify` output: offer its needs_review rows first.")
-@click.option("--target-accuracy", type=float, help="Accuracy the automatic share must reach (default: the share "
-              "at the task's min_confidence).")
+@click.option("--target-accuracy", type=float, default=0.9, show_default=True,
+              help="Accuracy the automatic share must reach (its threshold from the cross-validated predictions).")
 @task_options
 def label(input_path, store_path, port, api_key, export_path, fit_path, sample, seed, text_column, review_first,
-          target_accuracy, task_file, labels, instruction, system, user_template, mode, min_confidence, calibrate, model, token_budget,
-          max_rows, max_tokens, device, precision):
+          target_accuracy, opts: ModelOptions):
     """Label INPUT by hand on a local web page, one item at a time, picked by active learning; a head
     is refitted as you go (needs the 'serve' and 'head' extras)."""
     from .label import run_label
 
     _need_serve_extra()
-    run_label(input_path, _task(task_file, labels, instruction, system, user_template, mode, min_confidence,
-                                calibrate),
-              _settings(task_file, token_budget, max_rows, max_tokens, device, precision), model=model,
+    run_label(input_path, opts.task(), opts.settings(), model=opts.model,
               store_path=store_path, port=port, api_key=api_key, export_path=export_path, fit_path=fit_path,
               sample=sample, seed=seed, text_column=text_column, review_first=review_first,
               target_accuracy=target_accuracy)

@@ -148,7 +148,8 @@ def resolve_mode(labels: tuple[str, ...], sequences: list[tuple[int, ...]], requ
     if requested == "first":
         if not distinct_first:
             clash = _first_token_clash(labels, firsts)
-            raise TaskError(f"--mode first: labels {clash} share their first token; use --mode full")
+            raise TaskError("{mode} first: labels {clash} share their first token; use {mode} full",
+                            names={"mode": "mode"}, clash=clash)
         return "first", sequences, "first token requested"
     if requested == "auto":
         if distinct_first and single:

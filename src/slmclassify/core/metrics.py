@@ -174,8 +174,9 @@ def read_labelled(path: str, text_column: str, label_column: str) -> Labelled:
         return Labelled(texts, gold, labels, instruction)
     frame = read_table(path, text_column)
     if label_column not in frame.columns:
-        raise InputError(f"{path}: no label column {label_column!r} (use --label-column); "
-                         f"columns are: {', '.join(map(str, frame.columns))}")
+        raise InputError("{path}: no label column {column!r} (use {field}); columns are: {columns}",
+                         names={"field": "label_column"}, path=path, column=label_column,
+                         columns=", ".join(map(str, frame.columns)))
     return Labelled(texts_of(frame, text_column), [(str(v),) for v in frame[label_column]])
 
 

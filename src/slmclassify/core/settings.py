@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import TaskError
+from ..errors import FieldError
 from ..backends.names import DEVICES, PRECISIONS
 
 DEFAULT_TOKEN_BUDGET = 2048
@@ -42,15 +42,16 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         if self.window < 1:
-            raise TaskError(f"--window must be positive, got {self.window}")
+            raise FieldError("window", "{field} must be positive, got {value}", value=self.window)
         if self.token_budget is not None and self.token_budget < 1:
-            raise TaskError(f"--token-budget must be positive, got {self.token_budget}")
+            raise FieldError("token_budget", "{field} must be positive, got {value}", value=self.token_budget)
         if self.max_rows < 1:
-            raise TaskError(f"--max-rows must be positive, got {self.max_rows}")
+            raise FieldError("max_rows", "{field} must be positive, got {value}", value=self.max_rows)
         if self.max_text_tokens is not None and self.max_text_tokens < 1:
-            raise TaskError(f"--max-tokens must be positive, got {self.max_text_tokens}")
+            raise FieldError("max_text_tokens", "{field} must be positive, got {value}", value=self.max_text_tokens)
         if self.device is not None and self.device not in DEVICES and not self.device.startswith("cuda:"):
-            raise TaskError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+            raise FieldError("device", "{field} must be one of {choices}, got {value!r}",
+                             choices=', '.join(DEVICES), value=self.device)
         if self.precision is not None:
             check_precision(self.precision)
 
@@ -58,5 +59,6 @@ class EngineSettings:
 def check_precision(precision: str | None) -> str | None:
     """None (the default: fp32 on CPU, bf16 on CUDA) or one of PRECISIONS."""
     if precision is not None and precision not in PRECISIONS:
-        raise TaskError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise FieldError("precision", "{field} must be one of {choices}, got {value!r}",
+                         choices=', '.join(PRECISIONS), value=precision)
     return precision

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import TaskError
+from ..errors import FieldError, TaskError
 
 DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
 MODES = ("auto", "first", "full", "full-mean")
@@ -87,13 +87,16 @@ class Task:
             if ex.label not in seen:
                 raise TaskError(f"example {ex.text[:40]!r} has label {ex.label!r}, which is not in the label set")
         if self.user_template.count("{text}") != 1:
-            raise TaskError(f"--user-template must contain '{{text}}' exactly once, got {self.user_template!r}")
+            raise FieldError("user_template", "{field} must contain '{{text}}' exactly once, got {value!r}",
+                             value=self.user_template)
         if not 0.0 <= self.min_confidence <= 1.0:
-            raise TaskError(f"--min-confidence must be between 0 and 1, got {self.min_confidence}")
+            raise FieldError("min_confidence", "{field} must be between 0 and 1, got {value}",
+                             value=self.min_confidence)
         if not self.temperature > 0:
             raise TaskError(f"temperature must be positive, got {self.temperature}")
         if self.mode not in MODES:
-            raise TaskError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+            raise FieldError("mode", "{field} must be one of {choices}, got {value!r}",
+                             choices=', '.join(MODES), value=self.mode)
 
     def system_turn(self) -> str:
         """The system message: the override, or the instruction plus the label list."""
@@ -224,7 +227,8 @@ def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | No
             overrides.update(labels=labels, descriptions=())
         return task.with_overrides(**overrides)
     if not labels:
-        raise TaskError("give the labels with --labels a,b,c or a --task file")
+        raise TaskError("give the labels with {labels} a,b,c or a {task} file",
+                        names={"labels": "labels", "task": "task_file"})
     if instruction is None and default_instruction:
         overrides["instruction"] = default_instruction
     return Task(labels=labels).with_overrides(**overrides)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tomllib
 from pathlib import Path
@@ -14,6 +15,21 @@ from .model import Head, model_fingerprint, task_from_record
 
 SCORERS = ("zero-shot", "head", "combined")
 """zero-shot: label scoring alone; head: the head's probabilities; combined: their normalised product."""
+
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadChoice:
+    """A learned head (`head/`) and how to use it; scorer zero-shot (or no head) scores labels only."""
+
+    head: Head | None = None
+    scorer: str = "zero-shot"
+    source: str | None = None
+    """The head's file (digested into the resume record), or None."""
+
+    @property
+    def used(self) -> bool:
+        return self.head is not None and self.scorer != "zero-shot"
 
 
 def head_path_in_task_file(task_file: str | None) -> str | None:
@@ -34,7 +50,8 @@ def resolve_scorer(head: Head | None, scorer: str | None) -> str:
     if scorer is None:
         return "zero-shot" if head is None else "head"
     if scorer != "zero-shot" and head is None:
-        raise TaskError(f"--scorer {scorer} needs a head: pass --head head.npz (fitted with `slmclassify fit`)")
+        raise TaskError("{field} {scorer} needs a head: pass {head} head.npz (fitted with `slmclassify fit`)",
+                        names={"field": "scorer", "head": "head"}, scorer=scorer)
     return scorer
 
 
@@ -55,8 +72,8 @@ def check(head: Head, classifier, source: str) -> None:
 def check_scorer(head: Head, task_labels, scorer: str) -> None:
     """`combined` multiplies the head's and the task's probabilities: it needs the same label set."""
     if scorer == "combined" and set(head.labels) != set(task_labels):
-        raise TaskError(f"--scorer combined needs the head's labels {list(head.labels)} to be the task's "
-                        f"labels {list(task_labels)}; use --scorer head")
+        raise TaskError("{field} combined needs the head's labels {head} to be the task's labels {task}; "
+                        "use {field} head", names={"field": "scorer"}, head=list(head.labels), task=list(task_labels))
 
 
 def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarray, task_labels, scorer: str) -> np.ndarray:
@@ -94,8 +111,10 @@ def file_digest(path: str) -> str:
 
 
 def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray, gold: np.ndarray,
-                  target_accuracy, seconds: float, texts, echo):
-    """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside."""
+                  target_accuracy, seconds: float, texts):
+    """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside
+    (`extra["zero_shot"]`, when the labels are the task's) and how many of the items fitted the head
+    (`extra["items_used_to_fit"]`, when any did: its figures on them are optimistic)."""
     from ..core.metrics import Evaluation
     from ..core.results import softmax
 
@@ -104,17 +123,11 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
     extra = {"scorer": scorer, "layers": list(head.taps), "items_per_s": len(texts) / seconds}
     used = _items_used(head, texts)
     if used:
-        echo(f"warning: {used} of these {len(texts)} items were used to fit the head, so its figures on them are "
-             f"optimistic; `slmclassify fit` prints cross-validated ones")
         extra["items_used_to_fit"] = used
     if set(head.labels) == set(classifier.task.labels):
         zero = softmax(calibrated)[:, [list(classifier.task.labels).index(lab) for lab in head.labels]]
         zero_ev = Evaluation(head.labels, gold, zero.argmax(1), zero.max(1))
-        echo(f"zero-shot on the same items: accuracy {zero_ev.accuracy:.3f}, macro-F1 {zero_ev.macro_f1:.3f}, "
-             f"ECE {zero_ev.ece:.3f}")
         extra["zero_shot"] = {"accuracy": zero_ev.accuracy, "macro_f1": zero_ev.macro_f1, "ece": zero_ev.ece}
-    echo(f"scorer: {scorer} (head: {len(head.labels)} labels, layers {list(head.taps)}, "
-         f"fitted on {head.info.get('items')} items)")
     return Evaluation(head.labels, gold, probs.argmax(1), probs.max(1), name=scorer,
                       target_accuracy=target_accuracy, extra=extra)
 

@@ -167,10 +167,11 @@ def input_read_changed(saved: dict, input_path: str) -> str | None:
 
 
 def refuse_damaged(checkpoint: Checkpoint, reason: str) -> InputError:
-    return InputError(f"cannot resume {checkpoint.output}: {reason}; its rows cannot be trusted, pass --restart "
-                      "to start over")
+    return InputError("cannot resume {output}: {reason}; its rows cannot be trusted, pass {restart} to start over",
+                      names={"restart": "restart"}, output=checkpoint.output, reason=reason)
 
 
 def refuse_resume(checkpoint: Checkpoint, reason: str) -> InputError:
-    return InputError(f"cannot resume {checkpoint.output}: {reason} since {checkpoint.partial} was started; "
-                      "run with the same input and options, or pass --restart to start over")
+    return InputError("cannot resume {output}: {reason} since {partial} was started; run with the same input and "
+                      "options, or pass {restart} to start over", names={"restart": "restart"},
+                      output=checkpoint.output, reason=reason, partial=checkpoint.partial)

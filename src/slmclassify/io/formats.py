@@ -26,7 +26,8 @@ def table_format(path: str, explicit: str | None = None) -> str:
     suffix = Path(path).suffix.lower()
     found = _EXTENSIONS.get(suffix)
     if found is None:
-        raise InputError(f"{path}: unknown format {suffix or '(no extension)'!r}; use .csv, .jsonl or .parquet (or --format)")
+        raise InputError("{path}: unknown format {suffix!r}; use .csv, .jsonl or .parquet (or {fmt})",
+                         names={"fmt": "fmt"}, path=path, suffix=suffix or "(no extension)")
     return found
 
 

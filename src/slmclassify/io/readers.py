@@ -187,7 +187,8 @@ class TableReader:
         self._check_unique_columns()
         if self.text_column not in self.columns:
             cols = ", ".join(map(str, self.columns)) or "(none)"
-            raise InputError(f"{self.name}: no column {self.text_column!r} (use --text-column); columns are: {cols}")
+            raise InputError("{name}: no column {column!r} (use {field}); columns are: {cols}",
+                             names={"field": "text_column"}, name=self.name, column=self.text_column, cols=cols)
         if self.id_column is not None and self.id_column not in self.columns:
             raise InputError(f"{self.name}: no id column {self.id_column!r}; columns are: {', '.join(map(str, self.columns))}")
 
@@ -240,8 +241,9 @@ class TableReader:
                     if pc.any(marked).as_py():
                         row = count + pc.index(marked, True).as_py()
                         ident = f" (id {table[self.id_column][row - count].as_py()})" if self.id_column in table.column_names else ""
-                        raise InputError(f"{self.name}: row {row + 1}{ident}, column {column!r} is not valid "
-                                         "UTF-8; fix the file or pass --errors replace")
+                        raise InputError("{name}: row {row}{ident}, column {column!r} is not valid UTF-8; fix the "
+                                         "file or pass {errors} replace", names={"errors": "errors"}, name=self.name,
+                                         row=row + 1, ident=ident, column=column)
             count += len(table)
         return count
 
@@ -451,8 +453,9 @@ def _check_utf8(frame: pd.DataFrame, name: str, id_column: str | None) -> None:
         if marked.any():
             row = frame.index[marked][0]
             ident = f" (id {frame.at[row, id_column]})" if id_column else ""
-            raise InputError(f"{name}: row {row + 1}{ident}, column {column!r} is not valid UTF-8; "
-                             "fix the file or pass --errors replace")
+            raise InputError("{name}: row {row}{ident}, column {column!r} is not valid UTF-8; fix the file or pass "
+                             "{errors} replace", names={"errors": "errors"}, name=name, row=row + 1, ident=ident,
+                             column=column)
 
 
 def _as_text(value, errors: str) -> str | None:
@@ -480,8 +483,9 @@ def texts_of(frame: pd.DataFrame, text_column: str, *, name: str = "input", erro
         text = _as_text(value, errors)
         if text is None or (BAD_BYTE in text and errors != "replace"):
             ident = f" (id {frame.at[row, id_column]})" if id_column else ""
-            raise InputError(f"{name}: row {row + 1}{ident}, column {text_column!r} is not valid UTF-8; "
-                             "fix the file or pass --errors replace")
+            raise InputError("{name}: row {row}{ident}, column {column!r} is not valid UTF-8; fix the file or pass "
+                             "{errors} replace", names={"errors": "errors"}, name=name, row=row + 1, ident=ident,
+                             column=text_column)
         texts.append(text)
     return texts
 

@@ -87,8 +87,9 @@ def _csv_cells(frame: pd.DataFrame, name: str, errors: str) -> pd.DataFrame:
                 try:
                     value = bytes(value).decode("utf-8", "replace" if errors == "replace" else "strict")
                 except UnicodeDecodeError:
-                    raise InputError(f"cannot write {name} as CSV: row {row + 1}, column {column!r} holds bytes "
-                                     "that are not UTF-8 text; write .parquet, or pass --errors replace") from None
+                    raise InputError("cannot write {name} as CSV: row {row}, column {column!r} holds bytes that are "
+                                     "not UTF-8 text; write .parquet, or pass {errors} replace",
+                                     names={"errors": "errors"}, name=name, row=row + 1, column=column) from None
             elif isinstance(value, _NOT_TEXT):
                 value = json_text(value)
             cells.append(value)

@@ -5,6 +5,9 @@
     → for each chunk of `window` rows: score → append input + result columns to OUTPUT.partial
       → fsync → progress record → … → rename to OUTPUT → probes → summary
 
+The job prints nothing: it returns a `ClassifySummary` (figures as data), and tells its caller
+through `on_loaded` when the model is loaded (for lines that must appear before the rows run).
+
 Chunks are the classifier's windows (rows k·W … (k+1)·W − 1), so an interrupted run resumed with
 `--resume` scores every item in the same batches as an uninterrupted one, and its output is
 byte-identical. Memory is bounded by the window, never by the file. Probe items for the check
@@ -18,14 +21,17 @@ import itertools
 import signal
 import time
 from collections import Counter
+from typing import Callable
 
-import click
 import numpy as np
 import pandas as pd
 
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
+from ..core.labels import describe_labels
 from ..errors import InputError
+from ..head.apply import HeadChoice
+from .meter import Meter, MeterFactory, no_meter
 from ..interrupts import handle_sigterm
 from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
                             refuse_resume)
@@ -34,99 +40,94 @@ from ..io.lock import OutputLock
 from ..io.readers import open_table
 from ..io.sink import WriteFailed, open_sink
 from ..io.writers import parquet_schema
-from ..models.precision import auto_line
-from ..io.progress import Progress
 from ..core.results import RunStats, result_arrow_fields, result_columns, result_frame
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 
 
-def _echo(message: str = "") -> None:
-    click.echo(message, err=True)
+@dataclasses.dataclass(frozen=True)
+class ClassifyRequest:
+    """Which table to classify into which output, and how (everything but the task, settings, model, head)."""
+
+    input_path: str
+    """CSV, JSONL or Parquet file, or - for stdin."""
+    output_path: str
+    """The output file (its format from its suffix), or - for stdout."""
+    text_column: str = "text"
+    id_column: str | None = None
+    """Column of row ids (kept; named in errors)."""
+    fmt: str | None = None
+    """Format of - (stdin/stdout)."""
+    errors: str = "strict"
+    """Invalid UTF-8: strict (an error naming the row) or replace."""
+    probes: int = 8
+    """Items checked against the per-item path after the run (0: none)."""
+    gold_column: str | None = None
+    """Column of true labels: the summary counts accuracy."""
+    result_prefix: str = ""
+    resume: bool = False
+    restart: bool = False
 
 
-@dataclasses.dataclass
-class JobOutcome:
-    """What a finished job did, for the summary."""
+@dataclasses.dataclass(frozen=True)
+class ClassifySummary:
+    """What a finished classify run did: the figures its summary shows."""
 
-    classifier: Classifier
-    stats: RunStats
-    """The whole run's figures (resumed sessions included)."""
+    model: str
     load_seconds: float
+    mode: str
+    mode_reason: str
+    calibrated: bool
+    label_lines: tuple[str, ...]
+    """Each label and its tokens after the chat template (`describe_labels`)."""
+    stats: RunStats
+    """The whole run's counts (resumed sessions included)."""
+    max_text_tokens: int | None
+    engine: str
+    """Device, precision and kernel (`engine_line`)."""
     report: VerifyReport | None
+    """The probe check against the per-item path (None: not run)."""
+    output: str
     duplicates: int
     resumed_at: int
     """Rows already done by earlier sessions (0 for a fresh run)."""
-    gold: _GoldTally | None
+    gold: GoldTally | None
     labels: tuple = ()
     """The labels the results use (the task's, or the head's)."""
 
 
-def run_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings, *, model=None,
-                 text_column="text", id_column=None, fmt=None, errors="strict", probes=8,
-                 gold_column=None, progress=True, result_prefix="", resume=False, restart=False,
-                 status_every: float = 15.0, head=None, scorer="zero-shot", head_source=None) -> JobOutcome:
-    """Classify every row of a table and write it with the result columns added.
+def run_classify(request: ClassifyRequest, task: Task, settings: EngineSettings, *, model=None,
+                 head: HeadChoice = HeadChoice(), on_loaded: Callable[[Classifier], None] | None = None,
+                 meter: MeterFactory = no_meter) -> ClassifySummary:
+    """Classify every row of a table and write it with the result columns added; returns the summary.
 
-    With a `head` (`head/`) and scorer head or combined, the result columns are the head's labels and
+    With a head and scorer head or combined, the result columns are the head's labels and
     probabilities, read from the same pass; probes still check the label scores against the per-item path.
+    `on_loaded(classifier)` is called once the model is loaded, before any row is scored; `meter`
+    makes the progress meter the rows are counted on.
 
     Raises `Interrupted` on Ctrl-C/SIGTERM (finished chunks stay in OUTPUT.partial for --resume).
     Refuses, before any work, an output that is the input, and an output another run is writing.
+    A failed probe check is in the summary's `report` (the output is written): the caller decides.
     """
-    out_fmt = check_output(output_path, fmt if output_path == "-" else None)
-    check_not_input(input_path, output_path)
-    lock = OutputLock(output_path).acquire() if output_path != "-" else None
+    out_fmt = check_output(request.output_path, request.fmt if request.output_path == "-" else None)
+    check_not_input(request.input_path, request.output_path)
+    lock = OutputLock(request.output_path).acquire() if request.output_path != "-" else None
     try:
-        return _run_classify(input_path, output_path, out_fmt, task, settings, model=model, text_column=text_column,
-                             id_column=id_column, fmt=fmt, errors=errors, probes=probes, gold_column=gold_column,
-                             progress=progress, result_prefix=result_prefix, resume=resume, restart=restart,
-                             status_every=status_every, head=head, scorer=scorer, head_source=head_source)
+        return _run_classify(request, out_fmt, task, settings, model, head, on_loaded, meter)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, text_column, id_column, fmt, errors,
-                  probes, gold_column, progress, result_prefix, resume, restart, status_every, head, scorer,
-                  head_source) -> JobOutcome:
-    in_fmt = fmt if input_path == "-" else None
-    resumable = output_path != "-" and input_path != "-"
-    checkpoint = Checkpoint(output_path) if output_path != "-" else None
-    if resume and input_path == "-":
-        raise InputError("--resume needs an input file (stdin cannot be read again)")
-    if resume and output_path == "-":
-        raise InputError("--resume needs an output file (stdout cannot be appended to)")
-
-    reader = open_table(input_path, text_column, fmt=in_fmt, errors=errors, id_column=id_column)
-    if gold_column is not None and gold_column not in reader.columns:
-        raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
-    use_head = head is not None and scorer != "zero-shot"
-    if use_head:
-        from ..head.apply import check_scorer
-
-        check_scorer(head, task.labels, scorer)  # before the model loads
-    labels = head.labels if use_head else task.labels
-    columns = result_columns(labels, result_prefix)
-    clash = [c for c in columns if c in reader.columns]
-    if clash:
-        raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
-                         "so the results do not overwrite it")
-
-    shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows,
-             "max_text_tokens": settings.max_text_tokens, "text_column": text_column, "id_column": id_column,
-             "errors": errors, "result_prefix": result_prefix, "output_format": out_fmt}
-    identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
-    identity["task_shown"] = _task_shown(task)
-    identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
-    identity["head_shown"] = {"head": head_source if use_head else None, "scorer": scorer if use_head else None}
-    if use_head:
-        from ..head.apply import file_digest
-
-        identity["head"] = digest([file_digest(head_source) if head_source else repr(head.coef.tolist()), scorer])
-    if resumable:
-        identity["input"] = input_fingerprint(input_path)
-    saved = _saved_run(checkpoint, identity, resume, restart, input_path)
+def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, model,
+                  choice: HeadChoice, on_loaded, meter: MeterFactory) -> ClassifySummary:
+    """open the input → the run's identity → the run to continue, if any → load → stream → probes."""
+    resumable = request.output_path != "-" and request.input_path != "-"
+    checkpoint = Checkpoint(request.output_path) if request.output_path != "-" else None
+    reader, labels = _open_input(request, task, choice)
+    identity = _identity(request, out_fmt, task, settings, choice, resumable)
+    saved = _saved_run(checkpoint, identity, request.resume, request.restart, request.input_path)
 
     done = saved["rows_done"] if saved is not None else 0
     if settings.precision == "auto" or getattr(model, "auto_precision", False):
@@ -136,45 +137,112 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     started = time.perf_counter()
     classifier = Classifier(task, model=model, settings=settings, precision_sample=sample)
     load_seconds = time.perf_counter() - started
-    if line := auto_line(classifier.loaded):
-        _echo(line)
-    if use_head:
-        from ..head.apply import check, window_results
+    try:
+        if choice.used:
+            from ..head.apply import check
 
-        try:
-            check(head, classifier, head_source or "the head")
-        except BaseException:
-            reader.close()
-            raise
-        _echo(f"scorer: {scorer} ({head_source or 'head'}: {len(head.labels)} labels, layers {list(head.taps)})")
+            check(choice.head, classifier, choice.source or "the head")
+        if on_loaded is not None:
+            on_loaded(classifier)
+        _same_model(saved, identity, classifier, checkpoint)
+    except BaseException:
+        reader.close()
+        raise
+
+    state = _RunState.restore(saved, task.labels, request.probes, len(classifier.prefix_ids))
+    schema = (parquet_schema(reader, result_arrow_fields(labels, request.result_prefix)) if out_fmt == "parquet"
+              else list(reader.columns) + result_columns(labels, request.result_prefix))
+    sink = open_sink(request.output_path, checkpoint, out_fmt, schema, saved, resumable, identity, request.errors)
+    bar = meter(reader.total_rows, reader.total_bytes, state.rows)
+    _stream(request, reader, chunks, classifier, choice, labels, state, sink, resumable, bar)
+
+    report = state.verify(classifier) if request.probes > 0 else None
+    return ClassifySummary(
+        model=classifier.loaded.name, load_seconds=load_seconds, mode=classifier.mode,
+        mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
+        label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
+        engine=engine_line(classifier.loaded), report=report, output=request.output_path,
+        duplicates=state.stats.reused, resumed_at=state.resumed_at,
+        gold=state.gold if request.gold_column is not None else None, labels=tuple(labels))
+
+
+def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
+    """(the input's reader, the labels the results use); refuses, before the model loads, what cannot run."""
+    if request.resume and request.input_path == "-":
+        raise InputError("{resume} needs an input file (stdin cannot be read again)", names={"resume": "resume"})
+    if request.resume and request.output_path == "-":
+        raise InputError("{resume} needs an output file (stdout cannot be appended to)", names={"resume": "resume"})
+    reader = open_table(request.input_path, request.text_column, fmt=request.fmt if request.input_path == "-" else None,
+                        errors=request.errors, id_column=request.id_column)
+    gold_column = request.gold_column
+    if gold_column is not None and gold_column not in reader.columns:
+        raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
+    if choice.used:
+        from ..head.apply import check_scorer
+
+        check_scorer(choice.head, task.labels, choice.scorer)
+    labels = choice.head.labels if choice.used else task.labels
+    clash = [c for c in result_columns(labels, request.result_prefix) if c in reader.columns]
+    if clash:
+        raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
+                         "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
+    return reader, labels
+
+
+def _identity(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, choice: HeadChoice,
+              resumable: bool) -> dict:
+    """What a resumed run must share with the run it continues (digests, and the values shown when not)."""
+    shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows,
+             "max_text_tokens": settings.max_text_tokens, "text_column": request.text_column,
+             "id_column": request.id_column, "errors": request.errors, "result_prefix": request.result_prefix,
+             "output_format": out_fmt}
+    identity = {"task": digest(repr(task)), "settings": digest([repr(settings), shown]), "settings_shown": shown}
+    identity["task_shown"] = _task_shown(task)
+    identity["head"] = None  # a resumed run must apply the same head (file contents) with the same scorer
+    identity["head_shown"] = {"head": choice.source if choice.used else None,
+                              "scorer": choice.scorer if choice.used else None}
+    if choice.used:
+        from ..head.apply import file_digest
+
+        identity["head"] = digest([file_digest(choice.source) if choice.source else repr(choice.head.coef.tolist()),
+                                   choice.scorer])
+    if resumable:
+        identity["input"] = input_fingerprint(request.input_path)
+    return identity
+
+
+def _same_model(saved: dict | None, identity: dict, classifier: Classifier, checkpoint) -> None:
+    """Add the loaded model and precision to `identity`; refuse to resume a run made with others."""
     identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
     identity["model_shown"] = {"model": classifier.loaded.name}
     if saved is not None and saved.get("model") != identity["model"]:
-        reader.close()
         same_name = saved.get("model_shown", {}).get("model") == classifier.loaded.name
         raise refuse_resume(checkpoint, "the model changed (same name, other weights or config)" if same_name
                             else changed({"model": saved.get("model"), "model_shown": saved.get("model_shown")},
                                          {"model": identity["model"], "model_shown": identity["model_shown"]}))
     identity["precision"] = classifier.loaded.backend.precision  # what --precision auto picked, too
     if saved is not None and saved.get("precision", identity["precision"]) != identity["precision"]:
-        reader.close()
         raise refuse_resume(checkpoint, f"the precision changed ({saved['precision']} → {identity['precision']})")
 
-    state = _RunState.restore(saved, task.labels, probes, len(classifier.prefix_ids))
-    schema = (parquet_schema(reader, result_arrow_fields(labels, result_prefix)) if out_fmt == "parquet"
-              else list(reader.columns) + columns)
-    sink = open_sink(output_path, checkpoint, out_fmt, schema, saved, resumable, identity, errors)
-    bar = Progress(reader.total_rows, reader.total_bytes, enabled=progress, every=status_every, done=state.rows)
+
+def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, choice: HeadChoice, labels,
+            state: _RunState, sink, resumable: bool, bar: Meter) -> None:
+    """Score each chunk and append it, with its result columns, to the sink; on Ctrl-C/SIGTERM or a
+    failed write, keep the finished chunks for --resume and raise what the user reads."""
+    gold_column = request.gold_column
     previous = handle_sigterm()
     try:
         for start, frame in chunks:
             texts = reader.texts(frame)
-            if use_head:
-                window = classifier.score_window(texts, start, taps=head.taps)
-                window = dataclasses.replace(window, results=window_results(head, scorer, classifier, window))
+            if choice.used:
+                from ..head.apply import window_results
+
+                window = classifier.score_window(texts, start, taps=choice.head.taps)
+                window = dataclasses.replace(window, results=window_results(choice.head, choice.scorer, classifier,
+                                                                            window))
             else:
                 window = classifier.score_window(texts, start)
-            results_frame = result_frame(window.results, labels, result_prefix, index=frame.index)
+            results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index)
             state.add(window, window.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
             sink.write(pd.concat([frame, results_frame], axis=1), state,
                        reader.read_digest() if resumable else None)
@@ -196,9 +264,25 @@ def _run_classify(input_path, output_path, out_fmt, task, settings, *, model, te
     bar.close()
     sink.finish()
 
-    report = state.verify(classifier) if probes > 0 else None
-    return JobOutcome(classifier, state.stats, load_seconds, report, state.stats.reused, state.resumed_at,
-                      state.gold if gold_column is not None else None, tuple(labels))
+
+def label_lines(classifier: Classifier) -> tuple[str, ...]:
+    """Each label of the classifier's task and its tokens after the chat template, one line each."""
+    return tuple(line.strip() for line in describe_labels(
+        classifier.loaded.tokenizer, classifier.task.labels, classifier.label_tokens))
+
+
+def engine_line(loaded) -> str:
+    """Device, precision, GEMM kernel and the measurement behind the choice, for summaries."""
+    from ..models.precision import auto_line
+
+    line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
+    rates = loaded.gemm_rates or {}
+    if rates.get("rates"):
+        measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
+        line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({'cached' if rates.get('cached') else 'measured now'})"
+    if auto := auto_line(loaded):
+        line += f"; {auto}"
+    return line
 
 
 def _read_ahead(reader, window: int, skip_rows: int):
@@ -240,8 +324,9 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
         return None
     if not resume:
         done = f" ({saved['rows_done']} rows done)" if saved else ""
-        raise InputError(f"{checkpoint.partial} holds an unfinished run{done}; pass --resume to continue it, "
-                         "or --restart to start over")
+        raise InputError("{partial} holds an unfinished run{done}; pass {resume} to continue it, or {restart} to "
+                         "start over", names={"resume": "resume", "restart": "restart"}, partial=checkpoint.partial,
+                         done=done)
     if saved is None:  # a partial without a record never completed a chunk
         checkpoint.discard()
         return None
@@ -286,18 +371,18 @@ class _RunState:
     stats: RunStats = dataclasses.field(default_factory=RunStats)
     pool: list = dataclasses.field(default_factory=list)
     """Probe candidates: [row, prompt length, cached, own ids, status, fast scores]."""
-    gold: _GoldTally = None
+    gold: GoldTally = None
 
     @classmethod
     def restore(cls, saved, labels, probes, prefix_len) -> _RunState:
-        state = cls(tuple(labels), probes, prefix_len, gold=_GoldTally())
+        state = cls(tuple(labels), probes, prefix_len, gold=GoldTally())
         state.stats.prefix_tokens = prefix_len
         if saved:
             data = saved["state"]
             state.rows = state.resumed_at = saved["rows_done"]
             state.stats = RunStats(**data["stats"])
             state.pool = data["pool"]
-            state.gold = _GoldTally(**data["gold"])
+            state.gold = GoldTally(**data["gold"])
         return state
 
     def to_json(self) -> dict:
@@ -336,7 +421,7 @@ def _spread(pool: list, n: int) -> list:
 
 
 @dataclasses.dataclass
-class _GoldTally:
+class GoldTally:
     """Accuracy vs a gold column, counted chunk by chunk."""
 
     scored: int = 0
@@ -360,19 +445,6 @@ class _GoldTally:
                 self.confident_correct += g == r.label
         self.predicted, self.gold = dict(predicted), dict(golds)
 
-    def print(self, labels) -> None:
-        if not self.scored:
-            return
-        unknown = sorted(set(self.gold) - set(labels))
-        if unknown:  # `evaluate` refuses such a file; here the labels are written all the same
-            rows = sum(self.gold[g] for g in unknown)
-            shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-            _echo(f"warning: {rows} scored rows have a gold label that is not a label of the task ({shown}); "
-                  "they count as wrong below")
-        counts = dict(sorted(self.predicted.items(), key=lambda kv: -kv[1]))
-        majority = max(self.gold.values()) / self.scored
-        _echo(f"accuracy vs gold: {self.correct}/{self.scored} = {self.correct / self.scored:.3f} "
-              f"(majority class {majority:.3f}); predicted: {counts}")
-        if self.confident:
-            _echo(f"  auto-labelled (not needs_review): {self.confident}/{self.scored}, "
-                  f"accuracy {self.confident_correct / self.confident:.3f}")
+    def unknown(self, labels) -> list[str]:
+        """Gold labels that are not among `labels`, sorted (rows with them count as wrong)."""
+        return sorted(set(self.gold) - set(labels))

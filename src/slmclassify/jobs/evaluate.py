@@ -1,18 +1,19 @@
-"""The `evaluate` job: score labelled items under one or several configurations and report."""
+"""The `evaluate` job: score labelled items under one or several configurations; returns the figures
+(`EvaluateSummary`) and writes what was asked (plots, the task file's threshold, JSON)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
-import click
 import numpy as np
 
 from ..core.calibration import adjust, fit_temperature
 from ..classifier import Classifier, EngineSettings
 from ..errors import InputError, TaskError
-from ..core.metrics import Evaluation, format_report, gold_indices, read_labelled, write_plots
+from ..core.metrics import Evaluation, gold_indices, read_labelled, write_plots
 from ..core.labels import build_trie, describe_labels
 from ..models.loading import LoadedModel, load_model
 from ..models.precision import auto_line, settled
@@ -22,8 +23,34 @@ from ..core.settings_sources import write_task_settings
 from ..timing import Side, Stopwatch, interleave
 
 
-def _echo(message: str = "") -> None:
-    click.echo(message)
+@dataclasses.dataclass(frozen=True)
+class EvaluateSummary:
+    """What `evaluate_file` measured and wrote, for the report."""
+
+    model: str
+    items: int
+    task: Task
+    mode: str
+    mode_reason: str
+    precision_line: str | None
+    """`--precision auto`'s decision, when it made one."""
+    label_token_lines: tuple[str, ...]
+    """Each label's tokens after the chat template (`describe_labels`)."""
+    fitted_temperature: float | None
+    main: Evaluation
+    """The main report: the task's scoring, or the head's."""
+    head: object | None
+    """The head the main report is of (None: zero-shot)."""
+    modes: tuple[dict, ...]
+    """--compare-modes rows: mode, calibrated, accuracy, macro_f1, ece, items_per_s."""
+    fewshot_cost: dict | None
+    figures: dict
+    """The JSON summary (`main.summary()` plus modes and few-shot cost)."""
+    plots: tuple[str, ...] = ()
+    task_file: str | None = None
+    task_values: dict = dataclasses.field(default_factory=dict)
+    """Keys written into `task_file` (min_confidence, temperature)."""
+    json_path: str | None = None
 
 
 def task_for_file(path: str, text_column: str = "text", label_column: str = "label", *, task_file=None,
@@ -43,8 +70,9 @@ def task_for_file(path: str, text_column: str = "text", label_column: str = "lab
 def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
                   label_column="label", model=None, compare_modes=False, fit_temperature=False,
                   target_accuracy=None, task_file=None, fewshot_cost=0, plots_dir=None, json_path=None,
-                  limit=None, head=None, scorer="zero-shot", head_source=None) -> dict:
-    """Score the labelled items of `path` with `task` and print the report; returns the summary.
+                  limit=None, head=None, scorer="zero-shot", head_source=None) -> EvaluateSummary:
+    """Score the labelled items of `path` with `task`; write the plots, task-file values and JSON
+    asked for; returns the figures (`EvaluateSummary.figures` is the JSON summary).
 
     `task_file`: write the threshold (and fitted temperature) into this task file. A `head`
     (`head/`) with scorer head or combined is the main report (gold labels are then the head's).
@@ -63,10 +91,11 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     gold, accepted = gold_indices(data, task.labels)
     head_gold = np.array([head.labels.index(names[0]) for names in data.gold]) if use_head else None
     if use_head and (gold < 0).any() and (compare_modes or fit_temperature):
-        raise TaskError("--compare-modes and --fit-temperature score the task's labels, and some gold labels "
-                        "are only the head's; run them without --head")
+        raise TaskError("{modes} and {temperature} score the task's labels, and some gold labels are only the "
+                        "head's; run them without {head}",
+                        names={"modes": "compare_modes", "temperature": "fit_temperature", "head": "head"})
     if plots_dir:
-        _check_matplotlib("--plots")
+        _check_matplotlib("plots_dir")
     loaded = (settled(model, task, texts, settings) if isinstance(model, LoadedModel)
               else load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings))
     states = []
@@ -92,80 +121,79 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
                           target_accuracy=target_accuracy, extra=extra, accepted=accepted)
 
     clf, scores, seconds = run(task, head.taps if use_head else ())
-    _echo(f"model: {loaded.name}; {len(texts)} items; labels {list(task.labels)}")
-    if line := auto_line(loaded):
-        _echo(line)
-    _echo(f"system turn: {task.system!r}" if task.system is not None else f"instruction: {task.instruction!r}")
-    _echo(f"mode: {clf.mode} ({clf.mode_reason}); calibrate: {task.calibrate}; temperature: {task.temperature:g}")
-    _echo("label tokens (after the chat template):")
-    for line in describe_labels(loaded.tokenizer, task.labels, clf.label_tokens):
-        _echo(line)
     temperature = task.temperature
     if fit_temperature:
         temperature = fit_temperature_on(scores, clf.bias, gold)
-        _echo(f"fitted temperature: {temperature:.3f}")
     if use_head:
         from ..head.apply import evaluate_head
 
-        main = evaluate_head(head, scorer, clf, scores, states[0], head_gold, target_accuracy, seconds, texts, _echo)
+        main = evaluate_head(head, scorer, clf, scores, states[0], head_gold, target_accuracy, seconds, texts)
     else:
         main = evaluation(f"{clf.mode}{' +cal' if clf.bias is not None else ''}", scores, clf.bias, temperature,
                           clf, seconds)
-    _echo(format_report(main))
     summary = main.summary()
 
+    rows = []
     if compare_modes:
-        rows = []
-        _echo("\nmode comparison (same items, one run each):")
-        _echo(f"{'mode':<12} {'calibrated':>10} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7} {'items/s':>8}")
-        for m in ("first", "full", "full-mean"):
-            try:
-                mclf, mscores, msec = run(task.with_overrides(mode=m, calibrate=False))
-            except TaskError:
-                # Labels share first tokens: score them the article's way anyway (tied labels get
-                # equal scores and the first in label order wins), as the baseline to beat.
-                mclf = Classifier(task.with_overrides(mode="full", calibrate=False), model=loaded, settings=settings)
-                mclf = mclf.with_trie(build_trie(task.labels, list(mclf.trie.sequences), "first"))
-                start = time.perf_counter()
-                mscores = mclf.score(mclf.encode(texts)).scores
-                msec = time.perf_counter() - start
-            prior = mclf.content_free_prior()
-            for bias in (None, prior):
-                ev = evaluation(m, mscores, bias, 1.0, mclf, msec)
-                rows.append({"mode": m, "calibrated": bias is not None, "accuracy": ev.accuracy,
-                             "macro_f1": ev.macro_f1, "ece": ev.ece, "items_per_s": len(texts) / msec})
-                _echo(f"{m:<12} {str(bias is not None):>10} {ev.accuracy:>9.3f} {ev.macro_f1:>9.3f} "
-                      f"{ev.ece:>7.3f} {len(texts) / msec:>8.1f}")
-        summary["modes"] = rows
+        rows = summary["modes"] = _compare_modes(run, evaluation, task, loaded, settings, texts)
 
     if fewshot_cost > 0:
         first_gold = [names[0] for names in data.gold]
         summary["fewshot_cost"] = _fewshot_cost(loaded, task, settings, texts, first_gold, fewshot_cost)
 
-    if plots_dir:
-        for p in write_plots(main, plots_dir):
-            _echo(f"wrote {p}")
+    result = EvaluateSummary(
+        model=loaded.name, items=len(texts), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
+        precision_line=auto_line(loaded),
+        label_token_lines=tuple(describe_labels(loaded.tokenizer, task.labels, clf.label_tokens)),
+        fitted_temperature=temperature if fit_temperature else None, main=main, head=head if use_head else None,
+        modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary)
+    return _write(result, plots_dir, task_file, json_path, temperature if fit_temperature else None)
+
+
+def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list[dict]:
+    """Every scoring mode, uncalibrated and calibrated, on the same items: one row each."""
+    rows = []
+    for m in ("first", "full", "full-mean"):
+        try:
+            mclf, mscores, msec = run(task.with_overrides(mode=m, calibrate=False))
+        except TaskError:
+            # Labels share first tokens: score them the article's way anyway (tied labels get
+            # equal scores and the first in label order wins), as the baseline to beat.
+            mclf = Classifier(task.with_overrides(mode="full", calibrate=False), model=loaded, settings=settings)
+            mclf = mclf.with_trie(build_trie(task.labels, list(mclf.trie.sequences), "first"))
+            start = time.perf_counter()
+            mscores = mclf.score(mclf.encode(texts)).scores
+            msec = time.perf_counter() - start
+        prior = mclf.content_free_prior()
+        for bias in (None, prior):
+            ev = evaluation(m, mscores, bias, 1.0, mclf, msec)
+            rows.append({"mode": m, "calibrated": bias is not None, "accuracy": ev.accuracy,
+                         "macro_f1": ev.macro_f1, "ece": ev.ece, "items_per_s": len(texts) / msec})
+    return rows
+
+
+def _write(result: EvaluateSummary, plots_dir, task_file, json_path, temperature) -> EvaluateSummary:
+    """Write the plots, the task file's threshold (and fitted temperature) and the JSON asked for."""
+    plots = tuple(str(p) for p in write_plots(result.main, plots_dir)) if plots_dir else ()
+    values = {}
     if task_file:
-        threshold = summary.get("threshold")
-        values = {}
+        threshold = result.figures.get("threshold")
         if threshold is not None:
             values["min_confidence"] = round(float(threshold), 4)
-        if fit_temperature:
+        if temperature is not None:
             values["temperature"] = round(float(temperature), 4)
         if values:
             write_task_settings(task_file, **values)
-            _echo(f"wrote {', '.join(f'{k} = {v}' for k, v in values.items())} into {task_file}")
     if json_path:
-        Path(json_path).write_text(json.dumps(summary, indent=2))
-        _echo(f"wrote {json_path}")
-    return summary
+        Path(json_path).write_text(json.dumps(result.figures, indent=2))
+    return dataclasses.replace(result, plots=plots, task_file=task_file, task_values=values, json_path=json_path)
 
-def _check_matplotlib(option: str) -> None:
+def _check_matplotlib(field: str) -> None:
     """Refuse before the work when plots are asked for and matplotlib is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise TaskError(f"{option} needs matplotlib: pip install 'slmclassify[plots]'") from None
+        raise TaskError("{field} needs matplotlib: pip install 'slmclassify[plots]'", names={"field": field}) from None
 
 
 def fit_temperature_on(scores, bias, gold) -> float:
@@ -188,7 +216,5 @@ def _fewshot_cost(loaded, task: Task, settings, texts, gold_names, per_label: in
         out[name]["ms_per_item"] = 1000 * timings.median(name) / len(texts)
     base, shots = out["zero_shot"], out[f"{per_label}_per_label"]
     out["cost_ratio"] = float(np.median(timings.ratios(f"{per_label}_per_label", "zero_shot")))
-    _echo(f"\nfew-shot cost: prefix {base['prefix_tokens']} -> {shots['prefix_tokens']} tokens (computed once); "
-          f"{base['ms_per_item']:.1f} -> {shots['ms_per_item']:.1f} ms per item ({out['cost_ratio']:.2f}x)")
     return out
 

@@ -4,24 +4,25 @@
       one small file: start the actors, read it here meanwhile, feed them its blocks (`pool.py`)
       anything else: Ray's readers (`reading.py`) → classify_dataset (Ray Data)
     → write the rows in input order into one file (OUTPUT.partial, renamed when complete), or a
-      folder of Parquet parts → summary → shut down the Ray it started
+      folder of Parquet parts → summary (`RaySummary`, data) → shut down the Ray it started
 
 CSV columns are read as strings, as in a single-process run (so `007` stays `007`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from pathlib import Path
 
-import click
 import ray
 
 from ..core.settings import EngineSettings
 from ..errors import InputError
 from ..io.formats import FORMATS, check_not_input, check_output, table_format
 from ..io.lock import OutputLock
+from .meter import MeterFactory, no_meter
 from ..core.results import RunStats
 from ..core.task import Task
 from ..ray.actors import process_started
@@ -29,17 +30,71 @@ from ..ray.blocks import restore, spread
 from ..ray.dataset import RaySettings, classify_dataset
 from ..ray.local import start_ray
 from ..ray.reading import driver_table, ray_read, reads_on_driver
-from ..ray.sharing import SHARED_ITEMS
 
 
-def _echo(message: str = "") -> None:
-    click.echo(message, err=True)
+@dataclasses.dataclass(frozen=True)
+class ActorFigures:
+    """One actor's share of a `--ray` run. Times are seconds after Ray was handed the work."""
+
+    key: str
+    rows: int
+    blocks: int
+    """Calls (blocks) it ran."""
+    busy_s: float
+    """Seconds it spent scoring."""
+    scored_by_model: int
+    """Distinct items it ran through the model (the rest took scores shared by other actors)."""
+    waited_s: float
+    """Seconds it waited, at the end of its blocks, for items other actors were running."""
+    phases: dict
+    """When its phases ended: any of process, imports_began, imports, load, classifier,
+    first_block_began, last_block_ended."""
+    stats: RunStats
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySummary:
+    """What a `--ray` run did, as data: `dataclasses.asdict(summary)` (or `to_json()`) is JSON-able."""
+
+    rows: int
+    seconds: float
+    """From handing Ray the work to the last row written."""
+    output: str
+    address: str | None
+    """The Ray joined (None: a local one started for the run)."""
+    feed: str
+    """How the rows reached the actors, in words."""
+    actors: int
+    cpus_per_actor: float
+    threads: int
+    block_rows: int
+    model: dict | None
+    """The first actor's model, mode, calibration, label lines and load seconds (None: no actor reported)."""
+    total: RunStats
+    shared: dict | None
+    """The shared-score board: kept and forgotten items."""
+    ray_init_s: float
+    began_after_driver_s: float | None
+    """From the driver process's start to ray.init (None: unknown)."""
+    submitted_after_driver_s: float | None
+    """From the driver process's start to handing Ray the work (None: unknown)."""
+    actor_figures: tuple[ActorFigures, ...]
+
+    @property
+    def scored_by_model(self) -> int:
+        """Distinct items run through the model, over all actors."""
+        return self.total.scored - self.total.reused
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def run_ray_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings,
                      ray_settings: RaySettings, *, model=None, address: str | None = None, text_column="text",
-                     result_prefix="", errors="strict", progress=True) -> dict:
-    """Classify INPUT into OUTPUT on Ray and print the summary; returns the figures it printed."""
+                     result_prefix="", errors="strict", progress=True,
+                     meter: MeterFactory = no_meter) -> RaySummary:
+    """Classify INPUT into OUTPUT on Ray; returns the summary's figures. `progress`: Ray Data's
+    progress bars; `meter`: the rows written when this process feeds the actors."""
     if input_path == "-" or output_path == "-":
         raise InputError("--ray reads and writes files or folders, not stdin/stdout")
     folder_out = Path(output_path).suffix == ""
@@ -62,35 +117,32 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
                        result_prefix=result_prefix, errors=errors, precision_sample=sample)
             if reads_on_driver(in_fmt, files):
                 feed = "actors fed by this process, which read the file"
-                handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, progress, how)
+                handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, meter, how)
             else:
                 feed = "Ray Data: Ray's readers, an actor pool"
                 handed, rows, figures = _on_dataset(in_fmt, files, output_path, out_fmt, folder_out, progress, how)
             finished = time.time()
             phases = {"ray_init": initialised - began, "began": began, "submitted": handed, "finished": finished,
                       "driver": process_started(), "feed": feed}
-            seconds = finished - handed
-            _print_summary(figures, rows, seconds, ray_settings, address, output_path, phases)
-            return {"rows": rows, "seconds": seconds, "phases": phases, **figures}
+            return _summary(figures, rows, ray_settings, address, output_path, phases)
         finally:
             if own_ray:  # here, not at exit: Ray's exit hook first sleeps 0.5 s "for log messages"
                 ray.shutdown()
 
 
-def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bool, progress: bool,
+def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bool, make_meter: MeterFactory,
              how: dict) -> tuple[float, int, dict]:
     """One small file: the actors start loading, the driver reads and spreads the file meanwhile, then
     feeds them its blocks (`pool.py`); (when the actors were started, rows written, figures)."""
     import pyarrow as pa
 
-    from ..io.progress import Progress
     from ..ray.pool import start_pool
 
     handed = time.time()
     pool = start_pool(**how)
     rs = how["ray_settings"]
     blocks, order = spread(driver_table(fmt, path), how["text_column"], rs.block_rows, rs.actors)
-    meter = Progress(sum(b.num_rows for b in blocks), None, enabled=progress)
+    meter = make_meter(sum(b.num_rows for b in blocks), None, 0)
     table = pa.concat_tables(pool.classify(blocks, done=meter.update))
     meter.close()
     if order is not None:
@@ -193,8 +245,8 @@ def _write_file(tables, output_path: str, fmt: str) -> int:
     return rows
 
 
-def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, address, output: str,
-                   phases: dict) -> None:
+def _summary(figures: dict, rows: int, rs: RaySettings, address, output: str, phases: dict) -> RaySummary:
+    """The run's figures (`pool.figures()` or the Dataset's) as a `RaySummary`."""
     info, actors = figures["info"], figures["actors"]
     total = RunStats()
     for entry in actors.values():
@@ -202,40 +254,19 @@ def _print_summary(figures: dict, rows: int, seconds: float, rs: RaySettings, ad
             part = RunStats(**entry["stats"])
             total.add(part)
             total.prefix_tokens = part.prefix_tokens
-    if info:
-        _echo(f"model: {info['model']} (loaded in {info['load_seconds']:.1f} s per actor); "
-              f"mode: {info['mode']} ({info['mode_reason']}); calibrated: {info['calibrated']}")
-        _echo("labels: " + "; ".join(info["labels"]))
-    where = address or "a local Ray on this machine"
-    _echo(f"ray: {rs.actors} actors × {rs.cpus_per_actor:g} CPU ({rs.threads} torch threads each) on {where} "
-          f"({phases['feed']}); "
-          f"blocks of at most {rs.block_rows} rows; actor processes started: {len(actors)}")
-    rate = rows / seconds if seconds else 0.0
-    _echo(f"items: {rows} ({total.scored} scored, {total.items - total.scored} empty) in {seconds:.2f} s: "
-          f"{rate:.1f} items/s, {(total.real_tokens + total.prefix_reused) / seconds if seconds else 0:.0f} tokens/s")
-    _echo(f"batches: {total.batches}; padding: {100 * total.padding_share:.1f}% of processed tokens; "
-          f"prefix: {total.prefix_tokens} tokens run once per actor, {total.prefix_reused} reused; "
-          f"fallbacks: {total.fallbacks}; duplicates: {total.reused} rows took the scores of an identical row "
-          f"run by any actor; run through the model: {total.scored - total.reused}")
-    shared = figures.get("shared")
-    if shared:
-        _echo(f"shared scores: {shared['kept']} distinct items kept on the board, {shared['forgotten']} forgotten "
-              f"(at most {SHARED_ITEMS:,})")
-    t0 = phases["submitted"]
-    driver = "" if phases["driver"] is None else (
-        f" (began {phases['began'] - phases['driver']:.2f} s after the driver process started, which handed Ray "
-        f"the work {t0 - phases['driver']:.2f} s after it started)")
-    _echo(f"phases: ray.init {phases['ray_init']:.2f} s{driver}; from handing Ray the work (0 s) to the last row "
-          f"written {phases['finished'] - t0:.2f} s")
+    t0, driver = phases["submitted"], phases["driver"]
+    per_actor = []
     for key, entry in sorted(actors.items()):
         s = RunStats(**entry["stats"]) if entry["stats"] else RunStats()
-        _echo(f"  actor {key}: {s.items} rows in {entry['calls']} blocks, busy {s.seconds:.2f} s, "
-              f"{s.items_per_s:.1f} items/s, padding {100 * s.padding_share:.1f}%, "
-              f"run through the model {s.scored - s.reused}, waited {waited_seconds(entry):.2f} s for items other "
-              f"actors were running; {actor_phases(entry, t0)}")
-    _echo("verify: not run under --ray (each actor runs the same fast path; check a sample with "
-          "`slmclassify verify`)")
-    _echo(f"wrote {output}")
+        per_actor.append(ActorFigures(key=str(key), rows=s.items, blocks=entry["calls"], busy_s=s.seconds,
+                                      scored_by_model=s.scored - s.reused, waited_s=waited_seconds(entry),
+                                      phases=actor_phases(entry, t0), stats=s))
+    return RaySummary(
+        rows=rows, seconds=phases["finished"] - t0, output=output, address=address, feed=phases["feed"],
+        actors=rs.actors, cpus_per_actor=rs.cpus_per_actor, threads=rs.threads, block_rows=rs.block_rows,
+        model=info or None, total=total, shared=figures.get("shared") or None, ray_init_s=phases["ray_init"],
+        began_after_driver_s=None if driver is None else phases["began"] - driver,
+        submitted_after_driver_s=None if driver is None else t0 - driver, actor_figures=tuple(per_actor))
 
 
 def waited_seconds(entry: dict) -> float:
@@ -243,13 +274,17 @@ def waited_seconds(entry: dict) -> float:
     return sum(call[3] for call in entry.get("blocks") or () if len(call) > 3)
 
 
-def actor_phases(entry: dict, t0: float) -> str:
+ACTOR_PHASES = {"process": "process started", "imports_began": "__init__ began", "imports": "imports done",
+                "load": "model loaded", "classifier": "classifier ready", "first_block_began": "first block began",
+                "last_block_ended": "last block ended"}
+"""An actor's phases in order (`actors.py`; the last two from its blocks), and their names in words."""
+
+
+def actor_phases(entry: dict, t0: float) -> dict:
     """When an actor's phases ended, in seconds after Ray was handed the work (`actors.py`)."""
     p, blocks = entry.get("phases") or {}, entry.get("blocks") or []
-    names = (("process", "process started"), ("imports_began", "__init__ began"), ("imports", "imports done"),
-             ("load", "model loaded"),
-             ("classifier", "classifier ready"))
-    parts = [f"{label} {p[k] - t0:.2f}" for k, label in names if k in p]
+    found = {k: p[k] - t0 for k in ACTOR_PHASES if k in p}  # the start-up ones (`actors.py`)
     if blocks:
-        parts += [f"first block began {blocks[0][0] - t0:.2f}", f"last block ended {blocks[-1][1] - t0:.2f}"]
-    return "at " + ", ".join(parts) + " s"
+        found["first_block_began"] = blocks[0][0] - t0
+        found["last_block_ended"] = blocks[-1][1] - t0
+    return found

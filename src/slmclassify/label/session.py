@@ -53,18 +53,24 @@ class _Closing(Exception):
     """Raised inside the scorer's pass when the session closes, so it stops after one batch."""
 
 
+DEFAULT_TARGET_ACCURACY = 0.9
+"""The accuracy the automatic share is shown at unless the caller names another: a share at the
+task's `min_confidence` alone would be shown next to a head that may still be far less accurate."""
+
 class LabelSession:
     """One person labelling one input for one task; see the module docstring."""
 
     @classmethod
     def start(cls, input_path: str, task: Task, *, model=None, settings: EngineSettings | None = None,
               store_path: str | Path, sample: int = 20000, seed: int = 0, first_slice: int = 300,
-              text_column: str = "text", review_first: bool = False, target_accuracy: float | None = None,
+              text_column: str = "text", review_first: bool = False,
+              target_accuracy: float | None = DEFAULT_TARGET_ACCURACY,
               random_share: float = 0.1) -> LabelSession:
         """Load the model and the input, open the store, start the scorer and the refitter.
 
         `target_accuracy`: the accuracy the auto-labelled share must reach (threshold from the
-        cross-validated predictions); None: the task's `min_confidence` is the threshold.
+        cross-validated predictions; no share while no threshold reaches it); None: the task's
+        `min_confidence` is the threshold, whatever accuracy that gives.
         `review_first`: offer first the rows a `classify` output flagged `needs_review`."""
         try:
             import sklearn  # noqa: F401
@@ -200,6 +206,7 @@ class LabelSession:
                 "scored": int(self.visited.sum()), "sample_note": self.sample_note,
                 "accuracy": est.as_dict() if est is not None else None,
                 "auto_share": self._auto_share(), "auto_threshold": self._threshold,
+                "target_accuracy": self.target_accuracy,
                 "fitting": self._fitting, "done": self._current is None and bool(self.visited.all()),
             }
 

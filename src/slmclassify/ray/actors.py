@@ -49,8 +49,8 @@ def check_columns(names: list[str], task, text_column: str, result_prefix: str) 
         raise InputError(f"no text column {text_column!r}; columns are: {', '.join(names)}")
     clash = [c for c in result_columns(task.labels, result_prefix) if c in names]
     if clash:
-        raise InputError(f"the input already has column {clash[0]!r}; pass --result-prefix (e.g. pred_) "
-                         "so the results do not overwrite it")
+        raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
+                         "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
 
 
 def actor_arguments(task, model, settings, ray_settings, text_column: str, result_prefix: str, errors: str,

@@ -24,7 +24,7 @@ import dataclasses
 import ray
 
 from ..core.settings import EngineSettings
-from ..errors import TaskError
+from ..errors import FieldError
 from ..core.task import Task
 from .actors import ClassifierActor, RunBoard, actor_arguments, check_columns, check_model
 
@@ -50,13 +50,13 @@ class RaySettings:
 
     def __post_init__(self) -> None:
         if self.actors < 1:
-            raise TaskError(f"--actors must be positive, got {self.actors}")
+            raise FieldError("actors", "{field} must be positive, got {value}", value=self.actors)
         if self.cpus_per_actor <= 0:
-            raise TaskError(f"--cpus-per-actor must be positive, got {self.cpus_per_actor}")
+            raise FieldError("cpus_per_actor", "{field} must be positive, got {value}", value=self.cpus_per_actor)
         if self.gpus_per_actor < 0:
-            raise TaskError(f"--gpus-per-actor must not be negative, got {self.gpus_per_actor}")
+            raise FieldError("gpus_per_actor", "{field} must not be negative, got {value}", value=self.gpus_per_actor)
         if self.block_rows < 1:
-            raise TaskError(f"--block-rows must be positive, got {self.block_rows}")
+            raise FieldError("block_rows", "{field} must be positive, got {value}", value=self.block_rows)
 
     @property
     def threads(self) -> int:

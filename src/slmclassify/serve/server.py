@@ -46,7 +46,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise TaskError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --host/--port") from None
+        raise TaskError("cannot listen on {address}:{number}: {reason}; pick another {host}/{port}",
+                        names={"host": "host", "port": "port"}, address=host, number=port,
+                        reason=exc.strerror) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import TaskError
+from ..errors import FieldError, TaskError
 
 DEFAULT_MAX_WAIT_MS = 50.0
 
@@ -29,11 +29,12 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
-            raise TaskError(f"--max-wait-ms must be >= 0, got {self.max_wait_ms}")
+            raise FieldError("max_wait_ms", "{field} must be >= 0, got {value}", value=self.max_wait_ms)
         for name in ("max_texts", "max_body_bytes", "max_queue_items"):
             if getattr(self, name) < 1:
-                raise TaskError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+                raise FieldError(name, "{field} must be positive, got {value}", value=getattr(self, name))
         if not self.request_timeout_s > 0:
-            raise TaskError(f"--request-timeout must be positive, got {self.request_timeout_s}")
+            raise FieldError("request_timeout_s", "{field} must be positive, got {value}", value=self.request_timeout_s)
         if self.api_key is not None and not self.api_key.strip():
-            raise TaskError("the API key is empty; unset SLMCLASSIFY_API_KEY or pass a non-empty --api-key")
+            raise TaskError("the API key is empty; unset SLMCLASSIFY_API_KEY or pass a non-empty {field}",
+                            names={"field": "api_key"})

@@ -1,5 +1,5 @@
 """Progress of a long run on stderr: a bar with rows/s and ETA on a terminal, otherwise one status
-line every `every` seconds (for logs). The fraction done comes from rows when the input's row
+line every `every` seconds (for logs). The jobs take it as their `meter` (`jobs.classify.Meter`). The fraction done comes from rows when the input's row
 count is known (Parquet, JSONL files), else from the bytes read (CSV files); stdin has no ETA."""
 
 from __future__ import annotations

@@ -1,0 +1,208 @@
+"""The summaries the commands print, from the figures the jobs return. Nothing here computes: each
+function turns one summary dataclass into the lines a user reads (stderr for classify and verify,
+whose stdout may be the output; stdout for evaluate and fit, whose report is the output)."""
+
+from __future__ import annotations
+
+import click
+
+
+def _err(message: str = "") -> None:
+    click.echo(message, err=True)
+
+
+def _out(message: str = "") -> None:
+    click.echo(message)
+
+
+def cap_line(cap: int | None) -> str:
+    if cap is None:
+        return "item texts: no cap (cut only at the model's context)"
+    return f"item texts: cut at {cap} tokens (status truncated; --max-tokens N raises the cap, none removes it)"
+
+
+def print_loaded(classifier, head=None) -> None:
+    """While classify runs, once the model is loaded: `--precision auto`'s decision and the head's scorer."""
+    from ..models.precision import auto_line
+
+    if line := auto_line(classifier.loaded):
+        _err(line)
+    if head is not None and head.used:
+        h = head.head
+        _err(f"scorer: {head.scorer} ({head.source or 'head'}: {len(h.labels)} labels, layers {list(h.taps)})")
+
+
+def print_classify(summary) -> None:
+    """`classify`'s summary (`jobs.classify.ClassifySummary`)."""
+    s = summary.stats
+    _err(f"model: {summary.model} (loaded in {summary.load_seconds:.1f} s); "
+         f"mode: {summary.mode} ({summary.mode_reason}); calibrated: {summary.calibrated}")
+    _err("labels: " + "; ".join(summary.label_lines))
+    _err(f"items: {s.items} ({s.scored} scored, {s.items - s.scored} empty) in {s.seconds:.2f} s: "
+         f"{s.items_per_s:.1f} items/s, {s.tokens_per_s:.0f} tokens/s")
+    _err(cap_line(summary.max_text_tokens))
+    _err(f"batches: {s.batches}; padding: {100 * s.padding_share:.1f}% of processed tokens; "
+         f"prefix: {s.prefix_tokens} tokens run once, {s.prefix_reused} reused; fallbacks: {s.fallbacks}")
+    _err(f"engine: {summary.engine}")
+    if summary.report is not None:
+        _err(f"verify: {summary.report.summary()}; per-item path {summary.report.reference_speed()} on the probes")
+    if summary.output != "-":
+        _err(f"wrote {summary.output}")
+    _err(f"duplicates: {summary.duplicates} rows took the scores of an identical row of their window"
+         + (f"; resumed after {summary.resumed_at} rows done earlier" if summary.resumed_at else ""))
+    if summary.gold is not None:
+        _print_gold(summary.gold, summary.labels)
+
+
+def _print_gold(tally, labels) -> None:
+    if not tally.scored:
+        return
+    unknown = tally.unknown(labels)
+    if unknown:  # `evaluate` refuses such a file; here the labels are written all the same
+        rows = sum(tally.gold[g] for g in unknown)
+        shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        _err(f"warning: {rows} scored rows have a gold label that is not a label of the task ({shown}); "
+             "they count as wrong below")
+    counts = dict(sorted(tally.predicted.items(), key=lambda kv: -kv[1]))
+    majority = max(tally.gold.values()) / tally.scored
+    _err(f"accuracy vs gold: {tally.correct}/{tally.scored} = {tally.correct / tally.scored:.3f} "
+         f"(majority class {majority:.3f}); predicted: {counts}")
+    if tally.confident:
+        _err(f"  auto-labelled (not needs_review): {tally.confident}/{tally.scored}, "
+             f"accuracy {tally.confident_correct / tally.confident:.3f}")
+
+
+def print_verify(summary) -> None:
+    """`verify`'s summary (`jobs.verify.VerifySummary`)."""
+    _err(f"model: {summary.model}; mode: {summary.mode} ({summary.mode_reason}); calibrated: {summary.calibrated}")
+    _err("labels: " + "; ".join(summary.label_lines))
+    lengths = summary.probe_lengths
+    if lengths:
+        _err(f"probes: {len(lengths)} rows, prompt tokens {min(lengths)}..{max(lengths)}")
+    _err(f"engine: {summary.engine}")
+    _err(f"{summary.report.summary()}; per-item path {summary.report.reference_speed()} on the probes")
+
+
+def print_ray(summary) -> None:
+    """`classify --ray`'s summary (`jobs.ray_classify.RaySummary`)."""
+    from ..ray.sharing import SHARED_ITEMS
+
+    info, total, seconds = summary.model, summary.total, summary.seconds
+    if info:
+        _err(f"model: {info['model']} (loaded in {info['load_seconds']:.1f} s per actor); "
+             f"mode: {info['mode']} ({info['mode_reason']}); calibrated: {info['calibrated']}")
+        _err("labels: " + "; ".join(info["labels"]))
+    where = summary.address or "a local Ray on this machine"
+    _err(f"ray: {summary.actors} actors × {summary.cpus_per_actor:g} CPU ({summary.threads} torch threads each) on "
+         f"{where} ({summary.feed}); "
+         f"blocks of at most {summary.block_rows} rows; actor processes started: {len(summary.actor_figures)}")
+    rate = summary.rows / seconds if seconds else 0.0
+    _err(f"items: {summary.rows} ({total.scored} scored, {total.items - total.scored} empty) in {seconds:.2f} s: "
+         f"{rate:.1f} items/s, {(total.real_tokens + total.prefix_reused) / seconds if seconds else 0:.0f} tokens/s")
+    _err(f"batches: {total.batches}; padding: {100 * total.padding_share:.1f}% of processed tokens; "
+         f"prefix: {total.prefix_tokens} tokens run once per actor, {total.prefix_reused} reused; "
+         f"fallbacks: {total.fallbacks}; duplicates: {total.reused} rows took the scores of an identical row "
+         f"run by any actor; run through the model: {summary.scored_by_model}")
+    shared = summary.shared
+    if shared:
+        _err(f"shared scores: {shared['kept']} distinct items kept on the board, {shared['forgotten']} forgotten "
+             f"(at most {SHARED_ITEMS:,})")
+    driver = "" if summary.began_after_driver_s is None else (
+        f" (began {summary.began_after_driver_s:.2f} s after the driver process started, which handed Ray "
+        f"the work {summary.submitted_after_driver_s:.2f} s after it started)")
+    _err(f"phases: ray.init {summary.ray_init_s:.2f} s{driver}; from handing Ray the work (0 s) to the last row "
+         f"written {seconds:.2f} s")
+    for actor in summary.actor_figures:
+        s = actor.stats
+        _err(f"  actor {actor.key}: {actor.rows} rows in {actor.blocks} blocks, busy {actor.busy_s:.2f} s, "
+             f"{s.items_per_s:.1f} items/s, padding {100 * s.padding_share:.1f}%, "
+             f"run through the model {actor.scored_by_model}, waited {actor.waited_s:.2f} s for items other "
+             f"actors were running; {_actor_phases(actor.phases)}")
+    _err("verify: not run under --ray (each actor runs the same fast path; check a sample with "
+         "`slmclassify verify`)")
+    _err(f"wrote {summary.output}")
+
+
+def _actor_phases(phases: dict) -> str:
+    from ..jobs.ray_classify import ACTOR_PHASES
+
+    return "at " + ", ".join(f"{label} {phases[k]:.2f}" for k, label in ACTOR_PHASES.items() if k in phases) + " s"
+
+
+def print_evaluate(summary) -> None:
+    """`evaluate`'s report (`jobs.evaluate.EvaluateSummary`), on stdout."""
+    from ..core.metrics import format_report
+
+    task = summary.task
+    _out(f"model: {summary.model}; {summary.items} items; labels {list(task.labels)}")
+    if summary.precision_line:
+        _out(summary.precision_line)
+    _out(f"system turn: {task.system!r}" if task.system is not None else f"instruction: {task.instruction!r}")
+    _out(f"mode: {summary.mode} ({summary.mode_reason}); calibrate: {task.calibrate}; "
+         f"temperature: {task.temperature:g}")
+    _out("label tokens (after the chat template):")
+    for line in summary.label_token_lines:
+        _out(line)
+    if summary.fitted_temperature is not None:
+        _out(f"fitted temperature: {summary.fitted_temperature:.3f}")
+    if summary.head is not None:
+        _print_head(summary)
+    _out(format_report(summary.main))
+    if summary.modes:
+        _out("\nmode comparison (same items, one run each):")
+        _out(f"{'mode':<12} {'calibrated':>10} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7} {'items/s':>8}")
+        for row in summary.modes:
+            _out(f"{row['mode']:<12} {str(row['calibrated']):>10} {row['accuracy']:>9.3f} {row['macro_f1']:>9.3f} "
+                 f"{row['ece']:>7.3f} {row['items_per_s']:>8.1f}")
+    if summary.fewshot_cost:
+        cost = summary.fewshot_cost
+        base, shots = (v for k, v in cost.items() if k != "cost_ratio")
+        _out(f"\nfew-shot cost: prefix {base['prefix_tokens']} -> {shots['prefix_tokens']} tokens (computed once); "
+             f"{base['ms_per_item']:.1f} -> {shots['ms_per_item']:.1f} ms per item ({cost['cost_ratio']:.2f}x)")
+    for path in summary.plots:
+        _out(f"wrote {path}")
+    if summary.task_values:
+        _out(f"wrote {', '.join(f'{k} = {v}' for k, v in summary.task_values.items())} into {summary.task_file}")
+    if summary.json_path:
+        _out(f"wrote {summary.json_path}")
+
+
+def _print_head(summary) -> None:
+    head, extra = summary.head, summary.main.extra
+    if extra.get("items_used_to_fit"):
+        _out(f"warning: {extra['items_used_to_fit']} of these {summary.items} items were used to fit the head, so its "
+             f"figures on them are optimistic; `slmclassify fit` prints cross-validated ones")
+    if "zero_shot" in extra:
+        z = extra["zero_shot"]
+        _out(f"zero-shot on the same items: accuracy {z['accuracy']:.3f}, macro-F1 {z['macro_f1']:.3f}, "
+             f"ECE {z['ece']:.3f}")
+    _out(f"scorer: {extra['scorer']} (head: {len(head.labels)} labels, layers {list(head.taps)}, "
+         f"fitted on {head.info.get('items')} items)")
+
+
+def print_fit(summary) -> None:
+    """`fit`'s report (`jobs.fit.FitSummary`), on stdout."""
+    if summary.skipped:
+        _out(f"skipping {summary.skipped} empty texts")
+    if summary.precision_line:
+        _out(summary.precision_line)
+    _out(f"model: {summary.model}; {summary.items} items, {len(summary.counts)} labels {summary.counts}")
+    _out(f"features: layers {list(summary.taps)} at the last token ({summary.feature_values} values)"
+         f"{' + calibrated label scores' if summary.use_scores else ''}; one fast-path pass in {summary.seconds:.1f} s")
+    if not summary.zero_shot_comparable:
+        _out("zero-shot: not comparable (the gold labels are not all in the task's label set)")
+    _out(f"\n{'scorer':<18} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7}")
+    for row in summary.rows:
+        _out(f"{row.name:<18} {row.accuracy:>9.3f} {row.macro_f1:>9.3f} {row.ece:>7.3f}")
+    if summary.curve:
+        _out(f"\nlearning curve ({summary.folds}-fold CV, tested on every held-out item):")
+        _out(f"{'per label':>9} {'items':>6} {'accuracy':>9}")
+        for n, acc in summary.curve:
+            _out(f"{n:>9} {n * len(summary.counts):>6} {acc:>9.3f}")
+        _out(f"wrote {summary.plot_path}")
+    else:
+        _out(f"\nlearning curve: none (its smallest size, {min(summary.curve_sizes)} per label, needs more than the "
+             f"{summary.smallest_fold} per label a training fold holds here)")
+    _out(f"C = {summary.C:g} (chosen by {summary.folds}-fold CV on all items); wrote {summary.output}")
+    if summary.json_path:
+        _out(f"wrote {summary.json_path}")
