@@ -7,7 +7,7 @@ packed layout is a second copy of the weights (`mm` computes with the ones the r
 shares). int8 times PyTorch's quantized engine (eager passes around the GEMM) against int8-fused
 (the passes compiled, `int8_kernels.py`, where a C compiler is) and keeps the faster. The same
 measurement gives each low precision's speed over
-float32, which `precision.py` needs before it checks agreement. Results are kept in
+float32, which `models/precision.py` needs before it checks agreement. Results are kept in
 `<cache>/backends.json` under a key naming the machine (CPU, threads, torch) and the model's
 shapes, so later runs reuse them without timing anything. A measurement taken while other work
 kept the machine busy (load average above `BUSY_LOAD_PER_CORE` per core) is kept as provisional:

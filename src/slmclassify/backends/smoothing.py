@@ -1,5 +1,5 @@
 """Int8 outlier handling: SmoothQuant scales and float32 outlier channels for each linear op of a
-layer, from the activation ranges the float32 engine recorded (`activation_ranges.py`).
+layer, from the activation ranges the float32 engine recorded (`models/activation_ranges.py`).
 
 A few input channels of a transformer's linear layers carry activations tens of times larger
 than the rest, in every token. Quantising a token with one scale then leaves the ordinary

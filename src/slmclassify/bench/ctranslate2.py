@@ -1,7 +1,7 @@
 """(i) rows of `slmclassify bench`: CTranslate2 on the same weights, with its best recipe for this job.
 
 The model the bench runs (float32 Hugging Face weights; for a GGUF file, the de-quantised copy
-`loading.py` made) is converted once with CTranslate2's `TransformersConverter` into the user
+`models/loading.py` made) is converted once with CTranslate2's `TransformersConverter` into the user
 cache, keyed by a hash of its weights, config and tokenizer and by the CTranslate2 version, and
 reused afterwards. One float32 conversion serves both precisions: int8 is CTranslate2's
 load-time `compute_type="int8"` (its weights quantised per row when the generator loads).

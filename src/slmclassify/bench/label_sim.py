@@ -207,7 +207,7 @@ def main() -> None:
     from ..jobs.evaluate import task_for_file
     from ..models.loading import load_model, set_threads
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--intent", help="the intent data (a BIG-bench task JSON)")
     parser.add_argument("--demo", help="a labelled table, e.g. examples/tickets.csv")
     parser.add_argument("--task", help="the demo's task file, e.g. examples/support.toml")

@@ -185,7 +185,7 @@ class Engine:
     def __init__(self, model: torch.nn.Module, backend: Backend | None = None,
                  ranges: Callable[[Engine], list[dict[str, torch.Tensor]]] | None = None):
         """`ranges` (int8 backends): given this engine computing in float32, each layer's max |x| per
-        input channel of its ops {"qkv", "o", "gate_up", "down"} (`activation_ranges.py`), from
+        input channel of its ops {"qkv", "o", "gate_up", "down"} (`models/activation_ranges.py`), from
         which the int8 ops are smoothed (`backends/smoothing.py`). Without it int8 is not smoothed."""
         self.backend = backend or Backend(device=model.device, precision="fp32", gemm="mm")
         self.device, self.dtype = self.backend.device, self.backend.dtype

@@ -38,7 +38,7 @@ class EngineSettings:
     """auto (None), cpu or cuda: where a model loaded by the Classifier runs (auto: CUDA when available)."""
     precision: str | None = None
     """None: fp32 on CPU, bf16 on CUDA; fp32, bf16, fp16, int8; auto: a low precision only if it is
-    faster here and agrees with fp32 (see `precision.py`)."""
+    faster here and agrees with fp32 (see `models/precision.py`)."""
 
     def __post_init__(self) -> None:
         if self.window < 1:

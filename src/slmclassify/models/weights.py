@@ -6,7 +6,7 @@ resident memory for as long as any view lives, next to the engine's arranged cop
 peaked at about twice the weights. Here every tensor is read with pread(2) (safetensors' `pread`
 backend) into memory of its own and handed to `from_pretrained` as its state dict: no file page
 counts toward the process, and a tensor the engine re-arranges is freed as soon as its arranged
-copy exists (`engine.py`), so the transient is one layer, not the model.
+copy exists (`core/engine.py`), so the transient is one layer, not the model.
 
 A checkpoint of tied embeddings may store the shared matrix under the output layer's name (our
 GGUF conversions do); it is renamed to the input embedding's, which transformers loads and then

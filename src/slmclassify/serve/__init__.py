@@ -11,10 +11,10 @@ HTTP layer (`app.py`, FastAPI on uvicorn) only tokenizes, queues and waits. Modu
     metrics    Prometheus metrics (one registry per app)
     app        the FastAPI application and its endpoints
     server     build the service and run uvicorn with graceful drain on SIGTERM
-    loadtest   the load generator behind `slmclassify loadtest`
 
-FastAPI, uvicorn, prometheus-client and httpx come with the `serve` extra and are imported only
-inside these modules, never by the rest of the library.
+The load generator behind `slmclassify loadtest` is `bench/service_load.py`. FastAPI, uvicorn,
+prometheus-client and httpx come with the `serve` extra and are imported only inside these
+modules (and the labelling page's, `label/`), never by the rest of the library.
 """
 
 from .settings import ServeSettings
