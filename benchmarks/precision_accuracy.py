@@ -8,7 +8,7 @@ gold labels all count), its agreement with fp32 (items whose calibrated predicti
 the largest |Δ probability| of any label, then one JSON line last. Each precision is a model of its
 own, `load_model(precision=...)`, loaded after the previous one is dropped.
 
-usage: python benchmarks/precision_accuracy.py [--precisions int8,bf16] [--limit N] [--sets demo,intent]
+usage: python benchmarks/precision_accuracy.py [--precisions int8,bf16] [--n N] [--sets demo,intent]
                                               [--intent PATH/intent_recognition.json]
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ SETS = {  # name: (path, text column, label column, task file)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precisions", default="int8,bf16", help="comma-separated, compared with fp32")
-    parser.add_argument("--limit", type=int, default=None, help="the first N items of each data set")
+    parser.add_argument("--n", "--limit", dest="limit", type=int, default=None, help="the first N items of each data set")
     parser.add_argument("--sets", default=None,
                         help=f"comma-separated of {', '.join(SETS)} (default: demo, and intent when --intent is given)")
     parser.add_argument("--intent", default=None, help="path of the intent data set (BIG-bench JSON); needed for intent")

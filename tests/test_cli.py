@@ -795,3 +795,22 @@ def test_ctrl_c_while_starting_is_one_line(llama_dir, tmp_path):
         assert "Traceback" not in err, err
         assert err.strip().splitlines()[-1] == "slmclassify: interrupted; no output written"
         assert not (tmp_path / "out.csv").exists() and partial_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["evaluate", "fit"])
+def test_the_gold_column_has_one_name_and_the_old_one_still_works_alone(tmp_path, command):
+    """`--gold-column` in every command (classify, evaluate, fit); `--label-column`, its old name in
+    evaluate and fit, is hidden and refused next to the new one, before any model loads."""
+    (tmp_path / "in.csv").write_text("text,gold\nhello,a\n")
+    extra = ["-o", str(tmp_path / "h.npz")] if command == "fit" else []
+    both = CliRunner().invoke(cli, [command, str(tmp_path / "in.csv"), "--gold-column", "gold",
+                                    "--label-column", "gold", "--labels", "a,b", *extra])
+    assert "--label-column is the old name of --gold-column; give one of them" in str(both.exception)
+    shown = CliRunner().invoke(cli, [command, "--help"]).output
+    assert "--gold-column" in shown and "--label-column" not in shown
+
+
+def test_evaluate_takes_n_like_bench_and_sweep():
+    both = CliRunner().invoke(cli, ["evaluate", "x.csv", "--n", "5", "--limit", "5", "--labels", "a,b"])
+    assert "--limit is the old name of --n; give one of them" in str(both.exception)
+    assert "--n INTEGER" in CliRunner().invoke(cli, ["evaluate", "--help"]).output

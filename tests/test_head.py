@@ -155,7 +155,7 @@ def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp
     pd.DataFrame({"text": texts, "gold": gold}).to_csv(train, index=False)
     head_path = tmp_path / "head.npz"
     runner = CliRunner()
-    result = runner.invoke(cli, ["fit", str(train), "--label-column", "gold", "--labels", "billing,technical",
+    result = runner.invoke(cli, ["fit", str(train), "--gold-column", "gold", "--labels", "billing,technical",
                                  "--model", str(llama_dir), "-o", str(head_path), "--curve", "2,4", "--folds", "3"],
                            catch_exceptions=False)
     assert result.exit_code == 0, result.output
@@ -191,7 +191,7 @@ def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp
                                  "--quiet", "--scorer", "zero-shot"], catch_exceptions=False)
     assert "p_billing" in pd.read_csv(out2).columns
 
-    result = runner.invoke(cli, ["evaluate", str(inp), "--label-column", "gold", "--head", str(head_path),
+    result = runner.invoke(cli, ["evaluate", str(inp), "--gold-column", "gold", "--head", str(head_path),
                                  "--model", str(llama_dir), "--target-accuracy", "0.8"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "scorer: head (head: 2 labels, layers [1, 2], fitted on 20 items)" in result.output

@@ -211,7 +211,7 @@ def main() -> None:
     parser.add_argument("--intent", help="the intent data (a BIG-bench task JSON)")
     parser.add_argument("--demo", help="a labelled table, e.g. examples/tickets.csv")
     parser.add_argument("--task", help="the demo's task file, e.g. examples/support.toml")
-    parser.add_argument("--label-column", default="gold", help="the demo's gold column")
+    parser.add_argument("--gold-column", default="gold", help="the demo's gold column")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--plot", help="write the curves to this PNG")
     parser.add_argument("--first-item", action="store_true", help="also time start → first item on 20,000 rows")
@@ -230,7 +230,7 @@ def main() -> None:
         results["intent"] = run_dataset("intent", data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
                                         args.seeds)
     if args.demo:
-        data = read_labelled(args.demo, "text", args.label_column)
+        data = read_labelled(args.demo, "text", args.gold_column)
         demo_task = Task.from_toml(args.task)
         demo_texts = data.texts
         results["demo"] = run_dataset("demo", data.texts, [g[0] for g in data.gold], demo_task, loaded, fingerprint,

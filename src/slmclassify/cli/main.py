@@ -311,7 +311,8 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
 @cli.command()
 @click.argument("input_path", metavar="LABELLED_FILE")
 @click.option("--text-column", default="text", show_default=True)
-@click.option("--label-column", default="label", show_default=True, help="Column of gold labels (tables).")
+@click.option("--gold-column", help="Column of gold labels (tables; default: label).")
+@hidden_alias("--label-column", "old_gold_column")
 @click.option("--compare-modes", is_flag=True, help="Also report every scoring mode, with and without calibration.")
 @click.option("--fit-temperature", is_flag=True, help="Fit temperature scaling on these items.")
 @click.option("--target-accuracy", type=float, help="Print the confidence threshold that reaches this accuracy.")
@@ -319,14 +320,18 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
 @click.option("--fewshot-cost", type=int, default=0, help="Also time 0 vs N examples per label in the prefix.")
 @click.option("--plots", "plots_dir", help="Folder for confusion.png, reliability.png and coverage.png.")
 @click.option("--json", "json_path", help="Write the summary as JSON.")
-@click.option("--limit", type=int, help="Only the first N items.")
+@click.option("--n", "n_items", type=int, help="Only the first N items.")
+@hidden_alias("--limit", "old_n_items", type=int)
 @head_options
 @task_options
-def evaluate(input_path, text_column, label_column, compare_modes, fit_temperature, target_accuracy, write_task,
-             fewshot_cost, plots_dir, json_path, limit, head_path, scorer, opts: ModelOptions):
+def evaluate(input_path, text_column, gold_column, old_gold_column, compare_modes, fit_temperature, target_accuracy,
+             write_task, fewshot_cost, plots_dir, json_path, n_items, old_n_items, head_path, scorer, opts: ModelOptions):
     """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
     macro-F1, calibration and the review threshold."""
     from ..jobs.evaluate import evaluate_file, task_for_file
+
+    label_column = merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label"
+    limit = merged(n_items, old_n_items, "--n", "--limit")
 
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
@@ -480,7 +485,8 @@ def _need_serve_extra() -> None:
 @click.argument("input_path", metavar="LABELLED_FILE")
 @click.option("-o", "--output", "output_path", required=True, help="The head file to write (.npz).")
 @click.option("--text-column", default="text", show_default=True)
-@click.option("--label-column", default="label", show_default=True, help="Column of gold labels (tables).")
+@click.option("--gold-column", help="Column of gold labels (tables; default: label).")
+@hidden_alias("--label-column", "old_gold_column")
 @click.option("--folds", type=int, default=5, show_default=True, help="Cross-validation folds.")
 @click.option("--layers", help="Comma-separated layer numbers to read (default: half, three quarters and all of the depth).")
 @click.option("--scores", "use_scores", is_flag=True,
@@ -489,13 +495,15 @@ def _need_serve_extra() -> None:
 @click.option("--plot", "plot_path", help="Learning-curve PNG (default: next to the head file).")
 @click.option("--json", "json_path", help="Write the figures as JSON.")
 @task_options
-def fit(input_path, output_path, text_column, label_column, folds, layers, use_scores, curve, plot_path, json_path,
-        opts: ModelOptions):
+def fit(input_path, output_path, text_column, gold_column, old_gold_column, folds, layers, use_scores, curve, plot_path,
+        json_path, opts: ModelOptions):
     """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
     regression on the model's hidden states, read on the fast path. Prints cross-validated accuracy,
     macro-F1 and ECE next to zero-shot scoring, and the learning curve."""
     from ..jobs.evaluate import task_for_file
     from ..jobs.fit import fit_file
+
+    label_column = merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label"
 
     if folds < 2:
         raise TaskError(f"--folds must be at least 2, got {folds}")
