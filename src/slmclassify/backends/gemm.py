@@ -93,11 +93,13 @@ def int8_arithmetic(kernel: str) -> str:
     return "not exact here"
 
 
-def check_int8(kernel: str) -> None:
-    """Raise where `kernel` cannot multiply int8 exactly on this CPU (`int8_weight_levels` is None)."""
-    if int8_weight_levels(kernel) is None:
+def check_int8(kernel: str) -> int:
+    """`int8_weight_levels(kernel)`; raises where `kernel` cannot multiply int8 exactly on this CPU (None)."""
+    levels = int8_weight_levels(kernel)
+    if levels is None:
         raise TaskError(f"precision int8 cannot run on this CPU: its int8 kernel ({kernel}) does not run here or "
                         f"is not exact even with 7-bit weights; use precision fp32 (or bf16 where the CPU has it)")
+    return levels
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -190,8 +192,7 @@ class Int8Linear(LinearOp):
     def _pack(self, w: torch.Tensor):
         """The [out, in] weight quantised per output channel (±`int8_weight_levels`) and packed for `_matmul`."""
         kernel = f"int8-{self.engine}"
-        check_int8(kernel)
-        scale = (w.abs().amax(dim=1) / int8_weight_levels(kernel)).clamp_min(1e-12).double()
+        scale = (w.abs().amax(dim=1) / check_int8(kernel)).clamp_min(1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         previous = torch.backends.quantized.engine
         try:
@@ -267,8 +268,7 @@ class Int8FusedLinear(LinearOp):
             mult[self.outliers] = 0.0  # their int8 part is zero and sets no scale
         self.mult = mult.contiguous()
         w = w.t().contiguous()  # [out, in]
-        check_int8("int8-fused")
-        levels = int8_weight_levels("int8-fused")  # 63 where 8-bit weights would saturate
+        levels = check_int8("int8-fused")  # 63 where 8-bit weights would saturate
         self.col_scale = (w.abs().amax(dim=1) / levels).clamp_min(1e-12)  # [out] per output channel
         q = torch.round(w / self.col_scale[:, None]).clamp(-levels, levels).to(torch.int8)
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)

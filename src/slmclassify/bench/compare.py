@@ -44,7 +44,7 @@ from ..core.task import Task
 from ..models.engines import with_backend
 from ..models.loading import LoadedModel
 from ..timing import Side, Stopwatch, interleave, json_line
-from .article import article_batched, article_loop
+from .article import article_batched, article_loop, first_ids
 from .on_batches import against_base, sync_of
 
 SCHEMA_VERSION = 1
@@ -184,7 +184,7 @@ def llama_cpp_scores(gguf_path: str, prompts: list[str], labels, tokenizer) -> n
     threads = torch.get_num_threads()
     llm = Llama(model_path=gguf_path, n_ctx=2048, verbose=False, n_threads=threads, n_threads_batch=threads,
                 flash_attn=True)  # ~12% faster prompt processing here; llama.cpp's own CLI picks it by default
-    first = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
+    first = first_ids(tokenizer, labels).tolist()
     vocab = llm.n_vocab()
     out = np.zeros((len(prompts), len(labels)))
     for i, prompt in enumerate(prompts):

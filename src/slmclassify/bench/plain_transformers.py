@@ -12,6 +12,8 @@ import copy
 import numpy as np
 import torch
 
+from .article import first_ids
+
 
 @torch.inference_mode()
 def token_budget_scores(loaded, prompts: list[str], labels, prefix_ids: list[int], budget: int = 32768,
@@ -19,7 +21,7 @@ def token_budget_scores(loaded, prompts: list[str], labels, prefix_ids: list[int
     """([n, L] first-token label log-probs, share of padding) for `prompts` (full prompt strings)."""
     tok, model = loaded.tokenizer, loaded.model
     dev = model.device
-    first = torch.tensor([tok.encode(label, add_special_tokens=False)[0] for label in labels], device=dev)
+    first = first_ids(tok, labels).to(dev)
     ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
     P = len(prefix_ids)
     if P and any(x[:P] != list(prefix_ids) or len(x) <= P for x in ids):

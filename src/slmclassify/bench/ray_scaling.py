@@ -163,18 +163,17 @@ def _rounds(folder: Path, task, texts: list[str], rounds: int, actors: int, bloc
 def single_figures(summary) -> dict:
     """What the bench reads of a single-process run (`jobs.classify.ClassifySummary`)."""
     return {"load_s": summary.load_seconds, "scoring_s": summary.stats.seconds,
-            "scored_by_model": summary.stats.scored - summary.duplicates}
+            "scored_by_model": summary.stats.scored - summary.stats.reused}
 
 
 def ray_figures(summary) -> dict:
     """What the bench reads of a `--ray` run (`jobs.ray_classify.RaySummary`): Ray's start, the
     driver's phases, the actors' load, rows, busy and waiting seconds."""
-    from ..jobs.ray_classify import ACTOR_PHASES
+    from ..jobs.ray_classify import phase_words
 
     actors = [{"key": a.key, "rows": a.rows, "blocks": a.blocks, "busy_s": a.busy_s,
                "scored_by_model": a.scored_by_model, "waited_s": a.waited_s,
-               "phases": ", ".join(f"{label} {a.phases[k]:.2f}" for k, label in ACTOR_PHASES.items()
-                                   if k in a.phases)}
+               "phases": phase_words(a.phases)}
               for a in summary.actor_figures]
     return {"ray_init_s": summary.ray_init_s, "driver_to_submit_s": summary.submitted_after_driver_s,
             "submit_to_written_s": summary.seconds, "scored_by_model": summary.scored_by_model,

@@ -49,16 +49,16 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
         if path:
             _not_the_input(path, input_path, what)
 
-    def start():
+    def start(**more):
         return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,
                                   sample=sample, seed=seed, text_column=text_column, review_first=review_first,
-                                  target_accuracy=target_accuracy)
+                                  target_accuracy=target_accuracy, **more)
 
     if export_path or fit_path:
         if not store_path.exists():
             raise TaskError(f"no label store at {store_path}: label first (`slmclassify label {input_path} --task ...`), "
                             "or give the store with --store")
-        session = start()
+        session = start(first_slice=1)  # the answered rows are scored first; no pool to pick from
         try:
             if export_path:
                 rows = session.export(export_path)

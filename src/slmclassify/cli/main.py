@@ -350,7 +350,7 @@ def evaluate(input_path, text_column, gold_column, old_gold_column, compare_mode
         input_path, task, opts.settings(), text_column=text_column, label_column=label_column, model=opts.model,
         compare_modes=compare_modes, fit_temperature=fit_temperature, target_accuracy=target_accuracy,
         task_file=opts.task_file if write_task else None, fewshot_cost=fewshot_cost, plots_dir=plots_dir,
-        json_path=json_path, limit=limit, head=choice.head, scorer=choice.scorer, head_source=choice.source,
+        json_path=json_path, limit=limit, head=choice,
     )
     summaries.print_evaluate(summary)
 

@@ -73,14 +73,14 @@ class ModelOptions:
         """The task from the flags and/or the task file; flags win."""
         return build_task(self.task_file, self.label_names(), **self.overrides())
 
-    def settings(self, *, window: int | None = None, scheduling: bool = True, max_tokens: bool = True):
+    def settings(self, *, window: int | None = None, scheduling: bool = True):
         """The engine settings from the flags, the task file, the saved defaults and the built-ins
-        (`settings_sources.engine_settings`); `scheduling`/`max_tokens` False ignore those flags."""
+        (`settings_sources.engine_settings`); `scheduling` False ignores --token-budget/--max-rows."""
         from ..core.settings_sources import engine_settings
 
         settings = engine_settings(self.task_file, self.token_budget if scheduling else None,
                                    self.max_rows if scheduling else None,
-                                   parse_max_tokens(self.max_tokens) if max_tokens else None,
+                                   parse_max_tokens(self.max_tokens),
                                    device=self.device, precision=self.precision)
         return settings if window is None else dataclasses.replace(settings, window=window)
 

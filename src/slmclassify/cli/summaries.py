@@ -48,7 +48,7 @@ def print_classify(summary) -> None:
         _err(f"verify: {summary.report.summary()}; per-item path {summary.report.reference_speed()} on the probes")
     if summary.output != "-":
         _err(f"wrote {summary.output}")
-    _err(f"duplicates: {summary.duplicates} rows took the scores of an identical row of their window"
+    _err(f"duplicates: {summary.stats.reused} rows took the scores of an identical row of their window"
          + (f"; resumed after {summary.resumed_at} rows done earlier" if summary.resumed_at else ""))
     if summary.gold is not None:
         _print_gold(summary.gold, summary.labels)
@@ -124,9 +124,9 @@ def print_ray(summary) -> None:
 
 
 def _actor_phases(phases: dict) -> str:
-    from ..jobs.ray_classify import ACTOR_PHASES
+    from ..jobs.ray_classify import phase_words
 
-    return "at " + ", ".join(f"{label} {phases[k]:.2f}" for k, label in ACTOR_PHASES.items() if k in phases) + " s"
+    return f"at {phase_words(phases)} s"
 
 
 def print_evaluate(summary) -> None:

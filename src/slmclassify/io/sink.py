@@ -39,18 +39,22 @@ class Sink:
         except OSError as exc:
             raise WriteFailed(exc) from None
 
+    @property
+    def kept(self) -> bool:
+        """The partial output holds finished chunks that --resume can continue from."""
+        return self.checkpoint is not None and bool(self.record.get("rows_done") and self.record.get("resumable"))
+
     def write_failed(self, error: OSError) -> InputError:
         message = str(write_error(self.output, error))
-        if self.checkpoint is not None and self.record.get("rows_done") and self.record.get("resumable"):
+        if self.kept:
             message += (f"; the {self.record['rows_done']} rows done are kept in {self.checkpoint.partial}: "
                         "free some space and run the same command with --resume")
         return InputError(message)
 
     def chunk_done(self, state, input_read: dict) -> None:
-        if self.checkpoint is None:
-            self.fh.flush()
-            return
         self.fh.flush()
+        if self.checkpoint is None:
+            return
         os.fsync(self.fh.fileno())
         length = self.fh.tell()
         record = {**self.record, "rows_done": state.rows, "partial_bytes": length, "state": state.to_json(),
@@ -61,10 +65,9 @@ class Sink:
     def finish(self) -> None:
         try:
             self.writer.close()
-            if self.checkpoint is None:
-                self.fh.flush()
-                return
             self.fh.flush()
+            if self.checkpoint is None:
+                return
             os.fsync(self.fh.fileno())
             self.fh.close()
             if self.fmt == "parquet":
@@ -85,14 +88,14 @@ class Sink:
         code = 128 + int(signum)
         if self.checkpoint is None and state.rows:
             return Interrupted(f"interrupted; the output on stdout is incomplete ({state.rows} rows)", code)
-        if self.checkpoint is None or not self.record.get("rows_done") or not self.record.get("resumable"):
-            self.abandon(state)
+        if not self.kept:
+            self.abandon()
             return Interrupted("interrupted; no output written", code)
         self.fh.close()
         return Interrupted(f"interrupted; {self.record['rows_done']} rows done are kept in "
                            f"{self.checkpoint.partial}; run the same command with --resume to continue", code)
 
-    def abandon(self, state) -> None:
+    def abandon(self) -> None:
         """After a crash: keep a resumable partial that holds finished chunks, else remove it."""
         if self.checkpoint is None:
             return
@@ -101,7 +104,7 @@ class Sink:
                 self.fh.close()
             except OSError:  # its buffer could not be flushed (a full disk): resuming cuts the partial anyway
                 pass
-        if not (self.record.get("rows_done") and self.record.get("resumable")):
+        if not self.kept:
             self.checkpoint.discard()
 
 

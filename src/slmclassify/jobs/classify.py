@@ -88,7 +88,6 @@ class ClassifySummary:
     report: VerifyReport | None
     """The probe check against the per-item path (None: not run)."""
     output: str
-    duplicates: int
     resumed_at: int
     """Rows already done by earlier sessions (0 for a fresh run)."""
     gold: GoldTally | None
@@ -162,7 +161,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
         label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
         engine=engine_line(classifier.loaded), report=report, output=request.output_path,
-        duplicates=state.stats.reused, resumed_at=state.resumed_at,
+        resumed_at=state.resumed_at,
         gold=state.gold if request.gold_column is not None else None, labels=tuple(labels))
 
 
@@ -243,7 +242,7 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
             else:
                 window = classifier.score_window(texts, start)
             results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index)
-            state.add(window, window.stats, frame[gold_column].astype(str).tolist() if gold_column else None)
+            state.add(window, frame[gold_column].astype(str).tolist() if gold_column else None)
             sink.write(pd.concat([frame, results_frame], axis=1), state,
                        reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
@@ -252,11 +251,11 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
         raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
     except WriteFailed as failed:  # a full disk: the finished chunks stay for --resume
         bar.close()
-        sink.abandon(state)
+        sink.abandon()
         raise sink.write_failed(failed.error) from None
     except BaseException:
         bar.close()
-        sink.abandon(state)
+        sink.abandon()
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -388,9 +387,9 @@ class _RunState:
     def to_json(self) -> dict:
         return {"stats": dataclasses.asdict(self.stats), "pool": self.pool, "gold": dataclasses.asdict(self.gold)}
 
-    def add(self, window, stats: RunStats, gold: list[str] | None) -> None:
+    def add(self, window, gold: list[str] | None) -> None:
         self.rows += len(window.results)
-        self.stats.add(stats)
+        self.stats.add(window.stats)
         if gold is not None:
             self.gold.add(gold, window.results)
         if self.probes > 0:

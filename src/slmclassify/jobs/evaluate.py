@@ -13,6 +13,7 @@ import numpy as np
 from ..core.calibration import adjust, fit_temperature
 from ..classifier import Classifier, EngineSettings
 from ..errors import InputError, TaskError
+from ..head.apply import HeadChoice
 from ..core.metrics import Evaluation, gold_indices, read_labelled, write_plots
 from ..core.labels import build_trie, describe_labels
 from ..models.loading import LoadedModel, load_model
@@ -70,18 +71,18 @@ def task_for_file(path: str, text_column: str = "text", label_column: str = "lab
 def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
                   label_column="label", model=None, compare_modes=False, fit_temperature=False,
                   target_accuracy=None, task_file=None, fewshot_cost=0, plots_dir=None, json_path=None,
-                  limit=None, head=None, scorer="zero-shot", head_source=None) -> EvaluateSummary:
+                  limit=None, head: HeadChoice = HeadChoice()) -> EvaluateSummary:
     """Score the labelled items of `path` with `task`; write the plots, task-file values and JSON
     asked for; returns the figures (`EvaluateSummary.figures` is the JSON summary).
 
-    `task_file`: write the threshold (and fitted temperature) into this task file. A `head`
-    (`head/`) with scorer head or combined is the main report (gold labels are then the head's).
+    `task_file`: write the threshold (and fitted temperature) into this task file. A head
+    (`head/`) with scorer head or combined (`head.used`) is the main report (gold labels are then the head's).
     """
     settings = settings or EngineSettings()
     data = read_labelled(path, text_column, label_column).head(limit)
     texts = data.texts
-    use_head = head is not None and scorer != "zero-shot"
-    checked = head.labels if use_head else task.labels
+    use_head = head.used
+    checked = head.head.labels if use_head else task.labels
     for row, names in enumerate(data.gold, start=1):
         missing = [name for name in names if name not in checked]
         if missing:
@@ -89,7 +90,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
                              f"{list(checked)}")
     # zero-shot figures (modes, temperature) index the task's labels (-1: a label only the head has)
     gold, accepted = gold_indices(data, task.labels)
-    head_gold = np.array([head.labels.index(names[0]) for names in data.gold]) if use_head else None
+    head_gold = np.array([head.head.labels.index(names[0]) for names in data.gold]) if use_head else None
     if use_head and (gold < 0).any() and (compare_modes or fit_temperature):
         raise TaskError("{modes} and {temperature} score the task's labels, and some gold labels are only the "
                         "head's; run them without {head}",
@@ -105,7 +106,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         if taps:
             from ..head.apply import check
 
-            check(head, clf, head_source or "the head")
+            check(head.head, clf, head.source or "the head")
         with Stopwatch() as watch:
             scored = clf.score(clf.encode(texts), taps=taps)
         if taps:
@@ -120,14 +121,15 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         return Evaluation(task.labels, gold, probs.argmax(1), probs.max(1), name=name,
                           target_accuracy=target_accuracy, extra=extra, accepted=accepted)
 
-    clf, scores, seconds = run(task, head.taps if use_head else ())
+    clf, scores, seconds = run(task, head.head.taps if use_head else ())
     temperature = task.temperature
     if fit_temperature:
         temperature = fit_temperature_on(scores, clf.bias, gold)
     if use_head:
         from ..head.apply import evaluate_head
 
-        main = evaluate_head(head, scorer, clf, scores, states[0], head_gold, target_accuracy, seconds, texts)
+        main = evaluate_head(head.head, head.scorer, clf, scores, states[0], head_gold, target_accuracy, seconds,
+                             texts)
     else:
         main = evaluation(f"{clf.mode}{' +cal' if clf.bias is not None else ''}", scores, clf.bias, temperature,
                           clf, seconds)
@@ -145,7 +147,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         model=loaded.name, items=len(texts), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
         precision_line=auto_line(loaded),
         label_token_lines=tuple(describe_labels(loaded.tokenizer, task.labels, clf.label_tokens)),
-        fitted_temperature=temperature if fit_temperature else None, main=main, head=head if use_head else None,
+        fitted_temperature=temperature if fit_temperature else None, main=main, head=head.head if use_head else None,
         modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary)
     return _write(result, plots_dir, task_file, json_path, temperature if fit_temperature else None)
 
@@ -214,7 +216,6 @@ def _fewshot_cost(loaded, task: Task, settings, texts, gold_names, per_label: in
     timings = interleave(sides, rounds=2, warmup=0)  # A B, then B A: drift hits both alike
     for name in timings.names:
         out[name]["ms_per_item"] = 1000 * timings.median(name) / len(texts)
-    base, shots = out["zero_shot"], out[f"{per_label}_per_label"]
-    out["cost_ratio"] = float(np.median(timings.ratios(f"{per_label}_per_label", "zero_shot")))
+    out["cost_ratio"] = timings.speedup(f"{per_label}_per_label", "zero_shot")  # its seconds over zero-shot's
     return out
 

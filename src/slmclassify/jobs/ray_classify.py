@@ -280,6 +280,11 @@ ACTOR_PHASES = {"process": "process started", "imports_began": "__init__ began",
 """An actor's phases in order (`actors.py`; the last two from its blocks), and their names in words."""
 
 
+def phase_words(phases: dict) -> str:
+    """An actor's phases (`actor_phases`) in words, in order: "process started 0.12, ..." (seconds)."""
+    return ", ".join(f"{label} {phases[k]:.2f}" for k, label in ACTOR_PHASES.items() if k in phases)
+
+
 def actor_phases(entry: dict, t0: float) -> dict:
     """When an actor's phases ended, in seconds after Ray was handed the work (`actors.py`)."""
     p, blocks = entry.get("phases") or {}, entry.get("blocks") or []

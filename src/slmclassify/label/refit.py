@@ -50,7 +50,7 @@ def can_fit(y: np.ndarray, n_labels: int) -> bool:
 
 def fit_head(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0) -> LoopHead:
     """The loop's head on [m, d] features and [m] task label indices."""
-    fitted = fit(X.astype(np.float64), np.array([f"{v:06d}" for v in y]), seed=seed, Cs=(LOOP_C,))
+    fitted = fit(X.astype(np.float64), y, seed=seed, Cs=(LOOP_C,))  # classes in numeric order, named str(index)
     return LoopHead(fitted, np.array([int(s) for s in fitted.labels]), n_labels)
 
 

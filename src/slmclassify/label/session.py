@@ -26,7 +26,6 @@ and `LabelStore.kinds()` returns it.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from ..classifier import Classifier, EngineSettings
 from ..core.results import softmax
 from ..core.task import Task
 from ..errors import InputError, SlmClassifyError, TaskError
-from ..head.apply import text_hashes
+from ..head.apply import file_digest, text_hashes
 from ..head.features import default_taps
 from ..head.model import Head, model_fingerprint, task_hash, task_record
 from ..models.loading import LoadedModel, load_model
@@ -91,9 +90,7 @@ class LabelSession:
         settings = settings or EngineSettings()
         loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
         clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts_all[:1000])
-        with open(input_path, "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()[:16]
-        fingerprint = {"input": {"rows": len(frame), "sha256": digest, "text_column": text_column},
+        fingerprint = {"input": {"rows": len(frame), "sha256": file_digest(input_path)[:16], "text_column": text_column},
                        "task": task_hash(task), "model": model_fingerprint(loaded), "sample": sample, "seed": seed}
         store = LabelStore.open(store_path, fingerprint)
         try:
@@ -130,8 +127,6 @@ class LabelSession:
         self.picker = Picker(L, seed, random_share=random_share)
 
         self.answers: dict[int, int] = {}  # pool position → label index
-        self.kinds: dict[int, str] = {}  # pool position → why it was offered (`Pick.kind`), for the estimate
-        self.skips: set[int] = set()
         stored_hashes = store.hashes()
         for row, h in stored_hashes.items():
             if row not in self.index or self.hashes[self.index[row]] != h:
@@ -142,8 +137,9 @@ class LabelSession:
                 raise TaskError(f"{store.path} holds label {label!r} for row {row}, which is not in the task's "
                                 f"labels {list(self.labels)}")
             self.answers[self.index[row]] = self.labels.index(label)
-        self.kinds = {self.index[row]: kind for row, kind in store.kinds().items()}
-        self.skips = {self.index[row] for row in store.skipped()}
+        # pool position → why it was offered (`Pick.kind`), for the estimate
+        self.kinds: dict[int, str] = {self.index[row]: kind for row, kind in store.kinds().items()}
+        self.skips: set[int] = {self.index[row] for row in store.skipped()}
 
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -296,9 +292,9 @@ class LabelSession:
         info = {"C": final.C, "items": int(len(y)), "per_label": counts, "folds": folds, "source": str(self.input_path),
                 "labelled_by": "slmclassify label", "cv": ({"accuracy": est.mean, "low": est.low, "high": est.high}
                                                             if est is not None else None),
-                "item_hashes": text_hashes([self.texts[p] for p in pos])}
+                "item_hashes": [self.hashes[p] for p in pos]}
         head = Head(labels=final.labels, taps=tuple(self.taps), use_scores=False, mean=final.mean, scale=final.scale,
-                    coef=final.coef, intercept=final.intercept, model=model_fingerprint(self.clf.loaded),
+                    coef=final.coef, intercept=final.intercept, model=self.store.fingerprint["model"],
                     task=task_record(self.task), info=info)
         head.save(path)
         return head

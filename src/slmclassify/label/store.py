@@ -114,13 +114,6 @@ class LabelStore:
             rows = self._conn.execute("SELECT row, text_hash FROM events WHERE undone = 0 ORDER BY seq").fetchall()
         return {int(row): h for row, h in rows}
 
-    def order(self) -> list[int]:
-        """Rows with a live event, oldest first (each row once, at its latest event)."""
-        with self._lock:
-            rows = self._conn.execute("SELECT row, MAX(seq) FROM events WHERE undone = 0 GROUP BY row "
-                                      "ORDER BY MAX(seq)").fetchall()
-        return [int(r) for r, _ in rows]
-
     def close(self) -> None:
         with self._lock:
             self._conn.close()
