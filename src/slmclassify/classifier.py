@@ -211,11 +211,12 @@ class Classifier:
         began = time.perf_counter()
         encoded = items if isinstance(items, EncodedItems) else self.encode(items)
         scored = encoded.scored
-        if dedupe:
-            unique, source, keys = encoded.distinct()
+        if not dedupe and run is None:  # every scored item, in place: `score` leaves empty ones NaN
+            part, source = self.score(encoded, progress, taps), scored
         else:
-            unique, source, keys = [int(i) for i in scored], np.arange(len(scored)), []
-        part = run(encoded, unique, keys) if run is not None else self.score(encoded.subset(unique), progress, taps)
+            unique, source, keys = (encoded.distinct() if dedupe
+                                    else ([int(i) for i in scored], np.arange(len(scored)), []))
+            part = run(encoded, unique, keys) if run is not None else self.score(encoded.subset(unique), progress, taps)
         scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
         scores[scored] = part.scores[source]  # [u, L] → [n, L]
         states = None

@@ -31,6 +31,10 @@ class HeadChoice:
     def used(self) -> bool:
         return self.head is not None and self.scorer != "zero-shot"
 
+    def labels(self, task) -> tuple[str, ...]:
+        """The labels results are over: the head's when it is used, else the task's."""
+        return self.head.labels if self.used else task.labels
+
 
 def head_path_in_task_file(task_file: str | None) -> str | None:
     """`head = "head.npz"` in a task file, relative to the task file's folder."""
@@ -58,10 +62,6 @@ def resolve_scorer(head: Head | None, scorer: str | None) -> str:
 def task_of(head: Head, min_confidence: float | None = None):
     """The task a head was fitted with, for commands given a head but no task flags."""
     return task_from_record(head.task, min_confidence)
-
-
-def output_labels(task, head: Head | None, scorer: str) -> tuple[str, ...]:
-    return task.labels if scorer == "zero-shot" else head.labels
 
 
 def check(head: Head, classifier, source: str) -> None:

@@ -180,7 +180,7 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
         from ..head.apply import check_scorer
 
         check_scorer(choice.head, task.labels, choice.scorer)
-    labels = choice.head.labels if choice.used else task.labels
+    labels = choice.labels(task)
     clash = [c for c in result_columns(labels, request.result_prefix) if c in reader.columns]
     if clash:
         raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "

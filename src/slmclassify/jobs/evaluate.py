@@ -82,7 +82,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     data = read_labelled(path, text_column, label_column).head(limit)
     texts = data.texts
     use_head = head.used
-    checked = head.head.labels if use_head else task.labels
+    checked = head.labels(task)
     for row, names in enumerate(data.gold, start=1):
         missing = [name for name in names if name not in checked]
         if missing:
