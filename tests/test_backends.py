@@ -116,14 +116,15 @@ def test_int8_quantises_activations_per_token():
     assert ((alone - got[1:]).abs().max() / exact[1:].abs().max()) < 0.01
 
 
-@pytest.mark.parametrize("kernel", ["int8-eager", "int8-fused"])
+@pytest.mark.parametrize("kernel", ["int8-eager", "int8-fused", "int8-maddubs"])
 def test_int8_products_are_exact_on_this_cpu(kernel):
     """Full-range 8-bit activations times the op's int8 weights give the exact integer product on
     whatever instruction set this runs under (`make test` runs it under AVX2 and AVX-512-without-VNNI
     caps too): without VNNI, 8-bit weights saturated oneDNN's 16-bit pair sums (errors of 1e6 on
     the AVX2 cap), so the weights have 7 bits there."""
     kernel = gemm.int8_engine() if kernel == "int8-eager" else kernel
-    if kernel is None or (kernel == "int8-fused" and gemm.int8_kernels.load() is None):
+    if kernel is None or (kernel == "int8-fused" and gemm.int8_kernels.load() is None) or (
+            kernel == "int8-maddubs" and not gemm.int8_kernels.has_maddubs(gemm.int8_kernels.load())):
         pytest.skip(f"{kernel} does not run here")
     levels = gemm.int8_weight_levels(kernel)
     assert levels in (127, 63)
@@ -255,8 +256,8 @@ def test_auto_rejects_a_low_precision_that_disagrees(llama_dir, monkeypatch):
 
 
 def test_auto_never_tries_a_precision_that_is_not_faster(llama_dir):
-    _plant_rates(llama_dir, {"mm": 50.0, "onednn": 40.0, "int8-onednn": 10.0, "int8-x86": 10.0,
-                             "int8-fbgemm": 10.0, "int8-fused": 10.0, "bf16": 1.0, "fp16": 1.0})
+    slow_int8 = {kernel: 10.0 for kernel in gemm.KERNELS if kernel.startswith("int8")}
+    _plant_rates(llama_dir, {"mm": 50.0, "onednn": 40.0, **slow_int8, "bf16": 1.0, "fp16": 1.0})
     clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
     assert clf.loaded.auto_decision == {"precision": "fp32", "tried": {}, "sample": "200 article tickets",
                                         "cached": False}

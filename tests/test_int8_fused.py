@@ -1,7 +1,8 @@
-"""The int8-fused op (`backends/int8_kernels.py` around oneDNN's int8 GEMM): x @ w within int8's
-error, exactly the arithmetic it claims (asymmetric per-token activations, per-output-channel
-weights, smoothing, float32 outlier channels, the RMSNorm folded into the row scale), the
-eager path when no compiler is there (and the engine line saying so), and the engine against
+"""The int8-fused op (`backends/int8_kernels.py` around oneDNN's int8 GEMM) and int8-maddubs (the
+same arithmetic in this package's AVX2 GEMM, for CPUs without VNNI): x @ w within int8's error,
+exactly the arithmetic they claim (asymmetric per-token activations, per-output-channel weights,
+smoothing, float32 outlier channels, the RMSNorm folded into the row scale), on awkward shapes too,
+the eager path when no compiler is there (and the engine line saying so), and the engine against
 the float32 reference on the tiny Llama and Qwen2 models."""
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ pytestmark = pytest.mark.skipif(int8_kernels.load() is None or gemm.int8_engine(
                                 reason="no C compiler or no quantized CPU engine here")
 
 
+FUSED = ["int8-fused", pytest.param("int8-maddubs", marks=pytest.mark.skipif(
+    not int8_kernels.has_maddubs(int8_kernels.load()), reason="int8-maddubs needs AVX2"))]
+"""The C-fused int8 ops: the same arithmetic around two GEMMs."""
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -34,7 +40,7 @@ def _smoothing(n_in: int, n_out: int) -> Smoothing:
     return Smoothing(rows=s, inv_in=1 / s, cols=torch.rand(n_out) + 0.5, outliers=torch.tensor([1, 7]))
 
 
-def _emulated(w, bias, smooth, x):
+def _emulated(w, bias, smooth, x, kernel="int8-fused"):
     """The fused op's arithmetic in plain PyTorch: per-token asymmetric int8 of x / s over the row's
     own range (outlier channels apart, in float32), per-output-channel symmetric int8 of s w / cols;
     int32-exact products."""
@@ -47,19 +53,20 @@ def _emulated(w, bias, smooth, x):
     lo, hi = xs.amin(1, keepdim=True).clamp_max(0), xs.amax(1, keepdim=True).clamp_min(0)
     rscale = (hi - lo) / 255
     zero = torch.round(lo / rscale)
-    col = w.abs().amax(0, keepdim=True) / gemm.int8_weight_levels("int8-fused")  # 63 where 127 would saturate
+    col = w.abs().amax(0, keepdim=True) / gemm.int8_weight_levels(kernel)  # 63 where 127 would saturate
     qx, qw = (torch.round(xs / rscale) - zero).clamp(0, 255), torch.round(w / col)  # uint8 activations
     return ((qx + zero).double() @ qw.double()).float() * col * rscale + exact_part + bias
 
 
-def test_fused_op_is_the_claimed_arithmetic_and_close_to_x_w():
+@pytest.mark.parametrize("kernel", FUSED)
+def test_fused_op_is_the_claimed_arithmetic_and_close_to_x_w(kernel):
     torch.manual_seed(0)
     w, bias, x = torch.randn(48, 40) * 0.1, torch.randn(40), torch.randn(13, 48)
     x[:, 7] *= 50  # an outlier channel, computed in float32 apart
     smooth = _smoothing(48, 40)
-    op = gemm.KERNELS["int8-fused"](w, bias, torch.float32, smooth)
+    op = gemm.KERNELS[kernel](w, bias, torch.float32, smooth)
     got = op(x)
-    torch.testing.assert_close(got, _emulated(w, bias, smooth, x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, _emulated(w, bias, smooth, x, kernel), rtol=1e-5, atol=1e-5)
     exact = (x @ w + bias) / smooth.cols
     assert float((got - exact).abs().max() / exact.abs().max()) < 0.02
     h = torch.randn(13, 40)
@@ -68,19 +75,20 @@ def test_fused_op_is_the_claimed_arithmetic_and_close_to_x_w():
     torch.testing.assert_close(op(wide), op(wide.contiguous()), rtol=0, atol=0)
 
 
-def test_normed_folds_the_rms_into_the_row_scale():
+@pytest.mark.parametrize("kernel", FUSED)
+def test_normed_folds_the_rms_into_the_row_scale(kernel):
     """normed(h) quantises h itself: per-token int8 does not see a per-row factor, so the result
     equals op(rms_norm(h)) up to float32 rounding, and the eager op's `normed` alike."""
     torch.manual_seed(1)
     w, bias, h = torch.randn(48, 40) * 0.1, torch.randn(40), torch.randn(9, 48) * 5
     smooth = _smoothing(48, 40)
-    op = gemm.KERNELS["int8-fused"](w, bias, torch.float32, smooth)
+    op = gemm.KERNELS[kernel](w, bias, torch.float32, smooth)
     torch.testing.assert_close(op.normed(h, 1e-6), op(gemm.rms_norm(h, 1e-6)), rtol=1e-4, atol=1e-4)
     eager = gemm.KERNELS[gemm.int8_engine()](w, bias, torch.float32, smooth)
     exact = (gemm.rms_norm(h, 1e-6) @ w + bias) / smooth.cols
-    for got in (op.normed(h, 1e-6), eager.normed(h, 1e-6)):
+    for got, used in ((op.normed(h, 1e-6), kernel), (eager.normed(h, 1e-6), gemm.int8_engine())):
         # measured 0.024 with 8-bit weights, 0.041 with 7-bit ones (no VNNI: `gemm.int8_weight_levels`)
-        bound = 0.04 if gemm.int8_weight_levels(gemm.int8_engine()) == 127 else 0.06
+        bound = 0.04 if gemm.int8_weight_levels(used) == 127 else 0.06
         assert float((got - exact).abs().max() / exact.abs().max()) < bound
 
 
@@ -108,13 +116,14 @@ def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monke
 def test_the_faster_int8_kernel_is_chosen_and_cached(llama_dir):
     loaded = load_model(str(llama_dir), device="cpu", precision="int8")
     rates = loaded.gemm_rates
-    assert {"int8-fused", gemm.int8_engine()} <= set(rates["rates"])
-    faster = max(("int8-fused", gemm.int8_engine()), key=lambda k: rates["rates"][k])
+    candidates = choice.int8_candidates()
+    assert {"int8-fused", gemm.int8_engine()} <= set(candidates) <= set(rates["rates"])
+    faster = max(candidates, key=lambda k: rates["rates"][k])
     assert rates["int8"] == faster == loaded.backend.gemm
     assert load_model(str(llama_dir), device="cpu", precision="int8").gemm_rates["int8"] == faster
 
 
-@pytest.mark.parametrize("kernel", ["int8-fused"])
+@pytest.mark.parametrize("kernel", FUSED)
 def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monkeypatch):
     """The whole engine with the fused op (smoothing from recorded ranges, normed qkv and gate_up)
     against the Hugging Face float32 forward: int8's error, not a wrong kernel's (tens)."""
@@ -130,22 +139,59 @@ def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monk
     assert 1e-3 < worst <= 1.5 and agree >= 66, (agree, worst)  # measured 70/72 on Llama and Qwen2 (the eager op 70)
 
 
-def test_fused_swiglu_is_silu_gate_times_up():
+@pytest.mark.parametrize("kernel", FUSED)
+def test_fused_swiglu_is_silu_gate_times_up(kernel):
     """gate_up's one-pass dequantise + silu(gate) * up (its own exp) against the op's output and
     torch's silu: float32 rounding apart."""
     torch.manual_seed(2)
     w, bias, h = torch.randn(48, 2 * 40) * 0.3, torch.randn(2 * 40), torch.randn(11, 48) * 3
-    op = gemm.KERNELS["int8-fused"](w, bias, torch.float32, _smoothing(48, 2 * 40))
+    op = gemm.KERNELS[kernel](w, bias, torch.float32, _smoothing(48, 2 * 40))
     gate, up = op.normed(h, 1e-6).chunk(2, dim=-1)
     expected = torch.nn.functional.silu(gate) * up
     got = op.normed_swiglu(h, 1e-6)
     assert got.shape == (11, 40)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     big = torch.tensor([[-200.0, -80.0, -1.0, 0.0, 1.0, 80.0, 200.0]])  # exp's clamps: no inf, no nan
-    acc = torch.cat([big, torch.ones_like(big)], dim=1)
     rows = torch.tensor([[1.0], [0.0]])  # scale 1, zero 0
-    out = int8_kernels.swiglu_(op.lib, acc, rows, torch.zeros(14), None, None, None)
+    if kernel == "int8-fused":
+        acc = torch.cat([big, torch.ones_like(big)], dim=1)
+        out = int8_kernels.swiglu_(op.lib, acc, rows, torch.zeros(14), None, None, None)
+    else:  # gate_j = 1 * big_j (the column scale), up_j = 0 + 1 (the bias)
+        eye = torch.zeros(14, 8, dtype=torch.int8)
+        eye[torch.arange(7), torch.arange(7)] = 1
+        weight = int8_kernels.MaddubsWeight(op.lib, eye, paired=True)
+        cols = weight.columns
+        out = int8_kernels.maddubs_(weight, torch.empty(1, 7), torch.ones(1, 8, dtype=torch.uint8), rows,
+                                    cols(torch.cat([big[0], torch.zeros(7)])), cols(torch.zeros(14)),
+                                    cols(torch.cat([torch.zeros(7), torch.ones(7)])), None, None, "swiglu")
     torch.testing.assert_close(out, torch.nn.functional.silu(big), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not int8_kernels.has_maddubs(int8_kernels.load()), reason="int8-maddubs needs AVX2")
+@pytest.mark.parametrize("n_in, n_out, n", [(50, 37, 13), (48, 2 * 20, 7), (8, 16, 1), (100, 2 * 44, 40)])
+def test_maddubs_on_awkward_shapes_is_the_claimed_arithmetic(n_in, n_out, n):
+    """Inputs not a multiple of 4 wide (zero-padded), outputs not a multiple of 16 (odd, or [gate | up]
+    halves not a multiple of 8), row counts not a multiple of its 3-row tiles, a strided input:
+    every mode (set, add, swiglu) is `_emulated` within float32 rounding, and the kernel reads and
+    writes nothing outside its rows (the neighbouring columns of a wider output stay as they were)."""
+    torch.manual_seed(4)
+    w, bias = torch.randn(n_in, n_out) * 0.1, torch.randn(n_out)
+    smooth = _smoothing(n_in, n_out)
+    op = gemm.KERNELS["int8-maddubs"](w, bias, torch.float32, smooth)
+    x = torch.randn(n, n_in + 6)[:, 3:3 + n_in]  # a view with a row stride
+    x[:, 7] *= 50
+    expected = _emulated(w, bias, smooth, x, "int8-maddubs")
+    torch.testing.assert_close(op(x), expected, rtol=1e-5, atol=1e-5)
+    wide = torch.randn(n, n_out + 5)
+    h = wide[:, 2:2 + n_out]
+    before = wide.clone()
+    op.add_(h, x)
+    torch.testing.assert_close(h, before[:, 2:2 + n_out] + expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(wide[:, :2], before[:, :2]) and torch.equal(wide[:, 2 + n_out:], before[:, 2 + n_out:])
+    if n_out % 2 == 0:
+        gate, up = op.normed(x, 1e-6).chunk(2, dim=-1)
+        torch.testing.assert_close(op.normed_swiglu(x, 1e-6), torch.nn.functional.silu(gate) * up,
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
@@ -157,3 +203,18 @@ def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
         assert lib is not None, why
         built.append(sorted(p.name for p in (tmp_path / "kernels").glob("*.so")))
     assert len(built[0]) == 1 and len(built[1]) == 2
+
+
+def test_maddubs_is_timed_only_where_onednn_needs_7_bit_weights(monkeypatch):
+    """With VNNI or AMX oneDNN's int8 keeps 8-bit weights (more accurate), so int8-maddubs is not even
+    timed; without them both have 7-bit weights and the faster is kept. The engine line names it."""
+    built = int8_kernels.has_maddubs(int8_kernels.load())
+    real = gemm.int8_weight_levels
+    for fused_levels, offered in ((127, False), (63, built), (None, built)):
+        monkeypatch.setattr(gemm, "int8_weight_levels",
+                            lambda kernel, levels=fused_levels: levels if kernel == "int8-fused" else real(kernel))
+        assert ("int8-maddubs" in choice.int8_candidates()) == offered
+    monkeypatch.setattr(gemm, "int8_weight_levels", real)
+    if built:
+        line = choice.Backend(device=torch.device("cpu"), precision="int8", gemm="int8-maddubs").describe()
+        assert line.startswith("cpu int8 (int8-maddubs GEMM; 7-bit weights: this package's AVX2 int8 GEMM")

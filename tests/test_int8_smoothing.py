@@ -10,7 +10,7 @@ import torch
 
 from slmclassify import Classifier, Task
 from slmclassify.models import activation_ranges
-from slmclassify.backends import gemm, smoothing
+from slmclassify.backends import choice, gemm, smoothing
 from slmclassify.backends.smoothing import Smoothing
 from slmclassify.core.engine import Engine
 from slmclassify.cache import cache_root
@@ -81,7 +81,7 @@ def test_smoothing_and_outliers_cut_the_error_of_outlier_channels():
 def test_int8_engine_is_exact_without_quantisation(tiny_model_dir, monkeypatch, outlier_ratio):
     """The whole smoothed int8 engine (scales folded into v and up, divided in the qkv and gate_up
     ops, outlier channels apart) computes the float32 function: within fp32's 1e-4 of the reference."""
-    for kernel in (gemm.int8_engine(), "int8-fused"):  # whichever the measurement chose
+    for kernel in choice.int8_candidates():  # whichever the measurement chose
         monkeypatch.setitem(gemm.KERNELS, kernel, _Unquantised)
     monkeypatch.setattr(smoothing, "OUTLIER_RATIO", outlier_ratio)  # 1.0: half of all channels
     plans = []

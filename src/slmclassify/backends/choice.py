@@ -5,9 +5,9 @@ own GEMM shapes (≤ 2 s): which is faster depends on the CPU (oneDNN was 1.2x f
 EPYC, 5% slower on an Intel Xeon); oneDNN must beat `mm` by 10% to be chosen, because its
 packed layout is a second copy of the weights (`mm` computes with the ones the reference path
 shares). int8 times PyTorch's quantized engine (eager passes around the GEMM) against int8-fused
-(the passes compiled, `int8_kernels.py`, where a C compiler is) and keeps the faster. The same
-measurement gives each low precision's speed over
-float32, which `models/precision.py` needs before it checks agreement. Results are kept in
+(the passes compiled, `int8_kernels.py`, where a C compiler is) and, on CPUs without VNNI,
+int8-maddubs (this package's own AVX2 GEMM), and keeps the fastest. The same measurement gives each
+low precision's speed over float32, which `models/precision.py` needs before it checks agreement. Results are kept in
 `<cache>/backends.json` under a key naming the machine (CPU, threads, torch) and the model's
 shapes, so later runs reuse them without timing anything. A measurement taken while other work
 kept the machine busy (load average above `BUSY_LOAD_PER_CORE` per core) is kept as provisional:
@@ -78,8 +78,8 @@ def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm", in
 
             raise FieldError("precision", "{field} int8 runs on the CPU only (dynamic quantisation); "
                                           "use bf16 or fp16 on CUDA")
-        if int8_kernel == "int8-fused" and gemm.int8_kernels.load() is None:
-            int8_kernel = None  # measured where a compiler was; not here
+        if int8_kernel in ("int8-fused", "int8-maddubs") and int8_kernel not in int8_candidates():
+            int8_kernel = None  # measured where a compiler was (or on another CPU); not here
         kernel = int8_kernel or gemm.int8_engine() or "int8-onednn"
         gemm.check_int8(kernel)
         return kernel
@@ -88,11 +88,16 @@ def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm", in
 
 def int8_candidates() -> list[str]:
     """The int8 kernels worth timing here: PyTorch's quantized engine and, where a C compiler
-    builds the fused passes (`int8_kernels.py`), int8-fused."""
+    builds the fused passes (`int8_kernels.py`), int8-fused; on CPUs without VNNI, where oneDNN's
+    int8 needs 7-bit weights too, also int8-maddubs (the same arithmetic in this package's AVX2 GEMM)."""
     eager = gemm.int8_engine()
     if eager is None:
         return []
-    return [eager] + (["int8-fused"] if gemm.int8_kernels.load() is not None else [])
+    lib = gemm.int8_kernels.load()
+    if lib is None:
+        return [eager]
+    own = gemm.int8_kernels.has_maddubs(lib) and gemm.int8_weight_levels("int8-fused") != 127
+    return [eager, "int8-fused"] + (["int8-maddubs"] if own else [])
 
 
 def int8_choice(rates: dict) -> str | None:
@@ -110,7 +115,8 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     cache = _read(cache_dir)
     load = machine_load()
     busy = device.type == "cpu" and load > BUSY_LOAD_PER_CORE
-    stale = device.type == "cpu" and cpu_native("int8") and "int8" not in cache.get(key, {})  # before int8-fused
+    # measured before a kernel that would run here existed (int8-fused, int8-maddubs)
+    stale = device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= set(cache.get(key, {}).get("rates", {}))
     if key in cache and not (_provisional(cache[key]) and not busy) and not stale:
         return {**cache[key], "cached": True}
     kernels = gemm.fp32_kernels(device)

@@ -12,6 +12,9 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
     dequantise  h [N, out] (+)= (acc [N, out] + z colsum) * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out]),
                 acc = q @ w_int8 * column scales and colsum = the same of a row of ones
     swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
+    maddubs     for CPUs without VNNI (AVX2, or AVX-512 without VNNI): q @ w_int8 itself, 7-bit weights,
+                with dequantise (or swiglu, or the add into h) as its epilogue on the int32 sums in
+                registers (`MaddubsWeight`, `maddubs_`; the `int8-maddubs` op in `gemm.py`)
 
 The C source is compiled at first use (`native.py`: the system's C compiler, the user cache
 folder, one library per CPU); where no compiler works, `load()` returns None and `unavailable()`
@@ -34,31 +37,30 @@ SOURCE = r"""
 
 /* rintf rounds half to even (the default rounding mode) and, unlike roundevenf, vectorises.
    Per row, asymmetric over the row's own range [lo, hi] of v = x * mult (0 for outlier channels):
-   scale = (hi - lo) / 255, zero z = rint(lo / scale) (<= 0), q [n, d] uint8 = clamp(rint(v / scale) - z, 0, 255),
+   scale = (hi - lo) / 255, zero z = rint(lo / scale) (<= 0), q [n, d] uint8 (row stride ldq) = clamp(rint(v / scale) - z, 0, 255),
    so v ~ scale * (q + z); rscale [n] = scale (* 1/rms(x) when eps >= 0), zrow [n] = z;
    outv [n, k] = x[outl] * outl_mult (* 1/rms). */
 void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const float *mult, float eps,
-                   uint8_t *q, float *rscale, float *zrow, const int64_t *outl, int64_t k, const float *outl_mult,
+                   uint8_t *q, int64_t ldq, float *rscale, float *zrow, const int64_t *outl, int64_t k, const float *outl_mult,
                    float *outv, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         const float *xr = x + i * ldx;
-        float rfac = 1.0f;
-        if (eps >= 0.0f) {
-            float ss = 0.0f;
-            #pragma omp simd reduction(+:ss)
-            for (int64_t j = 0; j < d; j++) ss += xr[j] * xr[j];
-            rfac = 1.0f / sqrtf(ss / (float)d + eps);
+        float ss = 0.0f, lo = 0.0f, hi = 0.0f;  /* one pass for the norm and the range */
+        #pragma omp simd reduction(+:ss) reduction(min:lo) reduction(max:hi)
+        for (int64_t j = 0; j < d; j++) {
+            float v = xr[j] * mult[j];
+            ss += xr[j] * xr[j];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
         }
-        float lo = 0.0f, hi = 0.0f;
-        #pragma omp simd reduction(min:lo) reduction(max:hi)
-        for (int64_t j = 0; j < d; j++) { float v = xr[j] * mult[j]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }
+        const float rfac = eps >= 0.0f ? 1.0f / sqrtf(ss / (float)d + eps) : 1.0f;
         float scale = (hi - lo) / 255.0f;
         if (scale < 1e-30f) scale = 1e-30f;
         float s = 1.0f / scale;
         float z = __builtin_rintf(lo * s);
-        uint8_t *qr = q + i * d;
+        uint8_t *qr = q + i * ldq;
         #pragma omp simd
         for (int64_t j = 0; j < d; j++) {
             float v = __builtin_rintf(xr[j] * mult[j] * s) - z;
@@ -126,6 +128,139 @@ void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t
         }
     }
 }
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* CPUs without VNNI (AVX2 only, AVX-512 without VNNI) multiply u8 x s8 with vpmaddubsw, which adds each pair of
+   products in 16 bits with saturation: exact for 7-bit weights (2 * 255 * 63 = 32130 <= 32767). The kernel below
+   is that product with the dequantise pass as its epilogue, so the int32 sums never leave the registers.
+
+   The packed weight: w [m, k] int8 as [blocks][ceil(k / 4)][16 columns][4 k-steps]. Block b holds two groups of
+   8 output columns: with half = 0, columns 16 b .. 16 b + 15; with half > 0 (m = 2 half, gate_up's [gate | up]),
+   gate columns 8 b .. 8 b + 7 and up columns half + 8 b .. half + 8 b + 7, so that silu(gate) * up is one
+   epilogue. Columns past the end are zeros. The per-column vectors (cs, colsum, bias, ow's rows) come in the
+   packed order (`maddubs_pack_columns`). */
+int maddubs_built(void) { return 1; }
+
+static inline int64_t group_start(int64_t b, int g, int64_t half) { return half ? g * half + 8 * b : 16 * b + 8 * g; }
+
+void maddubs_pack(const int8_t *w, int64_t m, int64_t k, int64_t half, int64_t blocks, int8_t *out)
+{
+    const int64_t k4 = (k + 3) / 4;
+    memset(out, 0, blocks * k4 * 64);
+    for (int64_t b = 0; b < blocks; b++)
+        for (int l = 0; l < 16; l++) {
+            const int64_t end = half && l < 8 ? half : m, col = group_start(b, l / 8, half) + l % 8;
+            if (col >= end) continue;
+            int8_t *o = out + b * k4 * 64 + l * 4;
+            for (int64_t t = 0; t < k; t++) o[(t / 4) * 64 + t % 4] = w[col * k + t];
+        }
+}
+
+/* vexp on 8 lanes (the same polynomial). */
+static inline __m256 vexp8(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline void store_part(float *dst, __m256 v, int64_t count, int add)
+{
+    if (count >= 8) {
+        _mm256_storeu_ps(dst, add ? _mm256_add_ps(v, _mm256_loadu_ps(dst)) : v);
+        return;
+    }
+    float f[8];
+    _mm256_storeu_ps(f, v);
+    for (int64_t j = 0; j < count; j++) dst[j] = add ? dst[j] + f[j] : f[j];
+}
+
+#define MADDUBS_ROWS 3   /* rows per tile: 3 x 2 int32 accumulators (measured best of 2..5 on AVX2) */
+#define MADDUBS_CHUNK 512 /* rows whose activations stay in L2 while every block passes over them */
+
+/* The dequantised product of q [n, kp] uint8 (kp: k rounded up to 4, zero-padded) and the packed weight, per
+   packed column p: f = (acc * cs[p] + zrow[i] * colsum[p]) * rscale[i] + bias[p] + outv[i, :] @ ow[:, p]
+   (as dequantise_rows after oneDNN's acc * cs). mode 0: h = f; 1: h += f; 2 (half > 0): h [n, half] = silu(gate) * up. */
+void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp, const int8_t *bp, int64_t blocks,
+                  int64_t m, int64_t half, const float *cs, const float *rscale, const float *zrow,
+                  const float *colsum, const float *bias, const float *outv, int64_t k, const float *ow, int mode,
+                  int nthreads)
+{
+    const int64_t k4 = kp / 4, mp = 16 * blocks;
+    const __m256i ones = _mm256_set1_epi16(1);
+    #pragma omp parallel num_threads(nthreads)
+    for (int64_t n0 = 0; n0 < n; n0 += MADDUBS_CHUNK) {
+        const int64_t n1 = n0 + MADDUBS_CHUNK < n ? n0 + MADDUBS_CHUNK : n;
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            const int8_t *wb = bp + b * k4 * 64;
+            const int64_t p0 = 16 * b, c0 = group_start(b, 0, half), c1 = group_start(b, 1, half);
+            const int64_t e0 = (half ? half : m) - c0, e1 = m - c1;  /* valid columns of each group (may be <= 0) */
+            const __m256 s0 = _mm256_loadu_ps(cs + p0), s1 = _mm256_loadu_ps(cs + p0 + 8);
+            const __m256 u0 = _mm256_loadu_ps(colsum + p0), u1 = _mm256_loadu_ps(colsum + p0 + 8);
+            const __m256 b0 = bias ? _mm256_loadu_ps(bias + p0) : _mm256_setzero_ps();
+            const __m256 b1 = bias ? _mm256_loadu_ps(bias + p0 + 8) : _mm256_setzero_ps();
+            for (int64_t i = n0; i < n1; i += MADDUBS_ROWS) {
+                const int rows = n1 - i < MADDUBS_ROWS ? (int)(n1 - i) : MADDUBS_ROWS;
+                __m256i acc[MADDUBS_ROWS][2];
+                const uint8_t *qr[MADDUBS_ROWS];
+                for (int r = 0; r < MADDUBS_ROWS; r++) {
+                    acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+                    qr[r] = q + (i + (r < rows ? r : 0)) * kp;
+                }
+                for (int64_t t = 0; t < k4; t++) {
+                    const __m256i w0 = _mm256_load_si256((const __m256i *)(wb + t * 64));
+                    const __m256i w1 = _mm256_load_si256((const __m256i *)(wb + t * 64 + 32));
+                    for (int r = 0; r < MADDUBS_ROWS; r++) {
+                        int32_t four;
+                        memcpy(&four, qr[r] + 4 * t, 4);
+                        const __m256i a = _mm256_set1_epi32(four);
+                        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, w0), ones));
+                        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, w1), ones));
+                    }
+                }
+                for (int r = 0; r < rows; r++) {
+                    const int64_t row = i + r;
+                    const __m256 z = _mm256_set1_ps(zrow[row]), sc = _mm256_set1_ps(rscale[row]);
+                    __m256 f0 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][0]), s0);
+                    __m256 f1 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][1]), s1);
+                    f0 = _mm256_add_ps(_mm256_mul_ps(_mm256_fmadd_ps(z, u0, f0), sc), b0);
+                    f1 = _mm256_add_ps(_mm256_mul_ps(_mm256_fmadd_ps(z, u1, f1), sc), b1);
+                    for (int64_t t = 0; t < k; t++) {
+                        const __m256 v = _mm256_set1_ps(outv[row * k + t]);
+                        f0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(ow + t * mp + p0), f0);
+                        f1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(ow + t * mp + p0 + 8), f1);
+                    }
+                    float *hr = h + row * ldh;
+                    if (mode == 2) {
+                        const __m256 silu = _mm256_div_ps(f0, _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                                          vexp8(_mm256_sub_ps(_mm256_setzero_ps(), f0))));
+                        store_part(hr + c0, _mm256_mul_ps(silu, f1), e0, 0);
+                    } else {
+                        store_part(hr + c0, f0, e0, mode);
+                        store_part(hr + c1, f1, e1, mode);
+                    }
+                }
+            }
+        }
+    }
+}
+#else
+int maddubs_built(void) { return 0; }
+#endif
 """.replace("/* VEXP */", native.VEXP)
 
 
@@ -141,31 +276,40 @@ def unavailable(cache_dir: Path | None = None) -> str | None:
 
 
 def _bind(lib) -> None:
-    lib.quantise_rows.argtypes = [P, I, I, I, P, F, P, P, P, P, I, P, P, C]
+    lib.quantise_rows.argtypes = [P, I, I, I, P, F, P, I, P, P, P, I, P, P, C]
     lib.quantise_rows.restype = None
     lib.dequantise_rows.argtypes = [P, I, P, I, I, P, P, P, P, P, I, P, C, C]
     lib.dequantise_rows.restype = None
     lib.swiglu_rows.argtypes = [P, I, P, I, I, P, P, P, P, P, I, P, C]
     lib.swiglu_rows.restype = None
+    lib.maddubs_built.argtypes, lib.maddubs_built.restype = [], C
+    if lib.maddubs_built():
+        lib.maddubs_pack.argtypes = [P, I, I, I, I, P]
+        lib.maddubs_pack.restype = None
+        lib.maddubs_rows.argtypes = [P, I, P, I, I, P, I, I, I, P, P, P, P, P, P, I, P, C, C]
+        lib.maddubs_rows.restype = None
 
 
 LIBRARY = native.Library(SOURCE, "int8", _bind)
 
 
 def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outliers: torch.Tensor | None,
-             outlier_mult: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+             outlier_mult: torch.Tensor | None, width: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(q [N, in] uint8, row scales and zeros [2, N] float32, outliers' values [N, k] or None) for x [N, in]
     float32 with unit stride along rows; `eps`: x is un-normed and the row scale includes 1/rms(x)
-    (None: no norm). x * mult ~ scale * (q + zero) per row."""
+    (None: no norm). x * mult ~ scale * (q + zero) per row. `width` (>= in): q is [N, width], zeros
+    after in."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
     n, d = x.shape
-    q = torch.empty(n, d, dtype=torch.uint8)
+    width = d if width is None else width
+    q = torch.empty(n, d, dtype=torch.uint8) if width == d else torch.zeros(n, width, dtype=torch.uint8)
     rows = torch.empty(2, n)
     k = 0 if outliers is None else len(outliers)
     values = torch.empty(n, k) if k else None
-    lib.quantise_rows(ptr(x), n, d, x.stride(0), ptr(mult), -1.0 if eps is None else eps, ptr(q), ptr(rows[0]),
-                      ptr(rows[1]), ptr(outliers) if k else None, k, ptr(outlier_mult) if k else None,
-                      ptr(values), threads())
+    lib.quantise_rows(ptr(x), n, d, x.stride(0), ptr(mult), -1.0 if eps is None else eps, ptr(q), width,
+                      ptr(rows[0]), ptr(rows[1]), ptr(outliers) if k else None, k,
+                      ptr(outlier_mult) if k else None, ptr(values), threads())
     return q, rows, values
 
 
@@ -193,3 +337,55 @@ def swiglu_(lib, acc: torch.Tensor, rows: torch.Tensor, colsum: torch.Tensor, bi
     lib.swiglu_rows(ptr(acc), 2 * m, ptr(acc), n, m, ptr(rows[0]), ptr(rows[1]), ptr(colsum), ptr(bias),
                     ptr(values), k, ptr(outlier_weight) if k else None, threads())
     return acc[:, :m]
+
+
+def has_maddubs(lib) -> bool:
+    """Whether `lib` has the vpmaddubsw GEMM (built for AVX2 or above)."""
+    return lib is not None and bool(lib.maddubs_built())
+
+
+class MaddubsWeight:
+    """An int8 weight [out, in] (|w| <= 63) packed for `maddubs_rows` (see the C source), with its
+    per-output-column float32 vectors in the packed column order (`columns`).
+
+    `paired` (an even `out`): gate_up's [gate | up] halves side by side, so that the product can end in
+    silu(gate) * up (`swiglu`); plain and added products use the same layout."""
+
+    def __init__(self, lib, q: torch.Tensor, paired: bool):
+        m, k = q.shape
+        self.lib, self.m, self.k, self.kp = lib, m, k, (k + 3) // 4 * 4
+        self.half = m // 2 if paired and m % 2 == 0 else 0
+        self.blocks = -(-self.half // 8) if self.half else -(-m // 16)
+        raw = torch.empty(self.blocks * self.kp * 16 + 32, dtype=torch.int8)
+        self._raw = raw  # the 32-byte aligned view below reads it
+        self.packed = raw[(-raw.data_ptr()) % 32:][:self.blocks * self.kp * 16]
+        lib.maddubs_pack(ptr(q.contiguous()), m, k, self.half, self.blocks, ptr(self.packed))
+        lanes = torch.arange(16)
+        starts = torch.arange(self.blocks)[:, None] * (8 if self.half else 16)
+        col = starts + lanes % 8 + torch.where(lanes < 8, 0, self.half if self.half else 8)  # [blocks, 16]
+        end = torch.where(lanes < 8, self.half if self.half else m, m)
+        self.source = torch.where(col < end, col, -1).reshape(-1)  # packed column → weight column (-1: none)
+
+    def columns(self, v: torch.Tensor | None) -> torch.Tensor | None:
+        """v [..., out] in the packed column order [..., blocks * 16] (zeros for padding columns)."""
+        if v is None:
+            return None
+        out = v.new_zeros(*v.shape[:-1], len(self.source))
+        keep = self.source >= 0
+        out[..., keep] = v[..., self.source[keep]]
+        return out.contiguous()
+
+
+def maddubs_(w: MaddubsWeight, out: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, col_scale: torch.Tensor,
+             colsum: torch.Tensor, bias: torch.Tensor | None, values: torch.Tensor | None,
+             outlier_weight: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """The product of `quantise`'s q [N, w.kp] (and rows, values) with w, dequantised into `out` (row stride
+    free, unit column stride): mode "set" out [N, out] = f, "add" out += f, "swiglu" out [N, out / 2] =
+    silu(gate) * up. col_scale, colsum, bias, outlier_weight in `w.columns` order. Returns out."""
+    assert out.dtype == torch.float32 and out.stride(1) == 1 and q.is_contiguous() and q.shape[1] == w.kp
+    assert mode != "swiglu" or w.half
+    k = 0 if values is None else values.shape[1]
+    w.lib.maddubs_rows(ptr(out), out.stride(0), ptr(q), q.shape[0], w.kp, ptr(w.packed), w.blocks, w.m, w.half,
+                       ptr(col_scale), ptr(rows[0]), ptr(rows[1]), ptr(colsum), ptr(bias), ptr(values), k,
+                       ptr(outlier_weight) if k else None, {"set": 0, "add": 1, "swiglu": 2}[mode], threads())
+    return out

@@ -45,10 +45,10 @@ of 200 differing, 9% of the time), so the sample must
 show 99.5% (≤ 1 of 200 differing): a precision agreeing on 97.3% then passes 2.7% of the time, on
 98% 8.9%, while one agreeing on 99.9% still passes 98% of the time."""
 AGREEMENT_ITEMS = 200
-CHECK_VERSION = 5
+CHECK_VERSION = 6
 """Part of a cached decision's key with `MIN_AGREEMENT`: bump it when a low-precision kernel changes
 (2: int8 smoothing and float32 outliers; 3: int8-fused, asymmetric per token; 4: int8 outlier ratio 2;
-5: 7-bit int8 weights where 8-bit ones saturated, on CPUs without VNNI), so that decisions
+5: 7-bit int8 weights where 8-bit ones saturated, on CPUs without VNNI; 6: int8-maddubs, faster there), so that decisions
 made with other kernels or another gate are made again instead of reused."""
 SAMPLE_SCAN_ROWS = 10_000
 """Rows of the input looked at for the sample at most: the read-ahead stays bounded on an input of
