@@ -151,19 +151,22 @@ def test_fused_swiglu_is_silu_gate_times_up(kernel):
     got = op.normed_swiglu(h, 1e-6)
     assert got.shape == (11, 40)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    big = torch.tensor([[-200.0, -80.0, -1.0, 0.0, 1.0, 80.0, 200.0]])  # exp's clamps: no inf, no nan
+    # exp's clamps: no inf, no nan; 19 values: the vector lanes (8 or 16) and the scalar tail
+    big = torch.tensor([[-200.0, -80.0, -1.0, 0.0, 1.0, 80.0, 200.0, -3.5, 2.25, -0.5, 0.75, 5.0, -7.0, 12.0,
+                         -20.0, 30.0, 0.1, -0.1, 88.5]])
+    width = big.shape[1]
     rows = torch.tensor([[1.0], [0.0]])  # scale 1, zero 0
     if kernel == "int8-fused":
         acc = torch.cat([big, torch.ones_like(big)], dim=1)
-        out = int8_kernels.swiglu_(op.lib, acc, rows, torch.zeros(14), None, None, None)
+        out = int8_kernels.swiglu_(op.lib, acc, rows, torch.zeros(2 * width), None, None, None)
     else:  # gate_j = 1 * big_j (the column scale), up_j = 0 + 1 (the bias)
-        eye = torch.zeros(14, 8, dtype=torch.int8)
-        eye[torch.arange(7), torch.arange(7)] = 1
+        eye = torch.zeros(2 * width, width, dtype=torch.int8)
+        eye[torch.arange(width), torch.arange(width)] = 1
         weight = int8_kernels.MaddubsWeight(op.lib, eye, paired=True)
-        cols = weight.columns
-        out = int8_kernels.maddubs_(weight, torch.empty(1, 7), torch.ones(1, 8, dtype=torch.uint8), rows,
-                                    cols(torch.cat([big[0], torch.zeros(7)])), cols(torch.zeros(14)),
-                                    cols(torch.cat([torch.zeros(7), torch.ones(7)])), None, None, "swiglu")
+        cols, zeros, ones = weight.columns, torch.zeros(width), torch.ones(width)
+        out = int8_kernels.maddubs_(weight, torch.empty(1, width), torch.ones(1, weight.kp, dtype=torch.uint8), rows,
+                                    cols(torch.cat([big[0], zeros])), cols(torch.zeros(2 * width)),
+                                    cols(torch.cat([zeros, ones])), None, None, "swiglu")
     torch.testing.assert_close(out, torch.nn.functional.silu(big), rtol=1e-6, atol=1e-6)
 
 

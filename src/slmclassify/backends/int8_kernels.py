@@ -92,9 +92,7 @@ void swiglu_rows(float *act, int64_t lda, float *acc, int64_t n, int64_t m, cons
             #pragma omp simd
             for (int64_t j = 0; j < 2 * m; j++) ar[j] += v * w[j];
         }
-        float *out = act + i * lda;
-        #pragma omp simd
-        for (int64_t j = 0; j < m; j++) { float g = ar[j]; out[j] = g / (1.0f + vexp(-g)) * ar[m + j]; }
+        silu_mul(act + i * lda, ar, ar + m, m);
     }
 }
 
@@ -156,25 +154,6 @@ void maddubs_pack(const int8_t *w, int64_t m, int64_t k, int64_t half, int64_t b
             int8_t *o = out + b * k4 * 64 + l * 4;
             for (int64_t t = 0; t < k; t++) o[(t / 4) * 64 + t % 4] = w[col * k + t];
         }
-}
-
-/* vexp on 8 lanes (the same polynomial). */
-static inline __m256 vexp8(__m256 x)
-{
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 static inline void store_part(float *dst, __m256 v, int64_t count, int add)
@@ -247,7 +226,7 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
                     float *hr = h + row * ldh;
                     if (mode == 2) {
                         const __m256 silu = _mm256_div_ps(f0, _mm256_add_ps(_mm256_set1_ps(1.0f),
-                                                          vexp8(_mm256_sub_ps(_mm256_setzero_ps(), f0))));
+                                                          (__m256)vexp8(-(v8f)f0)));
                         store_part(hr + c0, _mm256_mul_ps(silu, f1), e0, 0);
                     } else {
                         store_part(hr + c0, f0, e0, mode);
