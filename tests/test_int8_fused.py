@@ -220,4 +220,4 @@ def test_maddubs_is_timed_only_where_onednn_needs_7_bit_weights(monkeypatch):
     monkeypatch.setattr(gemm, "int8_weight_levels", real)
     if built:
         line = choice.Backend(device=torch.device("cpu"), precision="int8", gemm="int8-maddubs").describe()
-        assert line.startswith("cpu int8 (int8-maddubs GEMM; 7-bit weights: this package's AVX2 int8 GEMM")
+        assert line.startswith("cpu int8 (int8-maddubs GEMM; 7-bit weights: this package's int8 GEMM")

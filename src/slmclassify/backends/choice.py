@@ -6,7 +6,7 @@ EPYC, 5% slower on an Intel Xeon); oneDNN must beat `mm` by 10% to be chosen, be
 packed layout is a second copy of the weights (`mm` computes with the ones the reference path
 shares). int8 times PyTorch's quantized engine (eager passes around the GEMM) against int8-fused
 (the passes compiled, `int8_kernels.py`, where a C compiler is) and, on CPUs without VNNI,
-int8-maddubs (this package's own AVX2 GEMM), and keeps the fastest. The same measurement gives each
+int8-maddubs (this package's own GEMM), and keeps the fastest. The same measurement gives each
 low precision's speed over float32, which `models/precision.py` needs before it checks agreement. Results are kept in
 `<cache>/backends.json` under a key naming the machine (CPU, threads, torch) and the model's
 shapes, so later runs reuse them without timing anything. A measurement taken while other work
@@ -89,7 +89,7 @@ def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm", in
 def int8_candidates() -> list[str]:
     """The int8 kernels worth timing here: PyTorch's quantized engine and, where a C compiler
     builds the fused passes (`int8_kernels.py`), int8-fused; on CPUs without VNNI, where oneDNN's
-    int8 needs 7-bit weights too, also int8-maddubs (the same arithmetic in this package's AVX2 GEMM)."""
+    int8 needs 7-bit weights too, also int8-maddubs (the same arithmetic in this package's own GEMM)."""
     eager = gemm.int8_engine()
     if eager is None:
         return []

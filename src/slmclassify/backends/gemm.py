@@ -9,8 +9,8 @@
     int8-fused   the same smoothing and weights, activations asymmetric per token, one C pass each side
                  of oneDNN's prepacked int8 GEMM (`int8_kernels.py`); needs a C compiler at first use
                  (int8 weights use 7 bits where the CPU's int8 kernel would saturate: `int8_weight_levels`)
-    int8-maddubs int8-fused's arithmetic with 7-bit weights, the GEMM this package's own (AVX2,
-                 `vpmaddubsw`) with the dequantise pass as its epilogue: for CPUs without VNNI
+    int8-maddubs int8-fused's arithmetic with 7-bit weights, the GEMM this package's own (AVX2 or
+                 AVX-512 BW, `vpmaddubsw`) with the dequantise pass as its epilogue: CPUs without VNNI
     bf16, fp16   the weight cast once; inputs cast per call; output in that precision
 
 `add_(h, x)` adds the product into the float32 residual stream in place; `normed(h, eps)` computes
@@ -101,7 +101,7 @@ def int8_arithmetic(kernel: str) -> str:
     if levels == 127:
         return "8-bit weights"
     if levels == 63 and kernel == "int8-maddubs":
-        return "7-bit weights: this package's AVX2 int8 GEMM, products added in pairs in 16 bits (vpmaddubsw; no VNNI)"
+        return "7-bit weights: this package's int8 GEMM, products added in pairs in 16 bits (vpmaddubsw; no VNNI)"
     if levels == 63:
         return "7-bit weights: this CPU's int8 kernel adds products in 16 bits (no VNNI)"
     return "not exact here"
@@ -331,8 +331,9 @@ class Int8FusedLinear(LinearOp):
 
 
 class Int8MaddubsLinear(Int8FusedLinear):
-    """`Int8FusedLinear`'s arithmetic (7-bit weights) with this package's own AVX2 GEMM in place of
-    oneDNN's, for CPUs without VNNI, where both add u8 x s8 products in 16-bit pairs (`vpmaddubsw`).
+    """`Int8FusedLinear`'s arithmetic (7-bit weights) with this package's own GEMM (AVX2, or AVX-512 BW
+    registers where the CPU has them) in place of oneDNN's, for CPUs without VNNI, where both add u8 x s8
+    products in 16-bit pairs (`vpmaddubsw`).
     Its epilogue is the dequantise pass (and gate_up's silu(gate) * up), so the int32 sums never
     leave the registers. On SmolLM2-135M's four GEMMs at 1024 tokens (the Xeon under the AVX2 cap,
     2 threads, quantise pass included) it made 1.58x float32 `mm` where oneDNN's AVX2 int8 with the

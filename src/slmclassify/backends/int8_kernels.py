@@ -12,7 +12,7 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
     dequantise  h [N, out] (+)= (acc [N, out] + z colsum) * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out]),
                 acc = q @ w_int8 * column scales and colsum = the same of a row of ones
     swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
-    maddubs     for CPUs without VNNI (AVX2, or AVX-512 without VNNI): q @ w_int8 itself, 7-bit weights,
+    maddubs     for CPUs without VNNI (AVX2, or AVX-512 without VNNI: ymm or zmm registers): q @ w_int8 itself, 7-bit weights,
                 with dequantise (or swiglu, or the add into h) as its epilogue on the int32 sums in
                 registers (`MaddubsWeight`, `maddubs_`; the `int8-maddubs` op in `gemm.py`)
 
@@ -132,43 +132,93 @@ void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t
 
 /* CPUs without VNNI (AVX2 only, AVX-512 without VNNI) multiply u8 x s8 with vpmaddubsw, which adds each pair of
    products in 16 bits with saturation: exact for 7-bit weights (2 * 255 * 63 = 32130 <= 32767). The kernel below
-   is that product with the dequantise pass as its epilogue, so the int32 sums never leave the registers.
+   is that product with the dequantise pass as its epilogue, so the int32 sums never leave the registers; on
+   ymm registers (LANES 8) with AVX2, on zmm (LANES 16) where AVX-512 BW is there.
 
-   The packed weight: w [m, k] int8 as [blocks][ceil(k / 4)][16 columns][4 k-steps]. Block b holds two groups of
-   8 output columns: with half = 0, columns 16 b .. 16 b + 15; with half > 0 (m = 2 half, gate_up's [gate | up]),
-   gate columns 8 b .. 8 b + 7 and up columns half + 8 b .. half + 8 b + 7, so that silu(gate) * up is one
-   epilogue. Columns past the end are zeros. The per-column vectors (cs, colsum, bias, ow's rows) come in the
-   packed order (`maddubs_pack_columns`). */
+   The packed weight: w [m, k] int8 as [blocks][ceil(k / 4)][2 LANES columns][4 k-steps]. Block b holds two groups
+   of LANES output columns: with half = 0, columns 2 LANES b .. 2 LANES b + 2 LANES - 1; with half > 0 (m = 2 half,
+   gate_up's [gate | up]), gate columns LANES b .. LANES b + LANES - 1 and the same of the up half, so that
+   silu(gate) * up is one epilogue. Columns past the end are zeros. The per-column vectors (cs, colsum, bias,
+   ow's rows) come in the packed order (`MaddubsWeight.columns`). */
+#if defined(__AVX512BW__)
+#define LANES 16
+#define TILE_ROWS 6          /* rows per tile: 6 x 2 int32 accumulators (3 to 8 measured alike) */
+typedef __m512i vi;
+typedef __m512 vfl;
+#define LOAD_I(p) _mm512_load_si512((const void *)(p))
+#define SET1_I32 _mm512_set1_epi32
+#define SET1_I16 _mm512_set1_epi16
+#define ZERO_I _mm512_setzero_si512
+#define MADDUBS _mm512_maddubs_epi16
+#define MADD _mm512_madd_epi16
+#define ADD_I32 _mm512_add_epi32
+#define CVT _mm512_cvtepi32_ps
+#define LOADU _mm512_loadu_ps
+#define STOREU _mm512_storeu_ps
+#define SET1 _mm512_set1_ps
+#define ZERO _mm512_setzero_ps
+#define MUL _mm512_mul_ps
+#define ADD _mm512_add_ps
+#define DIV _mm512_div_ps
+#define FMADD _mm512_fmadd_ps
+#define EXP(x) ((vfl)vexpv((vexp_f)(x)))
+#else
+#define LANES 8
+#define TILE_ROWS 3          /* 3 x 2 int32 accumulators (measured best of 2..5 on AVX2's 16 ymm registers) */
+typedef __m256i vi;
+typedef __m256 vfl;
+#define LOAD_I(p) _mm256_load_si256((const __m256i *)(p))
+#define SET1_I32 _mm256_set1_epi32
+#define SET1_I16 _mm256_set1_epi16
+#define ZERO_I _mm256_setzero_si256
+#define MADDUBS _mm256_maddubs_epi16
+#define MADD _mm256_madd_epi16
+#define ADD_I32 _mm256_add_epi32
+#define CVT _mm256_cvtepi32_ps
+#define LOADU _mm256_loadu_ps
+#define STOREU _mm256_storeu_ps
+#define SET1 _mm256_set1_ps
+#define ZERO _mm256_setzero_ps
+#define MUL _mm256_mul_ps
+#define ADD _mm256_add_ps
+#define DIV _mm256_div_ps
+#define FMADD _mm256_fmadd_ps
+#define EXP(x) ((vfl)vexp8((v8f)(x)))
+#endif
+#define STEP (8 * LANES)     /* bytes of one 4-step of a block: 2 LANES columns x 4 */
+#define MADDUBS_CHUNK 512    /* rows whose activations stay in L2 while every block passes over them */
+
 int maddubs_built(void) { return 1; }
+int maddubs_lanes(void) { return LANES; }
 
-static inline int64_t group_start(int64_t b, int g, int64_t half) { return half ? g * half + 8 * b : 16 * b + 8 * g; }
+static inline int64_t group_start(int64_t b, int g, int64_t half)
+{
+    return half ? g * half + LANES * b : 2 * LANES * b + LANES * g;
+}
 
 void maddubs_pack(const int8_t *w, int64_t m, int64_t k, int64_t half, int64_t blocks, int8_t *out)
 {
     const int64_t k4 = (k + 3) / 4;
-    memset(out, 0, blocks * k4 * 64);
+    memset(out, 0, blocks * k4 * STEP);
     for (int64_t b = 0; b < blocks; b++)
-        for (int l = 0; l < 16; l++) {
-            const int64_t end = half && l < 8 ? half : m, col = group_start(b, l / 8, half) + l % 8;
+        for (int l = 0; l < 2 * LANES; l++) {
+            const int64_t end = half && l < LANES ? half : m, col = group_start(b, l / LANES, half) + l % LANES;
             if (col >= end) continue;
-            int8_t *o = out + b * k4 * 64 + l * 4;
-            for (int64_t t = 0; t < k; t++) o[(t / 4) * 64 + t % 4] = w[col * k + t];
+            int8_t *o = out + b * k4 * STEP + l * 4;
+            for (int64_t t = 0; t < k; t++) o[(t / 4) * STEP + t % 4] = w[col * k + t];
         }
 }
 
-static inline void store_part(float *dst, __m256 v, int64_t count, int add)
+static inline void store_part(float *dst, vfl v, int64_t count, int add)
 {
-    if (count >= 8) {
-        _mm256_storeu_ps(dst, add ? _mm256_add_ps(v, _mm256_loadu_ps(dst)) : v);
+    if (count >= LANES) {
+        STOREU(dst, add ? ADD(v, LOADU(dst)) : v);
         return;
     }
-    float f[8];
-    _mm256_storeu_ps(f, v);
+    float f[LANES];
+    STOREU(f, v);
     for (int64_t j = 0; j < count; j++) dst[j] = add ? dst[j] + f[j] : f[j];
 }
-
-#define MADDUBS_ROWS 3   /* rows per tile: 3 x 2 int32 accumulators (measured best of 2..5 on AVX2) */
-#define MADDUBS_CHUNK 512 /* rows whose activations stay in L2 while every block passes over them */
 
 /* The dequantised product of q [n, kp] uint8 (kp: k rounded up to 4, zero-padded) and the packed weight, per
    packed column p: f = (acc * cs[p] + zrow[i] * colsum[p]) * rscale[i] + bias[p] + outv[i, :] @ ow[:, p]
@@ -178,56 +228,52 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
                   const float *colsum, const float *bias, const float *outv, int64_t k, const float *ow, int mode,
                   int nthreads)
 {
-    const int64_t k4 = kp / 4, mp = 16 * blocks;
-    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t k4 = kp / 4, mp = 2 * LANES * blocks;
+    const vi ones = SET1_I16(1);
     #pragma omp parallel num_threads(nthreads)
     for (int64_t n0 = 0; n0 < n; n0 += MADDUBS_CHUNK) {
         const int64_t n1 = n0 + MADDUBS_CHUNK < n ? n0 + MADDUBS_CHUNK : n;
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
-            const int8_t *wb = bp + b * k4 * 64;
-            const int64_t p0 = 16 * b, c0 = group_start(b, 0, half), c1 = group_start(b, 1, half);
+            const int8_t *wb = bp + b * k4 * STEP;
+            const int64_t p0 = 2 * LANES * b, c0 = group_start(b, 0, half), c1 = group_start(b, 1, half);
             const int64_t e0 = (half ? half : m) - c0, e1 = m - c1;  /* valid columns of each group (may be <= 0) */
-            const __m256 s0 = _mm256_loadu_ps(cs + p0), s1 = _mm256_loadu_ps(cs + p0 + 8);
-            const __m256 u0 = _mm256_loadu_ps(colsum + p0), u1 = _mm256_loadu_ps(colsum + p0 + 8);
-            const __m256 b0 = bias ? _mm256_loadu_ps(bias + p0) : _mm256_setzero_ps();
-            const __m256 b1 = bias ? _mm256_loadu_ps(bias + p0 + 8) : _mm256_setzero_ps();
-            for (int64_t i = n0; i < n1; i += MADDUBS_ROWS) {
-                const int rows = n1 - i < MADDUBS_ROWS ? (int)(n1 - i) : MADDUBS_ROWS;
-                __m256i acc[MADDUBS_ROWS][2];
-                const uint8_t *qr[MADDUBS_ROWS];
-                for (int r = 0; r < MADDUBS_ROWS; r++) {
-                    acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+            const vfl s0 = LOADU(cs + p0), s1 = LOADU(cs + p0 + LANES);
+            const vfl u0 = LOADU(colsum + p0), u1 = LOADU(colsum + p0 + LANES);
+            const vfl b0 = bias ? LOADU(bias + p0) : ZERO(), b1 = bias ? LOADU(bias + p0 + LANES) : ZERO();
+            for (int64_t i = n0; i < n1; i += TILE_ROWS) {
+                const int rows = n1 - i < TILE_ROWS ? (int)(n1 - i) : TILE_ROWS;
+                vi acc[TILE_ROWS][2];
+                const uint8_t *qr[TILE_ROWS];
+                for (int r = 0; r < TILE_ROWS; r++) {
+                    acc[r][0] = acc[r][1] = ZERO_I();
                     qr[r] = q + (i + (r < rows ? r : 0)) * kp;
                 }
                 for (int64_t t = 0; t < k4; t++) {
-                    const __m256i w0 = _mm256_load_si256((const __m256i *)(wb + t * 64));
-                    const __m256i w1 = _mm256_load_si256((const __m256i *)(wb + t * 64 + 32));
-                    for (int r = 0; r < MADDUBS_ROWS; r++) {
+                    const vi w0 = LOAD_I(wb + t * STEP), w1 = LOAD_I(wb + t * STEP + STEP / 2);
+                    for (int r = 0; r < TILE_ROWS; r++) {
                         int32_t four;
                         memcpy(&four, qr[r] + 4 * t, 4);
-                        const __m256i a = _mm256_set1_epi32(four);
-                        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, w0), ones));
-                        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, w1), ones));
+                        const vi a = SET1_I32(four);
+                        acc[r][0] = ADD_I32(acc[r][0], MADD(MADDUBS(a, w0), ones));
+                        acc[r][1] = ADD_I32(acc[r][1], MADD(MADDUBS(a, w1), ones));
                     }
                 }
                 for (int r = 0; r < rows; r++) {
                     const int64_t row = i + r;
-                    const __m256 z = _mm256_set1_ps(zrow[row]), sc = _mm256_set1_ps(rscale[row]);
-                    __m256 f0 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][0]), s0);
-                    __m256 f1 = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][1]), s1);
-                    f0 = _mm256_add_ps(_mm256_mul_ps(_mm256_fmadd_ps(z, u0, f0), sc), b0);
-                    f1 = _mm256_add_ps(_mm256_mul_ps(_mm256_fmadd_ps(z, u1, f1), sc), b1);
+                    const vfl z = SET1(zrow[row]), sc = SET1(rscale[row]);
+                    vfl f0 = MUL(CVT(acc[r][0]), s0), f1 = MUL(CVT(acc[r][1]), s1);
+                    f0 = ADD(MUL(FMADD(z, u0, f0), sc), b0);
+                    f1 = ADD(MUL(FMADD(z, u1, f1), sc), b1);
                     for (int64_t t = 0; t < k; t++) {
-                        const __m256 v = _mm256_set1_ps(outv[row * k + t]);
-                        f0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(ow + t * mp + p0), f0);
-                        f1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(ow + t * mp + p0 + 8), f1);
+                        const vfl v = SET1(outv[row * k + t]);
+                        f0 = FMADD(v, LOADU(ow + t * mp + p0), f0);
+                        f1 = FMADD(v, LOADU(ow + t * mp + p0 + LANES), f1);
                     }
                     float *hr = h + row * ldh;
                     if (mode == 2) {
-                        const __m256 silu = _mm256_div_ps(f0, _mm256_add_ps(_mm256_set1_ps(1.0f),
-                                                          (__m256)vexp8(-(v8f)f0)));
-                        store_part(hr + c0, _mm256_mul_ps(silu, f1), e0, 0);
+                        const vfl silu = DIV(f0, ADD(SET1(1.0f), EXP(MUL(f0, SET1(-1.0f)))));
+                        store_part(hr + c0, MUL(silu, f1), e0, 0);
                     } else {
                         store_part(hr + c0, f0, e0, mode);
                         store_part(hr + c1, f1, e1, mode);
@@ -239,6 +285,7 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
 }
 #else
 int maddubs_built(void) { return 0; }
+int maddubs_lanes(void) { return 0; }
 #endif
 """.replace("/* VEXP */", native.VEXP)
 
@@ -262,6 +309,7 @@ def _bind(lib) -> None:
     lib.swiglu_rows.argtypes = [P, I, P, I, I, P, P, P, P, P, I, P, C]
     lib.swiglu_rows.restype = None
     lib.maddubs_built.argtypes, lib.maddubs_built.restype = [], C
+    lib.maddubs_lanes.argtypes, lib.maddubs_lanes.restype = [], C
     if lib.maddubs_built():
         lib.maddubs_pack.argtypes = [P, I, I, I, I, P]
         lib.maddubs_pack.restype = None
@@ -333,20 +381,22 @@ class MaddubsWeight:
     def __init__(self, lib, q: torch.Tensor, paired: bool):
         m, k = q.shape
         self.lib, self.m, self.k, self.kp = lib, m, k, (k + 3) // 4 * 4
+        g = lib.maddubs_lanes()  # columns per group: 8 (AVX2) or 16 (AVX-512 BW); a block holds two groups
         self.half = m // 2 if paired and m % 2 == 0 else 0
-        self.blocks = -(-self.half // 8) if self.half else -(-m // 16)
-        raw = torch.empty(self.blocks * self.kp * 16 + 32, dtype=torch.int8)
-        self._raw = raw  # the 32-byte aligned view below reads it
-        self.packed = raw[(-raw.data_ptr()) % 32:][:self.blocks * self.kp * 16]
+        self.blocks = -(-self.half // g) if self.half else -(-m // (2 * g))
+        size = self.blocks * self.kp * 2 * g
+        raw = torch.empty(size + 64, dtype=torch.int8)
+        self._raw = raw  # the 64-byte aligned view below reads it
+        self.packed = raw[(-raw.data_ptr()) % 64:][:size]
         lib.maddubs_pack(ptr(q.contiguous()), m, k, self.half, self.blocks, ptr(self.packed))
-        lanes = torch.arange(16)
-        starts = torch.arange(self.blocks)[:, None] * (8 if self.half else 16)
-        col = starts + lanes % 8 + torch.where(lanes < 8, 0, self.half if self.half else 8)  # [blocks, 16]
-        end = torch.where(lanes < 8, self.half if self.half else m, m)
+        lanes = torch.arange(2 * g)
+        starts = torch.arange(self.blocks)[:, None] * (g if self.half else 2 * g)
+        col = starts + lanes % g + torch.where(lanes < g, 0, self.half if self.half else g)  # [blocks, 2 g]
+        end = torch.where(lanes < g, self.half if self.half else m, m)
         self.source = torch.where(col < end, col, -1).reshape(-1)  # packed column → weight column (-1: none)
 
     def columns(self, v: torch.Tensor | None) -> torch.Tensor | None:
-        """v [..., out] in the packed column order [..., blocks * 16] (zeros for padding columns)."""
+        """v [..., out] in the packed column order [..., blocks * 2 lanes] (zeros for padding columns)."""
         if v is None:
             return None
         out = v.new_zeros(*v.shape[:-1], len(self.source))
