@@ -404,3 +404,10 @@ def test_machine_key_names_the_isa_cap(monkeypatch):
     assert machine_key(torch.device("cpu")) != full and "ONEDNN_MAX_CPU_ISA=AVX2" in machine_key(torch.device("cpu"))
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
     assert machine_key(torch.device("cpu")) == full
+
+
+def test_machine_key_changes_with_the_int8_kernels(monkeypatch):
+    """A changed C kernel is timed again at the next load instead of being judged by its old rate."""
+    before = machine_key(torch.device("cpu"))
+    monkeypatch.setattr(gemm.int8_kernels, "SOURCE", gemm.int8_kernels.SOURCE + "\n/* changed */\n")
+    assert machine_key(torch.device("cpu")) != before

@@ -16,6 +16,7 @@ it is used, and measured again by the next run that finds the machine quiet.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -47,11 +48,14 @@ def cpu_name() -> str:
 
 def machine_key(device: torch.device) -> str:
     """What the measurement depends on besides the model: the processor (and the instruction-set
-    caps in force, `isa.describe_cap`), threads and torch."""
+    caps in force, `isa.describe_cap`), threads, torch and, on a CPU, the int8 C kernels' source (a
+    changed kernel is timed again, not judged by the old one's rate)."""
     chip = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    if device.type == "cpu" and isa.describe_cap():
-        chip += f" ({isa.describe_cap()})"
-    return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+    kernels = ""
+    if device.type == "cpu":
+        chip += f" ({isa.describe_cap()})" if isa.describe_cap() else ""
+        kernels = f"|int8 kernels {hashlib.sha256(gemm.int8_kernels.SOURCE.encode()).hexdigest()[:8]}"
+    return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}{kernels}"
 
 
 def model_key(config) -> str:
