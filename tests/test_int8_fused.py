@@ -7,8 +7,6 @@ the float32 reference on the tiny Llama and Qwen2 models."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -44,22 +42,13 @@ def _smoothing(n_in: int, n_out: int) -> Smoothing:
 
 def _emulated(w, bias, smooth, x, kernel="int8-fused"):
     """The fused op's arithmetic in plain PyTorch: per-token asymmetric int8 of x / s over the row's
-    own range (outlier channels apart, in float32; int8-maddubs: in int16, per token and per output
-    channel, `int8_kernels.MaddubsOutliers`), per-output-channel symmetric int8 of s w / cols;
+    own range (outlier channels apart, in float32), per-output-channel symmetric int8 of s w / cols;
     int32-exact products."""
     w = w * smooth.rows[:, None] / smooth.cols[None]
     bias = bias / smooth.cols
     xs = x * smooth.inv_in
     outl = smooth.outliers
     exact_part = xs[:, outl] @ w[outl]
-    if kernel == "int8-maddubs":
-        values, ow = xs[:, outl], w[outl]
-        kk = len(outl) + len(outl) % 2
-        levels = min(32767, int(math.sqrt((2 ** 31 - 1) / kk)))
-        so = (values.abs().amax(1, keepdim=True) / levels).clamp_min(1e-30)
-        sw = (ow.abs().amax(0, keepdim=True) / levels).clamp_min(1e-30)
-        qo, qw = torch.round(values * (1 / so)), torch.round(ow / sw)
-        exact_part = (qo.double() @ qw.double()).float() * so * sw
     xs, w = xs.index_fill(1, outl, 0.0), w.index_fill(0, outl, 0.0)
     lo, hi = xs.amin(1, keepdim=True).clamp_max(0), xs.amax(1, keepdim=True).clamp_min(0)
     rscale = (hi - lo) / 255

@@ -297,16 +297,16 @@ class Int8FusedLinear(LinearOp):
         self.packed = torch.ops.onednn.qlinear_prepack(q, None)
         self.zero = torch.zeros(q.shape[0], dtype=torch.long)
 
-    def _quantise(self, x: torch.Tensor, eps: float | None, width: int | None = None, wide=None):
+    def _quantise(self, x: torch.Tensor, eps: float | None, width: int | None = None):
         """`int8_kernels.quantise` of x with this op's smoothing and outlier channels."""
         x = x.float()
         if x.stride(1) != 1:
             x = x.contiguous()
-        return int8_kernels.quantise(self.lib, x, self.mult, eps, self.outliers, self.outlier_mult, width, wide)
+        return int8_kernels.quantise(self.lib, x, self.mult, eps, self.outliers, self.outlier_mult, width)
 
     def _acc(self, x: torch.Tensor, eps: float | None):
         """(x @ w without the row scales and zeros [N, out], [row scales; zeros] [2, N], outlier values [N, k] or None)."""
-        q, rows, values, _ = self._quantise(x, eps)
+        q, rows, values = self._quantise(x, eps)
         acc = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.packed, self.col_scale, self.zero, None, 1.0, 0,
                                                  torch.float32, "none", [], "")  # [N, out] = q @ w_int8 * col_scale
         return acc, rows, values
@@ -335,8 +335,7 @@ class Int8MaddubsLinear(Int8FusedLinear):
     registers where the CPU has them) in place of oneDNN's, for CPUs without VNNI, where both add u8 x s8
     products in 16-bit pairs (`vpmaddubsw`).
     Its epilogue is the dequantise pass (and gate_up's silu(gate) * up), so the int32 sums never
-    leave the registers. Its float32 outlier channels are multiplied in int16 (`int8_kernels.MaddubsOutliers`:
-    ~12-15 bits each side, relative error ~1e-4, half the multiply µops of float32 FMAs). On SmolLM2-135M's four GEMMs at 1024 tokens (the Xeon under the AVX2 cap,
+    leave the registers. On SmolLM2-135M's four GEMMs at 1024 tokens (the Xeon under the AVX2 cap,
     2 threads, quantise pass included) it made 1.58x float32 `mm` where oneDNN's AVX2 int8 with the
     fused passes made 1.32x; the kernel alone runs at the multiply ports' bound (~2x `mm`)."""
 
@@ -352,13 +351,13 @@ class Int8MaddubsLinear(Int8FusedLinear):
     def _pack(self, q):
         self.weight = int8_kernels.MaddubsWeight(self.lib, q, paired=True)
         self.col_scale, self.colsum, self.bias = (self.weight.columns(v) for v in (self.col_scale, self.colsum, self.bias))
-        self.wide = None if self.outlier_weight is None else int8_kernels.MaddubsOutliers(self.weight, self.outlier_weight)
-        self.outlier_weight = None  # held in int16 by `wide`
+        if self.outlier_weight is not None:
+            self.outlier_weight = self.weight.columns(self.outlier_weight)
 
     def _product(self, out, x, eps, mode):
-        q, rows, _, int16 = self._quantise(x, eps, width=self.weight.kp, wide=self.wide)
-        return int8_kernels.maddubs_(self.weight, out, q, rows, self.col_scale, self.colsum, self.bias, int16,
-                                     self.wide, mode)
+        q, rows, values = self._quantise(x, eps, width=self.weight.kp)
+        return int8_kernels.maddubs_(self.weight, out, q, rows, self.col_scale, self.colsum, self.bias, values,
+                                     self.outlier_weight, mode)
 
     def normed(self, h, eps):
         return self._product(torch.empty(h.shape[0], self.out_features), h, eps, "set")

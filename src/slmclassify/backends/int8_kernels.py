@@ -23,7 +23,6 @@ says why: the int8 ops then run the eager path.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -40,11 +39,10 @@ SOURCE = r"""
    Per row, asymmetric over the row's own range [lo, hi] of v = x * mult (0 for outlier channels):
    scale = (hi - lo) / 255, zero z = rint(lo / scale) (<= 0), q [n, d] uint8 (row stride ldq) = clamp(rint(v / scale) - z, 0, 255),
    so v ~ scale * (q + z); rscale [n] = scale (* 1/rms(x) when eps >= 0), zrow [n] = z;
-   outv [n, k] = x[outl] * outl_mult (* 1/rms); where qo is given also qo [n, kk] int16 = rint(outv / so[i]) (zeros
-   after k), so [n] = max |outv row| / olevels (int8-maddubs's outlier product). */
+   outv [n, k] = x[outl] * outl_mult (* 1/rms). */
 void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const float *mult, float eps,
                    uint8_t *q, int64_t ldq, float *rscale, float *zrow, const int64_t *outl, int64_t k, const float *outl_mult,
-                   float *outv, int16_t *qo, int64_t kk, float olevels, float *so, int nthreads)
+                   float *outv, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -72,13 +70,6 @@ void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const floa
         rscale[i] = scale * rfac;
         zrow[i] = z;
         for (int64_t t = 0; t < k; t++) outv[i * k + t] = xr[outl[t]] * outl_mult[t] * rfac;
-        if (qo) {
-            float mo = 0.0f;
-            for (int64_t t = 0; t < k; t++) mo = fabsf(outv[i * k + t]) > mo ? fabsf(outv[i * k + t]) : mo;
-            const float sc = mo > 1e-30f ? mo / olevels : 1e-30f, inv = 1.0f / sc;
-            for (int64_t t = 0; t < kk; t++) qo[i * kk + t] = t < k ? (int16_t)__builtin_rintf(outv[i * k + t] * inv) : 0;
-            so[i] = sc;
-        }
     }
 }
 
@@ -230,16 +221,14 @@ static inline void store_part(float *dst, vfl v, int64_t count, int add)
 }
 
 /* The dequantised product of q [n, kp] uint8 (kp: k rounded up to 4, zero-padded) and the packed weight, per
-   packed column p: f = (acc * cs[p] + zrow[i] * colsum[p]) * rscale[i] + bias[p] + (qo[i, :] @ owq[:, p]) so[i] osw[p]
-   (as dequantise_rows after oneDNN's acc * cs, the outlier channels' product in int16: pairs of products added in
-   32 bits by vpmaddwd, half the multiply µops of float32 FMAs; owq packed like the weight, pairs of outlier
-   rows for 4 k-steps). mode 0: h = f; 1: h += f; 2 (half > 0): h [n, half] = silu(gate) * up. */
+   packed column p: f = (acc * cs[p] + zrow[i] * colsum[p]) * rscale[i] + bias[p] + outv[i, :] @ ow[:, p]
+   (as dequantise_rows after oneDNN's acc * cs). mode 0: h = f; 1: h += f; 2 (half > 0): h [n, half] = silu(gate) * up. */
 void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp, const int8_t *bp, int64_t blocks,
                   int64_t m, int64_t half, const float *cs, const float *rscale, const float *zrow,
-                  const float *colsum, const float *bias, const int16_t *qo, const float *so, int64_t kk,
-                  const int8_t *owq, const float *osw, int mode, int nthreads)
+                  const float *colsum, const float *bias, const float *outv, int64_t k, const float *ow, int mode,
+                  int nthreads)
 {
-    const int64_t k4 = kp / 4;
+    const int64_t k4 = kp / 4, mp = 2 * LANES * blocks;
     const vi ones = SET1_I16(1);
     #pragma omp parallel num_threads(nthreads)
     for (int64_t n0 = 0; n0 < n; n0 += MADDUBS_CHUNK) {
@@ -252,8 +241,6 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
             const vfl s0 = LOADU(cs + p0), s1 = LOADU(cs + p0 + LANES);
             const vfl u0 = LOADU(colsum + p0), u1 = LOADU(colsum + p0 + LANES);
             const vfl b0 = bias ? LOADU(bias + p0) : ZERO(), b1 = bias ? LOADU(bias + p0 + LANES) : ZERO();
-            const vfl o0 = kk ? LOADU(osw + p0) : ZERO(), o1 = kk ? LOADU(osw + p0 + LANES) : ZERO();
-            const int8_t *wob = kk ? owq + b * (kk / 2) * STEP : NULL;
             for (int64_t i = n0; i < n1; i += TILE_ROWS) {
                 const int rows = n1 - i < TILE_ROWS ? (int)(n1 - i) : TILE_ROWS;
                 vi acc[TILE_ROWS][2];
@@ -278,18 +265,10 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
                     vfl f0 = MUL(CVT(acc[r][0]), s0), f1 = MUL(CVT(acc[r][1]), s1);
                     f0 = ADD(MUL(FMADD(z, u0, f0), sc), b0);
                     f1 = ADD(MUL(FMADD(z, u1, f1), sc), b1);
-                    if (kk) {
-                        vi g0 = ZERO_I(), g1 = ZERO_I();
-                        for (int64_t u = 0; u < kk / 2; u++) {
-                            int32_t two;
-                            memcpy(&two, qo + row * kk + 2 * u, 4);
-                            const vi a = SET1_I32(two);
-                            g0 = ADD_I32(g0, MADD(a, LOAD_I(wob + u * STEP)));
-                            g1 = ADD_I32(g1, MADD(a, LOAD_I(wob + u * STEP + STEP / 2)));
-                        }
-                        const vfl sr = SET1(so[row]);
-                        f0 = FMADD(MUL(CVT(g0), sr), o0, f0);
-                        f1 = FMADD(MUL(CVT(g1), sr), o1, f1);
+                    for (int64_t t = 0; t < k; t++) {
+                        const vfl v = SET1(outv[row * k + t]);
+                        f0 = FMADD(v, LOADU(ow + t * mp + p0), f0);
+                        f1 = FMADD(v, LOADU(ow + t * mp + p0 + LANES), f1);
                     }
                     float *hr = h + row * ldh;
                     if (mode == 2) {
@@ -323,7 +302,7 @@ def unavailable(cache_dir: Path | None = None) -> str | None:
 
 
 def _bind(lib) -> None:
-    lib.quantise_rows.argtypes = [P, I, I, I, P, F, P, I, P, P, P, I, P, P, P, I, F, P, C]
+    lib.quantise_rows.argtypes = [P, I, I, I, P, F, P, I, P, P, P, I, P, P, C]
     lib.quantise_rows.restype = None
     lib.dequantise_rows.argtypes = [P, I, P, I, I, P, P, P, P, P, I, P, C, C]
     lib.dequantise_rows.restype = None
@@ -334,7 +313,7 @@ def _bind(lib) -> None:
     if lib.maddubs_built():
         lib.maddubs_pack.argtypes = [P, I, I, I, I, P]
         lib.maddubs_pack.restype = None
-        lib.maddubs_rows.argtypes = [P, I, P, I, I, P, I, I, I, P, P, P, P, P, P, P, I, P, P, C, C]
+        lib.maddubs_rows.argtypes = [P, I, P, I, I, P, I, I, I, P, P, P, P, P, P, I, P, C, C]
         lib.maddubs_rows.restype = None
 
 
@@ -342,12 +321,12 @@ LIBRARY = native.Library(SOURCE, "int8", _bind)
 
 
 def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outliers: torch.Tensor | None,
-             outlier_mult: torch.Tensor | None, width: int | None = None, wide: "MaddubsOutliers | None" = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
-    """(q [N, in] uint8, row scales and zeros [2, N] float32, outliers' values [N, k] or None, and with `wide`
-    the same values in int16 (qo [N, wide.kk], so [N]: values ~ qo * so) or None) for x [N, in] float32
-    with unit stride along rows; `eps`: x is un-normed and the row scale includes 1/rms(x) (None: no
-    norm). x * mult ~ scale * (q + zero) per row. `width` (>= in): q is [N, width], zeros after in."""
+             outlier_mult: torch.Tensor | None, width: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q [N, in] uint8, row scales and zeros [2, N] float32, outliers' values [N, k] or None) for x [N, in]
+    float32 with unit stride along rows; `eps`: x is un-normed and the row scale includes 1/rms(x)
+    (None: no norm). x * mult ~ scale * (q + zero) per row. `width` (>= in): q is [N, width], zeros
+    after in."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
     n, d = x.shape
     width = d if width is None else width
@@ -355,13 +334,10 @@ def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outlie
     rows = torch.empty(2, n)
     k = 0 if outliers is None else len(outliers)
     values = torch.empty(n, k) if k else None
-    int16 = (torch.empty(n, wide.kk, dtype=torch.int16), torch.empty(n)) if k and wide is not None else None
     lib.quantise_rows(ptr(x), n, d, x.stride(0), ptr(mult), -1.0 if eps is None else eps, ptr(q), width,
                       ptr(rows[0]), ptr(rows[1]), ptr(outliers) if k else None, k,
-                      ptr(outlier_mult) if k else None, ptr(values), ptr(int16[0]) if int16 else None,
-                      wide.kk if int16 else 0, float(wide.levels) if int16 else 0.0,
-                      ptr(int16[1]) if int16 else None, threads())
-    return q, rows, values, int16
+                      ptr(outlier_mult) if k else None, ptr(values), threads())
+    return q, rows, values
 
 
 def dequantise_(lib, out: torch.Tensor, acc: torch.Tensor, rows: torch.Tensor, colsum: torch.Tensor,
@@ -429,42 +405,16 @@ class MaddubsWeight:
         return out.contiguous()
 
 
-class MaddubsOutliers:
-    """The float32 outlier rows of a weight, ow [k, out], in int16 for `maddubs_rows`'s epilogue (vpmaddwd):
-    per packed column p, ow[:, p] ~ owq[:, p] * scale[p]; the activations get the same number of
-    `levels` per row (`quantise`). k is padded to `kk` (even: pairs of rows), and levels = min(32767,
-    sqrt((2^31 - 1) / kk)), so that no int32 sum of kk products can overflow: 12.5 bits each for
-    SmolLM2's 58 outlier inputs of down, relative error ~1e-4, against int8's ~1e-2."""
-
-    def __init__(self, weight: MaddubsWeight, ow: torch.Tensor):
-        k = ow.shape[0]
-        self.kk = k + k % 2
-        self.levels = min(32767, int(math.sqrt((2 ** 31 - 1) / self.kk)))
-        packed_cols = weight.columns(ow)  # [k, blocks * 2 g]
-        if self.kk != k:
-            packed_cols = torch.cat([packed_cols, packed_cols.new_zeros(1, packed_cols.shape[1])])
-        self.scale = (packed_cols.abs().amax(0) / self.levels).clamp_min(1e-30).contiguous()  # [blocks * 2 g]
-        q = torch.round(packed_cols / self.scale).clamp(-self.levels, self.levels).to(torch.int16)
-        g2 = q.shape[1] // weight.blocks  # the 2 g columns of a block
-        q = q.reshape(self.kk // 2, 2, weight.blocks, g2).permute(2, 0, 3, 1).contiguous()  # [blocks, kk/2, 2g, 2]
-        raw = torch.empty(q.numel() * 2 + 64, dtype=torch.int8)
-        self._raw = raw  # the 64-byte aligned view below reads it
-        self.packed = raw[(-raw.data_ptr()) % 64:][:q.numel() * 2]
-        self.packed.view(torch.int16).copy_(q.reshape(-1))
-
-
 def maddubs_(w: MaddubsWeight, out: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, col_scale: torch.Tensor,
-             colsum: torch.Tensor, bias: torch.Tensor | None, int16: tuple[torch.Tensor, torch.Tensor] | None,
-             outliers: MaddubsOutliers | None, mode: str) -> torch.Tensor:
-    """The product of `quantise`'s q [N, w.kp] (and rows, and its int16 outlier values with `outliers`) with w,
-    dequantised into `out` (row stride free, unit column stride): mode "set" out [N, out] = f, "add" out += f,
-    "swiglu" out [N, out / 2] = silu(gate) * up. col_scale, colsum, bias in `w.columns` order. Returns out."""
+             colsum: torch.Tensor, bias: torch.Tensor | None, values: torch.Tensor | None,
+             outlier_weight: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """The product of `quantise`'s q [N, w.kp] (and rows, values) with w, dequantised into `out` (row stride
+    free, unit column stride): mode "set" out [N, out] = f, "add" out += f, "swiglu" out [N, out / 2] =
+    silu(gate) * up. col_scale, colsum, bias, outlier_weight in `w.columns` order. Returns out."""
     assert out.dtype == torch.float32 and out.stride(1) == 1 and q.is_contiguous() and q.shape[1] == w.kp
     assert mode != "swiglu" or w.half
-    on = int16 is not None and outliers is not None
+    k = 0 if values is None else values.shape[1]
     w.lib.maddubs_rows(ptr(out), out.stride(0), ptr(q), q.shape[0], w.kp, ptr(w.packed), w.blocks, w.m, w.half,
-                       ptr(col_scale), ptr(rows[0]), ptr(rows[1]), ptr(colsum), ptr(bias),
-                       ptr(int16[0]) if on else None, ptr(int16[1]) if on else None, outliers.kk if on else 0,
-                       ptr(outliers.packed) if on else None, ptr(outliers.scale) if on else None,
-                       {"set": 0, "add": 1, "swiglu": 2}[mode], threads())
+                       ptr(col_scale), ptr(rows[0]), ptr(rows[1]), ptr(colsum), ptr(bias), ptr(values), k,
+                       ptr(outlier_weight) if k else None, {"set": 0, "add": 1, "swiglu": 2}[mode], threads())
     return out
