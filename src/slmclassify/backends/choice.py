@@ -120,7 +120,8 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     load = machine_load()
     busy = device.type == "cpu" and load > BUSY_LOAD_PER_CORE
     # measured before a kernel that would run here existed (int8-fused, int8-maddubs)
-    stale = device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= set(cache.get(key, {}).get("rates", {}))
+    timed = set(cache.get(key, {}).get("rates", {}))
+    stale = device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= timed
     if key in cache and not (_provisional(cache[key]) and not busy) and not stale:
         return {**cache[key], "cached": True}
     kernels = gemm.fp32_kernels(device)

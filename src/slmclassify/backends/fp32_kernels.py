@@ -235,8 +235,8 @@ def load(cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
 def attention_pays(lib) -> bool:
     """Whether `attend_rows` beats the torch path here: where it was compiled for AVX-512 (isolated, 1
     thread, article shapes: 1.5-2.3x) or AVX2 (x86-64-v3, the Xeon under the AVX2 caps, 150 article
-    tickets, 2 threads, quiet: the fp32 engine 1.08x, int8 1.04x; 1.00x before its softmax's exp was
-    vectorised there, `native.VEXP`). Below AVX2 (unmeasured) the torch kernels run."""
+    tickets, 2 threads, quiet: the fp32 engine 1.08x; 1.00x before its softmax's exp was vectorised
+    there, `native.VEXP`, when the int8 engine read 1.04x). Below AVX2 (unmeasured) the torch kernels run."""
     return bool(lib.built_with_avx2())
 
 

@@ -350,7 +350,8 @@ class Int8MaddubsLinear(Int8FusedLinear):
 
     def _pack(self, q):
         self.weight = int8_kernels.MaddubsWeight(self.lib, q, paired=True)
-        self.col_scale, self.colsum, self.bias = (self.weight.columns(v) for v in (self.col_scale, self.colsum, self.bias))
+        columns = self.weight.columns
+        self.col_scale, self.colsum, self.bias = columns(self.col_scale), columns(self.colsum), columns(self.bias)
         if self.outlier_weight is not None:
             self.outlier_weight = self.weight.columns(self.outlier_weight)
 

@@ -12,9 +12,9 @@ row rescale, outlier product, bias). Here each side is one pass per row, with th
     dequantise  h [N, out] (+)= (acc [N, out] + z colsum) * row scale (+ bias) (+ outliers [N, k] @ w_out [k, out]),
                 acc = q @ w_int8 * column scales and colsum = the same of a row of ones
     swiglu      gate_up's dequantise and then silu(gate) * up in the same pass over the row
-    maddubs     for CPUs without VNNI (AVX2, or AVX-512 without VNNI: ymm or zmm registers): q @ w_int8 itself, 7-bit weights,
-                with dequantise (or swiglu, or the add into h) as its epilogue on the int32 sums in
-                registers (`MaddubsWeight`, `maddubs_`; the `int8-maddubs` op in `gemm.py`)
+    maddubs     for CPUs without VNNI (AVX2, or AVX-512 without VNNI: ymm or zmm registers): q @ w_int8
+                itself, 7-bit weights, with dequantise (or swiglu, or the add into h) as its epilogue
+                on the int32 sums in registers (`MaddubsWeight`, `maddubs_`; the `int8-maddubs` op in `gemm.py`)
 
 The C source is compiled at first use (`native.py`: the system's C compiler, the user cache
 folder, one library per CPU); where no compiler works, `load()` returns None and `unavailable()`
@@ -222,7 +222,8 @@ static inline void store_part(float *dst, vfl v, int64_t count, int add)
 
 /* The dequantised product of q [n, kp] uint8 (kp: k rounded up to 4, zero-padded) and the packed weight, per
    packed column p: f = (acc * cs[p] + zrow[i] * colsum[p]) * rscale[i] + bias[p] + outv[i, :] @ ow[:, p]
-   (as dequantise_rows after oneDNN's acc * cs). mode 0: h = f; 1: h += f; 2 (half > 0): h [n, half] = silu(gate) * up. */
+   (as dequantise_rows after oneDNN's acc * cs). mode 0: h = f; 1: h += f; 2 (half > 0): h [n, half] =
+   silu(gate) * up. */
 void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp, const int8_t *bp, int64_t blocks,
                   int64_t m, int64_t half, const float *cs, const float *rscale, const float *zrow,
                   const float *colsum, const float *bias, const float *outv, int64_t k, const float *ow, int mode,
