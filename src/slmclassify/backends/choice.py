@@ -82,7 +82,7 @@ def kernel_for(precision: str, device: torch.device, fp32_kernel: str = "mm", in
 
             raise FieldError("precision", "{field} int8 runs on the CPU only (dynamic quantisation); "
                                           "use bf16 or fp16 on CUDA")
-        if int8_kernel in ("int8-fused", "int8-maddubs") and int8_kernel not in int8_candidates():
+        if int8_kernel in gemm.COMPILED_INT8 and int8_kernel not in int8_candidates():
             int8_kernel = None  # measured where a compiler was (or on another CPU); not here
         kernel = int8_kernel or gemm.int8_engine() or "int8-onednn"
         gemm.check_int8(kernel)

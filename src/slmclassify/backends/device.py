@@ -76,7 +76,7 @@ class Backend:
         line = f"{self.device.type} {self.precision} ({self.gemm} GEMM"
         if self.precision == "int8":
             line += f"; {gemm.int8_arithmetic(self.gemm)}"
-            if self.gemm not in ("int8-fused", "int8-maddubs") and (why := gemm.int8_kernels.unavailable()):
+            if self.gemm not in gemm.COMPILED_INT8 and (why := gemm.int8_kernels.unavailable()):
                 line += f"; eager int8 passes: {why}"  # the fused passes would have been timed, and likely chosen
         if self.device.type == "cpu" and self.dtype == torch.float32:  # which attention kernel, and why
             why = fp32_kernels.attention_off()

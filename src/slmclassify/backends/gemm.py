@@ -32,6 +32,7 @@ from ..timing import Side, interleave
 from . import fp32_kernels as fp32_passes
 from . import int8_kernels
 from .smoothing import Smoothing, split_weight
+from .sync import sync_of
 
 
 @lru_cache(maxsize=None)
@@ -392,6 +393,9 @@ class CastLinear(LinearOp):
         return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
 
 
+COMPILED_INT8 = ("int8-fused", "int8-maddubs")
+"""The int8 kernels whose passes are the compiled C library (`int8_kernels`): unavailable without a compiler."""
+
 KERNELS: dict[str, Callable[..., LinearOp]] = {
     "mm": MmLinear, "onednn": OneDnnLinear, "int8-onednn": Int8Linear, "int8-x86": Int8X86Linear,
     "int8-fbgemm": Int8FbgemmLinear, "int8-fused": Int8FusedLinear, "int8-maddubs": Int8MaddubsLinear,
@@ -440,9 +444,8 @@ def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_
 
         return run
 
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     # One untimed call each first (first calls allocate and pick algorithms).
-    timings = interleave([Side(name, every_shape(name)) for name in kernels], rounds=2, sync=sync,
+    timings = interleave([Side(name, every_shape(name)) for name in kernels], rounds=2, sync=sync_of(device),
                          deadline=start + budget_s, max_rounds=50)
     return {name: flops / timings.best_round(name) / 1e9 for name in kernels}
 

@@ -139,7 +139,7 @@ void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t
    of LANES output columns: with half = 0, columns 2 LANES b .. 2 LANES b + 2 LANES - 1; with half > 0 (m = 2 half,
    gate_up's [gate | up]), gate columns LANES b .. LANES b + LANES - 1 and the same of the up half, so that
    silu(gate) * up is one epilogue. Columns past the end are zeros. The per-column vectors (cs, colsum, bias,
-   ow's rows) come in the packed order (`MaddubsWeight.columns`). */
+   ow's rows) come in the packed order (`MaddubsWeight` packs both). */
 #if defined(__AVX512BW__)
 #define LANES 16
 #define TILE_ROWS 6          /* rows per tile: 6 x 2 int32 accumulators (3 to 8 measured alike) */
@@ -194,19 +194,6 @@ int maddubs_lanes(void) { return LANES; }
 static inline int64_t group_start(int64_t b, int g, int64_t half)
 {
     return half ? g * half + LANES * b : 2 * LANES * b + LANES * g;
-}
-
-void maddubs_pack(const int8_t *w, int64_t m, int64_t k, int64_t half, int64_t blocks, int8_t *out)
-{
-    const int64_t k4 = (k + 3) / 4;
-    memset(out, 0, blocks * k4 * STEP);
-    for (int64_t b = 0; b < blocks; b++)
-        for (int l = 0; l < 2 * LANES; l++) {
-            const int64_t end = half && l < LANES ? half : m, col = group_start(b, l / LANES, half) + l % LANES;
-            if (col >= end) continue;
-            int8_t *o = out + b * k4 * STEP + l * 4;
-            for (int64_t t = 0; t < k; t++) o[(t / 4) * STEP + t % 4] = w[col * k + t];
-        }
 }
 
 static inline void store_part(float *dst, vfl v, int64_t count, int add)
@@ -312,8 +299,6 @@ def _bind(lib) -> None:
     lib.maddubs_built.argtypes, lib.maddubs_built.restype = [], C
     lib.maddubs_lanes.argtypes, lib.maddubs_lanes.restype = [], C
     if lib.maddubs_built():
-        lib.maddubs_pack.argtypes = [P, I, I, I, I, P]
-        lib.maddubs_pack.restype = None
         lib.maddubs_rows.argtypes = [P, I, P, I, I, P, I, I, I, P, P, P, P, P, P, I, P, C, C]
         lib.maddubs_rows.restype = None
 
@@ -385,16 +370,17 @@ class MaddubsWeight:
         g = lib.maddubs_lanes()  # columns per group: 8 (AVX2) or 16 (AVX-512 BW); a block holds two groups
         self.half = m // 2 if paired and m % 2 == 0 else 0
         self.blocks = -(-self.half // g) if self.half else -(-m // (2 * g))
-        size = self.blocks * self.kp * 2 * g
-        raw = torch.empty(size + 64, dtype=torch.int8)
-        self._raw = raw  # the 64-byte aligned view below reads it
-        self.packed = raw[(-raw.data_ptr()) % 64:][:size]
-        lib.maddubs_pack(ptr(q.contiguous()), m, k, self.half, self.blocks, ptr(self.packed))
         lanes = torch.arange(2 * g)
         starts = torch.arange(self.blocks)[:, None] * (g if self.half else 2 * g)
         col = starts + lanes % g + torch.where(lanes < g, 0, self.half if self.half else g)  # [blocks, 2 g]
         end = torch.where(lanes < g, self.half if self.half else m, m)
         self.source = torch.where(col < end, col, -1).reshape(-1)  # packed column → weight column (-1: none)
+        rows = self.columns(torch.nn.functional.pad(q, (0, self.kp - k)).t()).t()  # [blocks * 2 g, kp]
+        layout = rows.reshape(self.blocks, 2 * g, self.kp // 4, 4).transpose(1, 2)  # [blocks][kp / 4][2 g][4]
+        raw = torch.empty(layout.numel() + 64, dtype=torch.int8)
+        self._raw = raw  # the 64-byte aligned view below reads it
+        self.packed = raw[(-raw.data_ptr()) % 64:][:layout.numel()]
+        self.packed.copy_(layout.reshape(-1))
 
     def columns(self, v: torch.Tensor | None) -> torch.Tensor | None:
         """v [..., out] in the packed column order [..., blocks * 2 lanes] (zeros for padding columns)."""

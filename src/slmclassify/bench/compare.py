@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
+from ..backends.sync import sync_of
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.task import Task
@@ -45,7 +46,7 @@ from ..models.engines import with_backend
 from ..models.loading import LoadedModel
 from ..timing import Side, Stopwatch, interleave, json_line
 from .article import article_batched, article_loop, first_ids
-from .on_batches import against_base, sync_of
+from .on_batches import against_base
 
 SCHEMA_VERSION = 1
 

@@ -8,18 +8,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..backends.sync import sync_of
 from ..classifier import Classifier
 from ..timing import Side, interleave
 
 BASE = "d"
 """The side name of the base scorer (ours, default settings: the bench's row d)."""
-
-
-def sync_of(device: torch.device) -> Callable[[], None] | None:
-    """What waits for a device's queued work before a clock reads (None: the CPU, nothing queued)."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return None
 
 
 def against_base(base: Classifier, others: dict[str, Callable], encoded, device: torch.device
