@@ -92,6 +92,35 @@ def test_normed_folds_the_rms_into_the_row_scale(kernel):
         assert float((got - exact).abs().max() / exact.abs().max()) < bound
 
 
+@pytest.mark.parametrize("d", [5, 31, 32, 33, 96, 577])
+def test_quantise_is_exactly_the_claimed_rounding_on_every_width(d):
+    """The quantise pass (32 columns at a time in registers with AVX2, the rest a plain loop) gives
+    exactly q = clamp(rint(x * mult * (1 / scale)) - zero, 0, 255) per row, on widths below, at and
+    past one 32-column step, with outlier channels, a row stride, and a row of zeros."""
+    torch.manual_seed(5)
+    lib = int8_kernels.load()
+    x = torch.randn(7, d + 3)[:, 1:1 + d] * torch.tensor([1.0, 3.0, 0.01, 100.0, 1.0, 0.5, 1.0])[:, None]
+    x[4] = 0.0
+    mult = torch.rand(d) + 0.5
+    outl = torch.tensor([0, d - 1]) if d > 2 else None
+    om = torch.tensor([2.0, 3.0]) if outl is not None else None
+    if outl is not None:
+        mult[outl] = 0.0
+    q, rows, values = int8_kernels.quantise(lib, x, mult, 1e-6, outl, om)
+    v = x * mult
+    lo, hi = v.amin(1).clamp_max(0), v.amax(1).clamp_min(0)
+    scale = ((hi - lo) / 255).clamp_min(1e-30)
+    s = 1 / scale
+    zero = torch.round(lo * s)
+    expected = (torch.round(v * s[:, None]) - zero[:, None]).clamp(0, 255).to(torch.uint8)
+    assert torch.equal(q, expected)
+    rfac = torch.rsqrt(x.square().mean(1) + 1e-6)
+    torch.testing.assert_close(rows[0], scale * rfac, rtol=1e-5, atol=0)
+    assert torch.equal(rows[1], zero)
+    if outl is not None:
+        torch.testing.assert_close(values, x[:, outl] * om * rfac[:, None], rtol=1e-5, atol=0)
+
+
 def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(int8_kernels.LIBRARY, "_built", {})  # forget this process's compiled libraries
     monkeypatch.setattr(fp32_kernels.LIBRARY, "_built", {})

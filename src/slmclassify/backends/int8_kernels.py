@@ -39,7 +39,60 @@ SOURCE = r"""
    Per row, asymmetric over the row's own range [lo, hi] of v = x * mult (0 for outlier channels):
    scale = (hi - lo) / 255, zero z = rint(lo / scale) (<= 0), q [n, d] uint8 (row stride ldq) = clamp(rint(v / scale) - z, 0, 255),
    so v ~ scale * (q + z); rscale [n] = scale (* 1/rms(x) when eps >= 0), zrow [n] = z;
-   outv [n, k] = x[outl] * outl_mult (* 1/rms). */
+   outv [n, k] = x[outl] * outl_mult (* 1/rms).
+   With AVX2, 32 columns at a time in registers (`range32`, `quantise32`), the tail as the plain loops:
+   GCC's own vectorisation of the plain loops ran ~1.8 cycles a column (one dependency chain for
+   the reductions; the clamp and the narrowing to bytes as masks and permutes). */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* The sums of squares, minima and maxima of x[0 .. 32 c) and x * mult, in four independent chains. */
+static inline int64_t range32(const float *x, const float *mult, int64_t d, float *ss, float *lo, float *hi)
+{
+    __m256 s[4], l[4], h[4];
+    for (int u = 0; u < 4; u++) s[u] = l[u] = h[u] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= d; j += 32)
+        for (int u = 0; u < 4; u++) {
+            const __m256 xv = _mm256_loadu_ps(x + j + 8 * u), v = _mm256_mul_ps(xv, _mm256_loadu_ps(mult + j + 8 * u));
+            s[u] = _mm256_fmadd_ps(xv, xv, s[u]);
+            l[u] = _mm256_min_ps(l[u], v);
+            h[u] = _mm256_max_ps(h[u], v);
+        }
+    __m256 st = _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
+    __m256 lt = _mm256_min_ps(_mm256_min_ps(l[0], l[1]), _mm256_min_ps(l[2], l[3]));
+    __m256 ht = _mm256_max_ps(_mm256_max_ps(h[0], h[1]), _mm256_max_ps(h[2], h[3]));
+    float sf[8], lf[8], hf[8];
+    _mm256_storeu_ps(sf, st);
+    _mm256_storeu_ps(lf, lt);
+    _mm256_storeu_ps(hf, ht);
+    for (int u = 0; u < 8; u++) {
+        *ss += sf[u];
+        *lo = lf[u] < *lo ? lf[u] : *lo;
+        *hi = hf[u] > *hi ? hf[u] : *hi;
+    }
+    return j;
+}
+
+/* q[0 .. 32 c) = clamp(rint(x * mult * s) - z, 0, 255): the clamp is the saturation of the two packs. */
+static inline int64_t quantise32(const float *x, const float *mult, int64_t d, float s, float z, uint8_t *q)
+{
+    const __m256 sv = _mm256_set1_ps(s);
+    const __m256i zv = _mm256_set1_epi32((int32_t)z), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int64_t j = 0;
+    for (; j + 32 <= d; j += 32) {
+        __m256i i[4];
+        for (int u = 0; u < 4; u++) {
+            const __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * u), _mm256_loadu_ps(mult + j + 8 * u)), sv);
+            i[u] = _mm256_sub_epi32(_mm256_cvtps_epi32(v), zv);  /* cvtps rounds half to even, as rintf */
+        }
+        const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256((__m256i *)(q + j), _mm256_permutevar8x32_epi32(b, order));
+    }
+    return j;
+}
+#endif
+
 void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const float *mult, float eps,
                    uint8_t *q, int64_t ldq, float *rscale, float *zrow, const int64_t *outl, int64_t k, const float *outl_mult,
                    float *outv, int nthreads)
@@ -48,8 +101,12 @@ void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const floa
     for (int64_t i = 0; i < n; i++) {
         const float *xr = x + i * ldx;
         float ss = 0.0f, lo = 0.0f, hi = 0.0f;  /* one pass for the norm and the range */
+        int64_t j0 = 0;
+#if defined(__AVX2__)
+        j0 = range32(xr, mult, d, &ss, &lo, &hi);
+#endif
         #pragma omp simd reduction(+:ss) reduction(min:lo) reduction(max:hi)
-        for (int64_t j = 0; j < d; j++) {
+        for (int64_t j = j0; j < d; j++) {
             float v = xr[j] * mult[j];
             ss += xr[j] * xr[j];
             lo = v < lo ? v : lo;
@@ -61,8 +118,12 @@ void quantise_rows(const float *x, int64_t n, int64_t d, int64_t ldx, const floa
         float s = 1.0f / scale;
         float z = __builtin_rintf(lo * s);
         uint8_t *qr = q + i * ldq;
+        j0 = 0;
+#if defined(__AVX2__)
+        j0 = quantise32(xr, mult, d, s, z, qr);
+#endif
         #pragma omp simd
-        for (int64_t j = 0; j < d; j++) {
+        for (int64_t j = j0; j < d; j++) {
             float v = __builtin_rintf(xr[j] * mult[j] * s) - z;
             v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
             qr[j] = (uint8_t)(int32_t)v;
@@ -247,17 +308,24 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
                         acc[r][1] = ADD_I32(acc[r][1], MADD(MADDUBS(a, w1), ones));
                     }
                 }
+                vfl f[TILE_ROWS][2];
+                for (int r = 0; r < TILE_ROWS; r++) {
+                    const int64_t row = i + (r < rows ? r : 0);
+                    const vfl z = SET1(zrow[row]), sc = SET1(rscale[row]);
+                    f[r][0] = ADD(MUL(FMADD(z, u0, MUL(CVT(acc[r][0]), s0)), sc), b0);
+                    f[r][1] = ADD(MUL(FMADD(z, u1, MUL(CVT(acc[r][1]), s1)), sc), b1);
+                }
+                for (int64_t t = 0; t < k; t++) {  /* the outlier rows of ow read once a tile */
+                    const vfl w0 = LOADU(ow + t * mp + p0), w1 = LOADU(ow + t * mp + p0 + LANES);
+                    for (int r = 0; r < TILE_ROWS; r++) {
+                        const vfl v = SET1(outv[(i + (r < rows ? r : 0)) * k + t]);
+                        f[r][0] = FMADD(v, w0, f[r][0]);
+                        f[r][1] = FMADD(v, w1, f[r][1]);
+                    }
+                }
                 for (int r = 0; r < rows; r++) {
                     const int64_t row = i + r;
-                    const vfl z = SET1(zrow[row]), sc = SET1(rscale[row]);
-                    vfl f0 = MUL(CVT(acc[r][0]), s0), f1 = MUL(CVT(acc[r][1]), s1);
-                    f0 = ADD(MUL(FMADD(z, u0, f0), sc), b0);
-                    f1 = ADD(MUL(FMADD(z, u1, f1), sc), b1);
-                    for (int64_t t = 0; t < k; t++) {
-                        const vfl v = SET1(outv[row * k + t]);
-                        f0 = FMADD(v, LOADU(ow + t * mp + p0), f0);
-                        f1 = FMADD(v, LOADU(ow + t * mp + p0 + LANES), f1);
-                    }
+                    const vfl f0 = f[r][0], f1 = f[r][1];
                     float *hr = h + row * ldh;
                     if (mode == 2) {
                         const vfl silu = DIV(f0, ADD(SET1(1.0f), EXP(MUL(f0, SET1(-1.0f)))));
