@@ -272,6 +272,12 @@ static inline void store_part(float *dst, vfl v, int64_t count, int add)
    packed column p: f = (acc * cs[p] + zrow[i] * colsum[p]) * rscale[i] + bias[p] + outv[i, :] @ ow[:, p]
    (as dequantise_rows after oneDNN's acc * cs). mode 0: h = f; 1: h += f; 2 (half > 0): h [n, half] =
    silu(gate) * up. */
+/* GCC's partial redundancy elimination (-ftree-pre) turned each accumulator of the inner loop into two registers
+   and a copy per step (6 of its 33 instructions under AVX2, 12 of 60 with 6-row zmm tiles): without it the loop
+   issues ~20% fewer instructions, and the four ops ran 5-7% faster (1,024 tokens, AVX2 caps). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-pre")))
+#endif
 void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp, const int8_t *bp, int64_t blocks,
                   int64_t m, int64_t half, const float *cs, const float *rscale, const float *zrow,
                   const float *colsum, const float *bias, const float *outv, int64_t k, const float *ow, int mode,
