@@ -203,7 +203,7 @@ def test_fused_swiglu_is_silu_gate_times_up(kernel):
 @pytest.mark.parametrize("n_in, n_out, n", [(50, 37, 13), (48, 2 * 20, 7), (8, 16, 1), (100, 2 * 44, 40)])
 def test_maddubs_on_awkward_shapes_is_the_claimed_arithmetic(n_in, n_out, n):
     """Inputs not a multiple of 4 wide (zero-padded), outputs not a multiple of 16 (odd, or [gate | up]
-    halves not a multiple of 8), row counts not a multiple of its 3-row tiles, a strided input:
+    halves not a multiple of 8), row counts not a multiple of its 4-row (ymm) or 6-row (zmm) tiles, a strided input:
     every mode (set, add, swiglu) is `_emulated` within float32 rounding, and the kernel reads and
     writes nothing outside its rows (the neighbouring columns of a wider output stay as they were)."""
     torch.manual_seed(4)
