@@ -337,8 +337,8 @@ class Int8MaddubsLinear(Int8FusedLinear):
     products in 16-bit pairs (`vpmaddubsw`).
     Its epilogue is the dequantise pass (and gate_up's silu(gate) * up), so the int32 sums never
     leave the registers. On SmolLM2-135M's four GEMMs at 1024 tokens (the Xeon under the AVX2 cap,
-    2 threads, quantise pass included) it made 1.58x float32 `mm` where oneDNN's AVX2 int8 with the
-    fused passes made 1.32x; the kernel alone runs at the multiply ports' bound (~2x `mm`)."""
+    2 threads, quantise pass included) it makes 1.62x float32 `mm` where oneDNN's AVX2 int8 with the
+    fused passes made 1.32x; the multiply ports' bound is 2x `mm`, the kernel alone 1.6-1.8x."""
 
     kernel = "int8-maddubs"
 
