@@ -353,8 +353,7 @@ class Int8MaddubsLinear(Int8FusedLinear):
         self.weight = int8_kernels.MaddubsWeight(self.lib, q, paired=True)
         columns = self.weight.columns
         self.col_scale, self.colsum, self.bias = columns(self.col_scale), columns(self.colsum), columns(self.bias)
-        if self.outlier_weight is not None:
-            self.outlier_weight = self.weight.columns(self.outlier_weight)
+        self.outlier_weight = columns(self.outlier_weight)  # None stays None
 
     def _product(self, out, x, eps, mode):
         q, rows, values = self._quantise(x, eps, width=self.weight.kp)

@@ -190,7 +190,6 @@ void dequantise_rows(float *h, int64_t ldh, const float *acc, int64_t n, int64_t
 }
 
 #if defined(__AVX2__)
-#include <immintrin.h>
 
 /* CPUs without VNNI (AVX2 only, AVX-512 without VNNI) multiply u8 x s8 with vpmaddubsw, which adds each pair of
    products in 16 bits with saturation: exact for 7-bit weights (2 * 255 * 63 = 32130 <= 32767). The kernel below
@@ -301,10 +300,12 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
             for (int64_t i = n0; i < n1; i += TILE_ROWS) {
                 const int rows = n1 - i < TILE_ROWS ? (int)(n1 - i) : TILE_ROWS;
                 vi acc[TILE_ROWS][2];
+                int64_t row[TILE_ROWS];  /* a short tile repeats its first row (computed, not stored) */
                 const uint8_t *qr[TILE_ROWS];
                 for (int r = 0; r < TILE_ROWS; r++) {
                     acc[r][0] = acc[r][1] = ZERO_I();
-                    qr[r] = q + (i + (r < rows ? r : 0)) * kp;
+                    row[r] = i + (r < rows ? r : 0);
+                    qr[r] = q + row[r] * kp;
                 }
                 for (int64_t t = 0; t < k4; t++) {
                     const vi w0 = LOAD_I(wb + t * STEP), w1 = LOAD_I(wb + t * STEP + STEP / 2);
@@ -318,23 +319,21 @@ void maddubs_rows(float *h, int64_t ldh, const uint8_t *q, int64_t n, int64_t kp
                 }
                 vfl f[TILE_ROWS][2];
                 for (int r = 0; r < TILE_ROWS; r++) {
-                    const int64_t row = i + (r < rows ? r : 0);
-                    const vfl z = SET1(zrow[row]), sc = SET1(rscale[row]);
+                    const vfl z = SET1(zrow[row[r]]), sc = SET1(rscale[row[r]]);
                     f[r][0] = ADD(MUL(FMADD(z, u0, MUL(CVT(acc[r][0]), s0)), sc), b0);
                     f[r][1] = ADD(MUL(FMADD(z, u1, MUL(CVT(acc[r][1]), s1)), sc), b1);
                 }
                 for (int64_t t = 0; t < k; t++) {  /* the outlier rows of ow read once a tile */
                     const vfl w0 = LOADU(ow + t * mp + p0), w1 = LOADU(ow + t * mp + p0 + LANES);
                     for (int r = 0; r < TILE_ROWS; r++) {
-                        const vfl v = SET1(outv[(i + (r < rows ? r : 0)) * k + t]);
+                        const vfl v = SET1(outv[row[r] * k + t]);
                         f[r][0] = FMADD(v, w0, f[r][0]);
                         f[r][1] = FMADD(v, w1, f[r][1]);
                     }
                 }
                 for (int r = 0; r < rows; r++) {
-                    const int64_t row = i + r;
                     const vfl f0 = f[r][0], f1 = f[r][1];
-                    float *hr = h + row * ldh;
+                    float *hr = h + row[r] * ldh;
                     if (mode == 2) {
                         const vfl silu = DIV(f0, ADD(SET1(1.0f), EXP(MUL(f0, SET1(-1.0f)))));
                         store_part(hr + c0, MUL(silu, f1), e0, 0);
