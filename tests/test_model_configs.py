@@ -105,7 +105,7 @@ REFUSED = [
     ("llama", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 10000.0}}, "rope_type='proportional'"),
     ("llama", {"hidden_act": "no_such_activation"}, "hidden_act='no_such_activation'"),
     ("qwen2", {"layer_types": ["full_attention", "chunked_attention"]}, "layer_types='chunked_attention'"),
-    ("llama", {"model_type": "mistral"}, "architecture 'mistral'"),
+    ("llama", {"model_type": "gpt_neox"}, "architecture 'gpt_neox'"),
 ]
 
 

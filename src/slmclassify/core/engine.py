@@ -17,8 +17,10 @@ Part 1 is one dense product (no copies of the prefix per row, no mask). Without 
 (first-token scoring, single-token labels) part 2 is plain causal attention without a mask,
 whose kernel skips the blocks above the diagonal; with nodes it takes a mask.
 
-Only the item's last token and the trie nodes reach the output layer. The weights are the
-Hugging Face model's own (Llama and Qwen2 share this layout), held ONCE: each linear weight is
+Only the item's last token and the trie nodes reach the output layer. What differs between model
+families (norm placement, q/k norms, scales, sliding windows, no-rotary layers, fused projections,
+LFM2's short convolutions) is read from the family's description (`families.py`); the code below
+follows it. The weights are the Hugging Face model's own, held ONCE: each linear weight is
 stored here in [in, out] layout (q/k/v and gate/up concatenated) and the Hugging Face module's
 `weight` becomes a transposed view of it, so the reference path computes with the very same
 tensors. Arranging goes layer by layer, writing each arranged tensor block by block, and each
@@ -26,9 +28,15 @@ source tensor is freed when its module's weight is replaced, so the transient is
 (the loaded weights are in memory of their own, not a file's memory map: `weights.py`). Each
 RMSNorm weight is folded into the projections that read its output and the norm's own weight set
 to one: the module computes the same function (checked when the engine is built) and the engine
-saves a multiply per norm. The only copies are the q/k rows, which are interleaved per head so
-that the rotary embedding is one complex multiplication (the module keeps q/k in its own order):
-~13% of a layer's weights. `config_check.py` decides which configurations this code computes exactly.
+saves a multiply per norm (Gemma's (1 + w) alike); norms that cannot be folded (post norms on a
+branch's output, q/k norms) are computed. The only copies are the q/k rows, which are interleaved
+per head so that the rotary embedding is one complex multiplication (the module keeps q/k in its
+own order; a fused [q; k; v] projection's v is copied too): ~13% of a layer's weights.
+
+LFM2's convolution layers (a gated depthwise causal convolution of kernel K over the sequence) read
+each token's K - 1 predecessors: the row's earlier item tokens, the prefix's last K - 1 inputs
+(cached in place of keys), or, for a trie node, its ancestors: the same predecessors the reference
+sees in its one unpadded sequence. `config_check.py` decides which configurations this code computes exactly.
 `reference.py` runs the unmodified Hugging Face forward and is the oracle for this code.
 
 Devices and precisions come from a `backends.Backend`: it makes the linear ops (MKL, oneDNN,
@@ -46,10 +54,11 @@ from dataclasses import dataclass
 import torch
 
 from ..backends.device import Backend
-from ..backends.gemm import LinearOp
+from ..backends.gemm import LinearOp, rms_norm, swiglu_
 from ..backends.smoothing import plan_layer
 from .batching import Batch
 from .config_check import check_config, head_dim
+from .families import LayerKind, family_of, layer_kinds
 from .labels import LabelTrie
 
 # Cap on the [rows, positions, vocab] logits tensor per output-layer call (floats).
@@ -67,13 +76,15 @@ class PrefixCache:
     """Keys and values of the shared prefix, computed once per run."""
 
     keys: tuple[torch.Tensor, ...]
-    """Per layer [1, H_kv, P, D], rotary already applied."""
+    """Per layer [1, H_kv, P, D], rotary already applied; a convolution layer's last K - 1 inputs [K-1, hidden]."""
     values: tuple[torch.Tensor, ...]
-    """Per layer [1, H_kv, P, D]."""
+    """Per layer [1, H_kv, P, D] (an empty tensor for a convolution layer)."""
+    tokens: int = 0
+    """P, the prefix's length."""
 
     @property
     def length(self) -> int:
-        return int(self.keys[0].shape[2]) if self.keys else 0
+        return self.tokens
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,14 @@ class _Layer:
     gate_up: LinearOp  # [hidden, 2 I], post-attention norm folded in, shared with gate_proj and up_proj;
     #                    bias (Llama mlp_bias) included
     down: LinearOp  # [I, hidden], shared with down_proj; bias (Llama mlp_bias) included
-    eps: float
+    eps: float | None  # the input norm's (folded into qkv); None: the family has none (OLMo 2)
+    mlp_eps: float | None = None  # the MLP norm's (folded into gate_up); None: none
+    kind: LayerKind = LayerKind("attention")
+    qk_norm: tuple | None = None  # (q weight, k weight, eps) in the engine's q/k order, q's scale folded in
+    post_attention: tuple | None = None  # (weight, eps) of the norm on the attention (or conv) branch's output
+    post_mlp: tuple | None = None  # (weight, eps) of the norm on the MLP branch's output
+    conv: torch.Tensor | None = None  # [K, hidden] convolution taps (LFM2; qkv = in_proj, o = out_proj)
+    conv_bias: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +132,7 @@ class _Layout:
     starts: torch.Tensor | None = None  # [B] int64 packed index of each row's first token (the C kernel's rows)
     lengths: torch.Tensor | None = None  # [B] int64 item tokens per row (its T trie nodes follow them)
     ancestors: torch.Tensor | None = None  # [T, T] uint8 trie ancestors (self included); None without nodes
+    conv_prev: torch.Tensor | None = None  # [N, K-1] each token's predecessors at lags 1..K-1 (convolution layers)
 
 
 def _share(linears: tuple[torch.nn.Linear, ...], weight: torch.Tensor) -> None:
@@ -129,16 +148,32 @@ def _share(linears: tuple[torch.nn.Linear, ...], weight: torch.Tensor) -> None:
         start += out
 
 
-def _fold_norm(norm: torch.nn.Module, *linears: torch.nn.Linear) -> torch.Tensor:
-    """Scale the input columns of the linears that read `norm`'s output by its weight (new
-    tensors), set the weight to one and return the old one: norm(x) @ W.T = (x / rms(x)) @ (W * w).T,
-    so the module's function is unchanged while the engine's norm is one multiply shorter. A
-    second call finds weight one and changes nothing."""
-    weight = norm.weight
-    for lin in linears:
-        lin.weight = torch.nn.Parameter(lin.weight * weight[None, :], requires_grad=False)
-    norm.weight = torch.nn.Parameter(torch.ones_like(weight), requires_grad=False)
+def _take_norm(norm: torch.nn.Module, offset: float) -> torch.Tensor:
+    """The RMSNorm's effective weight (w, or 1 + w with `offset` 1), float32, and the module made
+    the plain normalisation (weight 1 - offset): the caller folds the weight into the linears that
+    read the norm's output, norm(x) @ W.T = (x / rms(x)) @ (W * w).T, so the module's function is
+    unchanged while the engine's norm is one multiply shorter."""
+    weight = norm.weight.float() + offset
+    norm.weight = torch.nn.Parameter(torch.full_like(norm.weight, 1.0 - offset), requires_grad=False)
     return weight
+
+
+def _scale_inputs(norm: torch.Tensor | None, *linears: torch.nn.Linear) -> None:
+    """Multiply the input columns of the linears by `norm` (new tensors; see `_take_norm`)."""
+    if norm is None:
+        return
+    for lin in linears:
+        lin.weight = torch.nn.Parameter(lin.weight * norm[None, :], requires_grad=False)
+
+
+def _norm_weight(norm: torch.nn.Module, offset: float) -> tuple[torch.Tensor, float]:
+    """(effective weight, eps) of a norm the engine computes (it cannot be folded)."""
+    return norm.weight.float() + offset, _eps(norm)
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    eps = getattr(norm, "variance_epsilon", None)
+    return float(norm.eps if eps is None else eps)
 
 
 def _shared_in_out(*linears: torch.nn.Linear, norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -169,14 +204,12 @@ def _shared_in_out(*linears: torch.nn.Linear, norm: torch.Tensor | None = None) 
     return weight, bias
 
 
-def _interleave_into(out: torch.Tensor, weight: torch.Tensor, head_dim: int) -> None:
-    """Write q or k rows `weight` [n D, in] into `out` [in, n D] with each head's halves
-    (i, i + D/2) made adjacent pairs (2i, 2i + 1), through strided views (no temporary)."""
-    n, half = weight.shape[0] // head_dim, head_dim // 2
-    pairs = out.view(out.shape[0], n, half, 2)  # [in, head, i, j]: column h D + 2i + j
-    halves = weight.view(n, 2, half, weight.shape[1])  # [head, j, i, in]: row h D + j D/2 + i
-    for j in (0, 1):
-        pairs[..., j].copy_(halves[:, j].permute(2, 0, 1))
+def _interleave_into(out: torch.Tensor, weight: torch.Tensor, order: torch.Tensor) -> None:
+    """Write q or k rows `weight` [n D, in] into `out` [in, n D] with each head's dimensions in
+    `order` [D] (`Engine._head_order`: the rotated halves (i, i + R/2) made adjacent pairs)."""
+    D = order.numel()
+    n = weight.shape[0] // D
+    out.view(out.shape[0], n, D).copy_(weight.view(n, D, weight.shape[1])[:, order].permute(2, 0, 1))
 
 
 class Engine:
@@ -187,27 +220,46 @@ class Engine:
         """`ranges` (int8 backends): given this engine computing in float32, each layer's max |x| per
         input channel of its ops {"qkv", "o", "gate_up", "down"} (`models/activation_ranges.py`), from
         which the int8 ops are smoothed (`backends/smoothing.py`). Without it int8 is not smoothed."""
+        from transformers.activations import ACT2FN
+
         self.backend = backend or Backend(device=model.device, precision="fp32", gemm="mm")
         self.device, self.dtype = self.backend.device, self.backend.dtype
         base = model.model
         cfg = model.config
         check_config(cfg)
+        self.family = family = family_of(cfg)
+        self.kinds = layer_kinds(cfg)
         self.embed = base.embed_tokens
-        self.rotary = base.rotary_emb
-        self.final_norm = base.norm
+        self.rotary = getattr(base, "rotary_emb", None)
+        self.final_norm = getattr(base, family.final_norm)
         self.lm_head = model.lm_head
         self.head_dim = head_dim(cfg)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads or cfg.num_attention_heads
-        # The model's own activation module (transformers' ACT2FN), so any hidden_act is exact;
-        # SiLU, the common one, runs in place.
-        self.act = base.layers[0].mlp.act_fn if len(base.layers) else None
-        self.silu = getattr(cfg, "hidden_act", "silu") in ("silu", "swish")
+        self.embed_scale = _setting(cfg, family.embedding_multiplier)
+        self.residual_scale = _setting(cfg, family.residual_multiplier)
+        self.logits_divisor = _setting(cfg, family.logits_divisor)
+        self.logit_softcap = getattr(cfg, family.logit_softcap, None) if family.logit_softcap else None
+        # The attention kernels scale scores by 1/sqrt(D); another scale is folded into q.
+        scale = None
+        if family.attention_multiplier:
+            scale = float(getattr(cfg, family.attention_multiplier))
+        elif family.query_pre_attn_scalar:
+            scale = float(cfg.query_pre_attn_scalar) ** -0.5
+        self.q_factor = 1.0 if scale is None else scale * self.head_dim ** 0.5
+        # The model's own activation (transformers' ACT2FN), so any activation is exact; SiLU, the
+        # common one, runs in place.
+        act = getattr(cfg, family.activation, None) or "silu"
+        self.act = ACT2FN[act]
+        self.silu = act in ("silu", "swish")
+        self.rope_keys = sorted({k.rope for k in self.kinds if k.mixer == "attention" and k.rope is not None})
+        self.rotary_dim = self._rotary_dim()
+        self.conv_taps = int(cfg.conv_L_cache) if any(k.mixer == "conv" for k in self.kinds) else 0
         probe = torch.arange(min(8, cfg.vocab_size))[None]  # [1, 8] any ids: the function must not change
         with torch.inference_mode():
             before = model(input_ids=probe, logits_to_keep=1).logits
         with torch.no_grad():
-            arranged = [self._arrange(layer) for layer in base.layers]
+            arranged = [self._arrange(layer, kind) for layer, kind in zip(base.layers, self.kinds)]
         with torch.inference_mode():
             after = model(input_ids=probe, logits_to_keep=1).logits
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
@@ -218,10 +270,19 @@ class Engine:
         self._arranged = arranged if self.backend.precision != "fp32" else None
         plans = [None] * len(arranged)
         if ranges is not None and self.backend.smooths:  # recorded in float32, on the same tensors
-            plans = [plan_layer(r, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0],
-                                self.n_heads, self.n_kv, self.head_dim)
-                     for r, w in zip(ranges(self.exact()), arranged)]
+            plans = [self._plan(r, w) for r, w in zip(ranges(self.exact()), arranged)]
         self.layers = [self._ops(weights, self.backend, plan) for weights, plan in zip(arranged, plans)]
+
+    def _plan(self, ranges: dict, w: dict) -> dict | None:
+        """A layer's int8 smoothing. A convolution layer's o input is C * conv(B * x): dividing x's
+        columns divides it per channel (the convolution is depthwise and linear), unless it has a bias."""
+        if w["kind"].mixer == "conv":
+            if w["conv_bias"] is not None:
+                return None
+            heads, kv, dim = 1, 1, w["conv"].shape[1]
+        else:
+            heads, kv, dim = self.n_heads, self.n_kv, self.head_dim
+        return plan_layer(ranges, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0], heads, kv, dim)
 
     def exact(self) -> Engine:
         """This engine computing in float32 with the exact `mm` kernel, on the same weights (no copy):
@@ -240,57 +301,137 @@ class Engine:
         """One layer's linear ops from its arranged weights (`_arrange`), smoothed by `plan` (int8)."""
         plan = plan or {}
         ops = {name: backend.linear(*weights[name], smooth=plan.get(name)) for name in ("qkv", "o", "gate_up", "down")}
-        return _Layer(**ops, eps=weights["eps"])
+        extra = {name: weights[name] for name in ("eps", "mlp_eps", "kind", "qk_norm", "post_attention", "post_mlp",
+                                                   "conv", "conv_bias")}
+        return _Layer(**ops, **extra)
 
-    def _arrange(self, layer: torch.nn.Module) -> dict:
-        """Arrange one layer's weights [in, out], sharing them with the module (see `_share`):
-        {"qkv", "o", "gate_up", "down": (weight [in, out], bias or None), "eps": float}."""
-        attn, mlp = layer.self_attn, layer.mlp
-        rotated = (self.n_heads + self.n_kv) * self.head_dim
-        order = self._rotary_order().to(attn.q_proj.weight.device)
-        q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
-        # The module keeps q/k in its own order (folded copies); the engine's are interleaved.
-        norm = _fold_norm(layer.input_layernorm, q, k)
-        qkv = torch.empty(q.weight.shape[1], rotated + v.weight.shape[0], device=q.weight.device)  # [hidden, (H + 2 H_kv) D]
-        _interleave_into(qkv[:, : q.weight.shape[0]], q.weight, self.head_dim)
-        _interleave_into(qkv[:, q.weight.shape[0] : rotated], k.weight, self.head_dim)
-        qkv[:, rotated:].copy_(v.weight.t()).mul_(norm[:, None])
-        _share((v,), qkv[:, rotated:])
-        qkv_bias = None
-        if q.bias is not None:
-            qkv_bias = torch.cat([torch.cat([q.bias, k.bias])[order], v.bias])
-            v.bias = torch.nn.Parameter(qkv_bias[rotated:], requires_grad=False)
-        o, o_bias = _shared_in_out(attn.o_proj)
-        post = layer.post_attention_layernorm
-        gate_up, gate_up_bias = _shared_in_out(mlp.gate_proj, mlp.up_proj, norm=post.weight)
-        post.weight = torch.nn.Parameter(torch.ones_like(post.weight), requires_grad=False)
-        down, down_bias = _shared_in_out(mlp.down_proj)
-        # the backend's kernel (mm computes with these very tensors, others copy them)
-        return {"qkv": (qkv, qkv_bias), "o": (o, o_bias), "gate_up": (gate_up, gate_up_bias),
-                "down": (down, down_bias), "eps": layer.input_layernorm.variance_epsilon}
+    def _rotary_dim(self) -> int:
+        """R: how many of each head's dimensions the rotary embedding turns (D, or less: partial rotary)."""
+        if not self.rope_keys:
+            return self.head_dim
+        cos, _ = self._rotary(torch.zeros(1, 1, device=self.embed.weight.device), torch.zeros(1, 1, dtype=torch.long),
+                              self.rope_keys[0])
+        return int(cos.shape[-1])
 
-    def _rotary_order(self) -> torch.Tensor:
-        """Row order of the concatenated q/k weights: each head's rows from halves (i, i + D/2)
-        to adjacent pairs (2i, 2i + 1).
+    def _rotary(self, x, positions, key: str):
+        """cos, sin [1, N, R] of the Hugging Face rotary module (a layer type's table for Gemma 3)."""
+        if self.family.rope_per_layer_type:
+            return self.rotary(x, positions, key)
+        return self.rotary(x, positions)
+
+    def _head_order(self) -> torch.Tensor:
+        """[D] the engine's order of each head's dimensions: the rotated halves (i, i + R/2) as
+        adjacent pairs (2i, 2i + 1), then the dimensions that pass unrotated (partial rotary).
 
         Rotary embedding then is one complex multiplication per pair. Scores q·k are sums over
         the head dimension, so permuting it the same way in q and k changes nothing (V is untouched).
         """
-        D, half = self.head_dim, self.head_dim // 2
-        pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)  # [D]
-        return (torch.arange(self.n_heads + self.n_kv)[:, None] * D + pairs[None]).reshape(-1)
+        R, half = self.rotary_dim, self.rotary_dim // 2
+        pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)  # [R]
+        return torch.cat([pairs, torch.arange(R, self.head_dim)])
+
+    def _arrange(self, layer: torch.nn.Module, kind: LayerKind) -> dict:
+        """Arrange one layer's weights [in, out], sharing them with the module (see `_share`):
+        {"qkv", "o", "gate_up", "down": (weight [in, out], bias or None), "eps", "mlp_eps", "kind",
+        "qk_norm", "post_attention", "post_mlp", "conv", "conv_bias"}."""
+        family, offset = self.family, self.family.norm_offset
+        norm = _take_norm(getattr(layer, family.input_norm), offset) if family.input_norm else None
+        arranged = {"kind": kind, "eps": _eps(getattr(layer, family.input_norm)) if family.input_norm else None,
+                    "qk_norm": None, "conv": None, "conv_bias": None}
+        if kind.mixer == "conv":
+            conv = getattr(layer, family.conv)
+            arranged["qkv"] = _shared_in_out(conv.in_proj, norm=norm)  # [hidden, 3 hidden] = [B | C | x]
+            arranged["o"] = _shared_in_out(conv.out_proj)
+            arranged["conv"] = conv.conv.weight[:, 0, :].t().contiguous()  # [K, hidden]; row K-1: this token
+            arranged["conv_bias"] = conv.conv.bias
+        else:
+            attn = getattr(layer, family.attention)
+            arranged["qkv"] = self._arrange_qkv(attn, norm)
+            arranged["o"] = _shared_in_out(getattr(attn, family.o))
+            if family.qk_norm:
+                arranged["qk_norm"] = self._qk_norm_weights(attn)
+        post = family.post_attention_norm
+        arranged["post_attention"] = _norm_weight(getattr(layer, post), offset) if post else None
+        mlp = getattr(layer, family.mlp)
+        mlp_norm = _take_norm(getattr(layer, family.mlp_norm), offset) if family.mlp_norm else None
+        arranged["mlp_eps"] = _eps(getattr(layer, family.mlp_norm)) if family.mlp_norm else None
+        if family.gate_up:
+            arranged["gate_up"] = _shared_in_out(getattr(mlp, family.gate_up), norm=mlp_norm)
+        else:
+            arranged["gate_up"] = _shared_in_out(getattr(mlp, family.gate), getattr(mlp, family.up), norm=mlp_norm)
+        arranged["down"] = _shared_in_out(getattr(mlp, family.down))
+        post = family.post_mlp_norm
+        arranged["post_mlp"] = _norm_weight(getattr(layer, post), offset) if post else None
+        # the backend's kernel (mm computes with these very tensors, others copy them)
+        return arranged
+
+    def _arrange_qkv(self, attn: torch.nn.Module, norm: torch.Tensor | None) -> tuple:
+        """(qkv weight [hidden, (H + 2 H_kv) D], bias or None): q/k rows in the engine's head order
+        (copies, q scaled by `q_factor` unless a q norm follows), v shared with the module where the
+        module's v is a projection of its own, the input norm folded in."""
+        family, D = self.family, self.head_dim
+        q_out, k_out = self.n_heads * D, self.n_kv * D
+        rotated = q_out + k_out
+        if family.qkv:  # fused: the module reads one [in, (H + 2 H_kv) D] tensor; the engine copies
+            fused, fused_bias = _shared_in_out(getattr(attn, family.qkv), norm=norm)
+            q_w, k_w, v_w = fused[:, :q_out].t(), fused[:, q_out:rotated].t(), fused[:, rotated:]
+            biases = (None,) * 3 if fused_bias is None else (fused_bias[:q_out], fused_bias[q_out:rotated],
+                                                              fused_bias[rotated:])
+            v = None
+        else:
+            q, k, v = getattr(attn, family.q), getattr(attn, family.k), getattr(attn, family.v)
+            _scale_inputs(norm, q, k)  # the module keeps q/k in its own order (folded copies)
+            q_w, k_w, v_w = q.weight, k.weight, v.weight.t()
+            biases = (q.bias, k.bias, v.bias)
+        order = self._head_order().to(q_w.device)
+        qkv = torch.empty(q_w.shape[1], rotated + v_w.shape[1], device=q_w.device)  # [hidden, (H + 2 H_kv) D]
+        _interleave_into(qkv[:, :q_out], q_w, order)
+        _interleave_into(qkv[:, q_out:rotated], k_w, order)
+        qkv[:, rotated:].copy_(v_w)
+        if v is not None:
+            if norm is not None:
+                qkv[:, rotated:].mul_(norm[:, None])
+            _share((v,), qkv[:, rotated:])
+        scale_q = self.q_factor != 1.0 and not family.qk_norm
+        if scale_q:
+            qkv[:, :q_out].mul_(self.q_factor)
+        if biases[0] is None:
+            return qkv, None
+        q_b, k_b, v_b = biases
+        q_b = q_b.view(-1, D)[:, order].reshape(-1) * (self.q_factor if scale_q else 1.0)
+        bias = torch.cat([q_b, k_b.view(-1, D)[:, order].reshape(-1), v_b])
+        if v is not None:
+            v.bias = torch.nn.Parameter(bias[rotated:], requires_grad=False)
+        return qkv, bias
+
+    def _qk_norm_weights(self, attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(q weight, k weight, eps) of the q/k norms in the engine's head order, q's scale folded in."""
+        order = self._head_order()
+        offset = self.family.norm_offset
+        q_norm, k_norm = getattr(attn, self.family.q_norm), getattr(attn, self.family.k_norm)
+
+        def arranged(norm) -> torch.Tensor:
+            weight = norm.weight.float() + offset
+            order_ = order.to(weight.device)
+            if self.family.qk_norm == "head":  # [D]
+                return weight[order_].contiguous()
+            return weight.view(-1, self.head_dim)[:, order_].reshape(-1).contiguous()  # [n D]
+
+        return arranged(q_norm) * self.q_factor, arranged(k_norm), _eps(q_norm)
 
     @torch.inference_mode()
     def prefill(self, prefix_ids: list[int]) -> PrefixCache:
         """Run the prefix once and keep every layer's keys and values."""
         P, dev = len(prefix_ids), self.device
         everything = torch.arange(P, device=dev)
+        zero = torch.zeros(1, dtype=torch.long, device=dev)
         layout = _Layout(B=1, W=P, source=everything, index=everything, read=torch.tensor([[P - 1]], device=dev),
                          positions=everything, mask=None,
-                         read_mask=torch.zeros(1, 1, 1, P, dtype=self.dtype, device=dev))
+                         read_mask=torch.zeros(1, 1, 1, P, dtype=self.dtype, device=dev),
+                         conv_prev=self._conv_prev(zero, zero + P, None) if self.conv_taps else None)
         keys, values = [], []
         self._layers(torch.tensor(prefix_ids, device=dev), layout, None, keys, values)
-        return PrefixCache(keys=tuple(keys), values=tuple(values))
+        return PrefixCache(keys=tuple(keys), values=tuple(values), tokens=P)
 
     @torch.inference_mode()
     def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: tuple[int, ...] = ()):
@@ -353,12 +494,47 @@ class Engine:
             allowed = torch.where(is_node[:, :, None], sees_node_row, allowed)  # [B, W, W]
         allowed = allowed.expand(B, W, W)
         read_allowed = allowed.gather(1, read_cols[:, :, None].expand(B, 1 + T, W))  # [B, 1+T, W]
+        starts = torch.cumsum(per_row, 0) - per_row
         return _Layout(B=B, W=W, source=source, index=index, read=read,
                        positions=positions.reshape(-1)[index],
                        mask=_additive(allowed[:, None], self.dtype) if T else None,
                        read_mask=_additive(read_allowed[:, None], self.dtype), prefix_cols=C,
-                       starts=(torch.cumsum(per_row, 0) - per_row).long(), lengths=lengths[:, 0].long().contiguous(),
-                       ancestors=trie.ancestors.to(device=dev, dtype=torch.uint8).contiguous() if T else None)
+                       starts=starts.long(), lengths=lengths[:, 0].long().contiguous(),
+                       ancestors=trie.ancestors.to(device=dev, dtype=torch.uint8).contiguous() if T else None,
+                       conv_prev=self._conv_prev(starts.long(), lengths[:, 0].long(), trie) if self.conv_taps else None)
+
+    def _conv_prev(self, starts: torch.Tensor, lengths: torch.Tensor, trie: LabelTrie | None) -> torch.Tensor:
+        """[N, K-1] where each packed token's predecessors at lags 1 .. K-1 are, as indices into
+        [the prefix's last K-1 inputs; the packed tokens]: an item token's are the row's earlier
+        tokens, then the prefix's last ones (zeros before position 0); a trie node's are its
+        ancestors, then the item's last tokens, as in the reference's one unpadded sequence."""
+        dev, lags = starts.device, self.conv_taps - 1
+        T = trie.n_nodes if trie is not None else 0
+        per_row = lengths + T
+        row = torch.repeat_interleave(torch.arange(len(starts), device=dev), per_row)  # [N]
+        within = torch.arange(int(per_row.sum()), device=dev) - starts[row]  # [N] index among the row's tokens
+        length = lengths[row]
+        is_node = within >= length
+        node = (within - length).clamp(0, max(T - 1, 0))
+        out = []
+        if T:
+            depth = trie.node_depth.to(dev)[node]  # [N]
+            # at_depth[t, d]: t's ancestor at depth d (1 .. depth of t)
+            at_depth = torch.zeros(T, int(trie.node_depth.max()) + 1, dtype=torch.long)
+            for t in range(T):
+                for u in trie.ancestors[t].nonzero().squeeze(1).tolist():
+                    at_depth[t, int(trie.node_depth[u])] = u
+            at_depth = at_depth.to(dev)
+        for lag in range(1, lags + 1):
+            own = within - lag  # the predecessor's index among the row's item tokens (negative: the prefix's)
+            if T:
+                own = torch.where(is_node, length - 1 - (lag - depth), own)
+                ancestor = starts[row] + length + at_depth[node, (depth - lag).clamp(min=0)]
+            idx = torch.where(own >= 0, lags + starts[row] + own, lags + own)
+            if T:
+                idx = torch.where(is_node & (lag < depth), lags + ancestor, idx)
+            out.append(idx)
+        return torch.stack(out, dim=1)
 
     def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
                 keys: list | None = None, values: list | None = None, states: list | None = None) -> torch.Tensor:
@@ -370,10 +546,14 @@ class Engine:
         but the last appends its output at each row's last item token, [B, hidden].
         """
         h = self.embed(ids)  # [N, hidden]
-        cos, sin = self.rotary(h[None], layout.positions[None])  # [1, N, D] each
-        half = self.head_dim // 2
-        # HF's cos/sin repeat one half twice; as complex numbers: [N, 1, D/2]
-        cis = torch.complex(cos[0, :, None, :half].contiguous(), sin[0, :, None, :half].contiguous())
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
+        half = self.rotary_dim // 2
+        cis = {}
+        for key in self.rope_keys:
+            cos, sin = self._rotary(h[None], layout.positions[None], key)  # [1, N, R] each
+            # HF's cos/sin repeat one half twice; as complex numbers: [N, 1, R/2]
+            cis[key] = torch.complex(cos[0, :, None, :half].float().contiguous(), sin[0, :, None, :half].float().contiguous())
         # q/k/v in the padded layout, shared by all layers: only real rows are ever written, so
         # the pad rows stay zero (a pad key is masked or after every real query, a pad query is
         # never read, and zeros keep their products finite). None: the backend's C kernel attends
@@ -384,11 +564,12 @@ class Engine:
         last = len(self.layers) - 1 if keys is None else None
         for i, layer in enumerate(self.layers):
             past = None if prefix is None else (prefix.keys[i], prefix.values[i])
+            mixer = self._conv_block if layer.kind.mixer == "conv" else self._attention_block
             if i == last:
-                h = self._attention_block(h, layer, cis, padded, layout, past, read_only=True)  # [B*(1+T), hidden]
+                h = mixer(h, layer, cis, padded, layout, past, read_only=True)  # [B*(1+T), hidden]
                 self._mlp_block(h, layer)
                 return h.view(layout.B, -1, h.shape[-1])
-            k, v = self._attention_block(h, layer, cis, padded, layout, past)
+            k, v = mixer(h, layer, cis, padded, layout, past)
             if keys is not None:
                 keys.append(k.clone(memory_format=torch.contiguous_format))  # views of `padded`, which the next layer overwrites
                 values.append(v.clone(memory_format=torch.contiguous_format))
@@ -410,17 +591,22 @@ class Engine:
         N = h.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         attend = self.backend.attend
-        qkv = layer.qkv.normed(h, layer.eps).float().view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]; rotary in float32
-        qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
-        qk.mul_(cis)  # rotary embedding, in place (rows interleaved at load time)
+        qkv = (layer.qkv.normed(h, layer.eps) if layer.eps is not None else layer.qkv(h)).float()
+        qkv = qkv.view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]; q/k norms and rotary in float32
+        if layer.qk_norm is not None:
+            self._norm_qk(qkv, *layer.qk_norm)
+        if layer.kind.rope is not None:
+            qk = torch.view_as_complex(qkv[:, : H + Hkv].unflatten(-1, (D // 2, 2)))  # [N, H+Hkv, D/2]
+            rope = cis[layer.kind.rope]
+            (qk if rope.shape[-1] == D // 2 else qk[..., : rope.shape[-1]]).mul_(rope)  # in place (rows interleaved at load time)
         qkv = qkv.to(self.dtype)  # attention's precision (a no-op in float32)
         if padded is None:  # one C pass per (row, KV head) over the packed rows, the prefix included
             prefix_kv = None if past is None else (past[0][0].contiguous(), past[1][0].contiguous())  # [Hkv, P, D]
             out = self.backend.attend_packed(qkv.contiguous(), H, layout.starts, layout.lengths, layout.ancestors,
                                              prefix_kv, read_only).view(-1, H * D)  # [N or B*(1+T), H D]
             if read_only:
-                return layer.o.add_(h.index_select(0, layout.read.reshape(-1)), out)
-            layer.o.add_(h, out)
+                return self._residual(h.index_select(0, layout.read.reshape(-1)), layer.o, out, layer.post_attention)
+            self._residual(h, layer.o, out, layer.post_attention)
             return None, None
         padded.index_copy_(0, layout.index, qkv)
         rows = padded.view(layout.B, layout.W, H + 2 * Hkv, D)  # [B, W, H+2Hkv, D]
@@ -447,17 +633,62 @@ class Engine:
             out = _merge(out, lse, out_p.float().reshape(-1, H, D), lse_p.reshape(-1, H))
         out = out.reshape(-1, H * D)
         if read_only:
-            return layer.o.add_(h.index_select(0, layout.read.reshape(-1)), out)
-        layer.o.add_(h, out)
+            return self._residual(h.index_select(0, layout.read.reshape(-1)), layer.o, out, layer.post_attention)
+        self._residual(h, layer.o, out, layer.post_attention)
         return k, v
 
+    def _norm_qk(self, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
+        """RMSNorm of q and of k in place, over each head ([D] weights) or the whole projection ([n D])."""
+        N, H, Hkv = qkv.shape[0], self.n_heads, self.n_kv
+        for part, weight in ((qkv[:, :H], q_weight), (qkv[:, H : H + Hkv], k_weight)):
+            flat = part if weight.numel() == self.head_dim else part.reshape(N, -1)  # a view either way
+            flat.copy_(rms_norm(flat, eps).mul_(weight))
+
+    def _residual(self, h: torch.Tensor, op: LinearOp, x: torch.Tensor, post: tuple | None) -> torch.Tensor:
+        """h += post_norm(x @ w) * residual scale, in place; returns h. Without a post norm or
+        scale, the op adds itself (the int8 ops fuse the add into their dequantising pass)."""
+        if post is None and self.residual_scale is None:
+            return op.add_(h, x)
+        y = op(x)
+        if post is not None:
+            y = rms_norm(y.float(), post[1]).mul_(post[0])
+        if self.residual_scale is not None:
+            y = y.mul_(self.residual_scale)
+        return h.add_(y)
+
+    def _conv_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, read_only: bool = False):
+        """h += out_proj(C * conv(B * x)) for [B | C | x] = in_proj(norm(h)) (LFM2's short convolution):
+        each token's conv reads its K - 1 predecessors (`layout.conv_prev`). Returns the last K - 1
+        inputs B * x [K-1, hidden] (the prefill keeps them as this layer's cache) and an empty tensor."""
+        lags = self.conv_taps - 1
+        bcx = layer.qkv.normed(h, layer.eps) if layer.eps is not None else layer.qkv(h)  # [N, 3 hidden]
+        b, c, x = bcx.float().chunk(3, dim=-1)
+        bx = b * x  # [N, hidden]
+        tail = past[0] if past is not None else bx.new_zeros(lags, bx.shape[1])
+        pool = torch.cat([tail, bx])  # [K-1 + N, hidden]
+        taps = layer.conv  # [K, hidden]
+        conv = bx * taps[lags]
+        for lag in range(1, lags + 1):
+            conv.addcmul_(pool.index_select(0, layout.conv_prev[:, lag - 1]), taps[lags - lag])
+        if layer.conv_bias is not None:
+            conv.add_(layer.conv_bias)
+        y = c.mul_(conv)  # [N, hidden]
+        if read_only:
+            read = layout.read.reshape(-1)
+            return self._residual(h.index_select(0, read), layer.o, y.index_select(0, read), layer.post_attention)
+        self._residual(h, layer.o, y, layer.post_attention)
+        last = pool[-lags:] if pool.shape[0] >= lags else pool
+        return last.clone(), bx.new_empty(0)
+
     def _mlp_block(self, h, layer: _Layer) -> None:
-        """h += down(act(gate(norm(h))) * up(norm(h)))."""
+        """h += [post_norm](down(act(gate(norm(h))) * up(norm(h)))) (* residual scale)."""
+        normed = layer.mlp_eps is not None
         if self.silu:  # one op: the int8-fused op dequantises and multiplies in one pass
-            layer.down.add_(h, layer.gate_up.normed_swiglu(h, layer.eps))
-            return
-        gate, up = layer.gate_up.normed(h, layer.eps).chunk(2, dim=-1)  # [N, I] each
-        layer.down.add_(h, self.act(gate).mul_(up))
+            act = layer.gate_up.normed_swiglu(h, layer.mlp_eps) if normed else swiglu_(layer.gate_up(h))
+        else:
+            gate, up = (layer.gate_up.normed(h, layer.mlp_eps) if normed else layer.gate_up(h)).chunk(2, dim=-1)
+            act = self.act(gate).mul_(up)  # [N, I]
+        self._residual(h, layer.down, act, layer.post_mlp)
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
         """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
@@ -467,9 +698,20 @@ class Engine:
         step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
         out = []
         for start in range(0, B, per_call):
-            logprobs = torch.log_softmax(self.lm_head(read[start : start + per_call]), dim=-1)  # [b, 1+T, V]
+            logits = self.lm_head(read[start : start + per_call])  # [b, 1+T, V]
+            if self.logits_divisor is not None:
+                logits = logits / self.logits_divisor
+            if self.logit_softcap is not None:
+                logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+            logprobs = torch.log_softmax(logits, dim=-1)
             out.append(logprobs[:, step_pos, step_token])  # [b, N_steps]
         return torch.cat(out)
+
+
+def _setting(config, name: str | None) -> float | None:
+    """A family's scale setting as a float; None where the family has none or it is 1."""
+    value = None if name is None else getattr(config, name, None)
+    return None if value is None or float(value) == 1.0 else float(value)
 
 
 def _merge(out_a, lse_a, out_b, lse_b):

@@ -5,6 +5,12 @@ Layout of one prompt (chat template of the model):
     [system turn: instruction + labels][examples as earlier turns][user turn start | ITEM | user turn end][generation prompt]
     \\__________________________ head (same for every item) ______________________/        \\____ tail (same) ____/
 
+Families differ only in what their templates render: Gemma's has no system role (the system text
+joins the first user turn), Qwen3's and SmolLM3's add an empty think block before the answer
+(`enable_thinking=False`); the head / item / tail split below holds for each. A tokenizer without a
+chat template (a base model) gets `_PLAIN_TEMPLATE`: the instruction and labels, the examples as
+`Input:` / `Label:` pairs, then the item and the answer cue `Label: ` (docs/models.md).
+
 `PromptRenderer.render(text)` is `head + user_template(text) + tail` when the template is *linear*
 (renders the item verbatim), which is checked once with probe texts; otherwise each item is
 rendered through the template. The token prefix reused through the KV cache is taken from the
@@ -63,6 +69,10 @@ class PromptRenderer:
 
     def _render_messages(self, item: str) -> str:
         # The sentinel stands for the *text*; user_template wraps it like a real item.
+        # enable_thinking=False: templates with a thinking mode (Qwen3, SmolLM3) render the answer
+        # right after an empty think block, and the labels are scored after exactly that text;
+        # templates without one ignore the variable.
         return self.tokenizer.apply_chat_template(
-            self.messages(item), tokenize=False, add_generation_prompt=True, chat_template=self._template
+            self.messages(item), tokenize=False, add_generation_prompt=True, chat_template=self._template,
+            enable_thinking=False,
         )

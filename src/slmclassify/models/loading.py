@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from ..core.config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config
+from ..core.config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config  # noqa: F401
 from ..cache import cache_root
 from ..errors import ModelLoadError
 from .engines import with_backend
@@ -410,7 +410,7 @@ def _dequantise(path: Path):
             model = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
             )
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: tensors unlike the metadata says
         raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
     return model, tokenizer
 
