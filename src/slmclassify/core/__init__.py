@@ -13,7 +13,8 @@
     reference     the per-item path in plain transformers: the oracle the fast path must equal
     verify        probe items through both paths
     metrics       accuracy, F1, calibration and thresholds against gold labels
-    config_check  what a model config must be for the engine to be exact
+    families      each model family as a description (norms, scales, layer kinds) the engine follows
+    config_check  what a model config must be for the engine to be exact (derived from families)
     article_tickets  the article's tickets: the bench workload and the calibration sample
 
 Nothing here loads a model (`models/`) or reads files (`io/`); `slmclassify.classifier` puts it together.
