@@ -131,22 +131,28 @@ def test_classify_a_family_folder_from_the_command_line(run_main, family_dir, tm
 
 
 @pytest.mark.parametrize("name,settings", [
-    ("gemma3_text", dict(sliding_window=72)),
-    ("mistral", dict(sliding_window=76)),
-    ("ministral", dict(sliding_window=80)),
-    ("phi3", dict(sliding_window=84)),
+    ("gemma3_text", dict(sliding_window=24)),
+    ("mistral", dict(sliding_window=30)),
+    ("ministral", dict(sliding_window=40)),
+    ("phi3", dict(sliding_window=52)),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=20, max_window_layers=1)),
 ])
-def test_sliding_windows_are_capped_and_exact(family_dir, name, settings):
-    """A sliding window equals full attention while the prompt fits in it: prompts are capped there
-    (longer items are truncated, status `truncated`), and every item is exact."""
+@pytest.mark.parametrize("mode", ["first", "full"])
+def test_sliding_windows_are_exact_beyond_the_window(family_dir, name, settings, mode):
+    """Prompts longer than the window (the prefix alone is ~60 tokens here): queries whose window ends
+    inside the cached prefix, inside the item or among the trie nodes, with padded batches, one row,
+    and the prefix cache off; no prompt is cut for the window."""
     loaded = load_model(str(family_dir(name, **settings)), device="cpu", precision="fp32")
-    assert context_limit(loaded.model.config) == settings["sliding_window"]
-    clf = Classifier(Task(labels=LABELS["full"], mode="full"), model=loaded)
-    texts = random_texts(4, seed=3, max_words=8) + [" ".join(["refund parcel login"] * 40)]
-    encoded = clf.encode(texts)
-    assert max(len(ids) for ids in encoded.ids) + max(len(s) for s in clf.trie.sequences) <= settings["sliding_window"]
-    assert "truncated" in list(encoded.status)
-    assert_matches_reference(clf, texts)
+    assert context_limit(loaded.model.config) == loaded.model.config.max_position_embeddings
+    assert any(k.window == settings["sliding_window"] for k in layer_kinds(loaded.model.config))
+    texts = random_texts(6, seed=3, max_words=60) + [" ".join(["refund parcel login"] * 20)]
+    for engine_settings in (EngineSettings(token_budget=400, max_rows=4), EngineSettings(max_rows=1),
+                            EngineSettings(prefix_cache=False)):
+        clf = Classifier(Task(labels=LABELS[mode], mode=mode), model=loaded, settings=engine_settings)
+        encoded = clf.encode(texts)
+        assert "truncated" not in list(encoded.status)
+        assert max(len(ids) for ids in encoded.ids) > 2 * settings["sliding_window"]
+        assert_matches_reference(clf, texts)
 
 
 def test_layer_kinds_follow_each_family():

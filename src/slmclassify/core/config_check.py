@@ -12,12 +12,12 @@ Implemented for every family: tied or untied embeddings, any `hidden_act` transf
 engine calls the same activation module), any `head_dim`, grouped-query or plain multi-head
 attention, the biases each family's modules have, and the rotary types `default`, `linear`,
 `llama3`, `yarn` (their cos/sin come from the Hugging Face rotary module itself, attention scaling
-included); partial rotary where the family's own code has it (Phi-3). Three settings are exact only
-on sequences up to a length, which `context_limit` returns and the classifier caps prompts at
+included); partial rotary where the family's own code has it (Phi-3); sliding-window attention at
+any length (the engine masks by the window, the cached prefix included). Two settings are exact
+only on sequences up to a length, which `context_limit` returns and the classifier caps prompts at
 (longer items are truncated, status `truncated`): `dynamic` rope (frequencies change beyond
-`max_position_embeddings`), `longrope` (the long factors are used beyond
-`original_max_position_embeddings`) and sliding-window attention (equal to full causal attention
-within the window).
+`max_position_embeddings`) and `longrope` (the long factors are used beyond
+`original_max_position_embeddings`).
 """
 
 from __future__ import annotations
@@ -106,17 +106,11 @@ def rope_parameters(config) -> dict:
 
 def context_limit(config) -> int:
     """Longest sequence (prompt + label tokens) the engine computes exactly for this config."""
-    from .families import layer_kinds
-
     limit = getattr(config, "max_position_embeddings", None) or 2048
     rope = rope_parameters(config)
     for params in [v for v in rope.values() if isinstance(v, dict)] or [rope]:
         if params.get("rope_type") == "longrope":
             limit = min(limit, _original_context(config, params))
-    windows = [kind.window for kind in layer_kinds(config) if kind.window]
-    if windows:
-        # A query at position i sees keys j with i - j < window: every key while i < window.
-        limit = min(limit, min(windows))
     return int(limit)
 
 

@@ -47,6 +47,7 @@ on its device, and the residual stream, the norms and the output layer stay in f
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,9 @@ class _Layout:
     lengths: torch.Tensor | None = None  # [B] int64 item tokens per row (its T trie nodes follow them)
     ancestors: torch.Tensor | None = None  # [T, T] uint8 trie ancestors (self included); None without nodes
     conv_prev: torch.Tensor | None = None  # [N, K-1] each token's predecessors at lags 1..K-1 (convolution layers)
+    windows: dict = dataclasses.field(default_factory=dict)  # {window: (mask, read_mask)} of the sliding
+    #   windows some query of this batch reaches past (masks as above, keys also within the window); the
+    #   prefix is inline then (prefix_cols = P)
 
 
 def _share(linears: tuple[torch.nn.Linear, ...], weight: torch.Tensor) -> None:
@@ -255,6 +259,7 @@ class Engine:
         self.rope_keys = sorted({k.rope for k in self.kinds if k.mixer == "attention" and k.rope is not None})
         self.rotary_dim = self._rotary_dim()
         self.conv_taps = int(cfg.conv_L_cache) if any(k.mixer == "conv" for k in self.kinds) else 0
+        self.windows = sorted({k.window for k in self.kinds if k.window})
         probe = torch.arange(min(8, cfg.vocab_size))[None]  # [1, 8] any ids: the function must not change
         with torch.inference_mode():
             before = model(input_ids=probe, logits_to_keep=1).logits
@@ -425,10 +430,13 @@ class Engine:
         P, dev = len(prefix_ids), self.device
         everything = torch.arange(P, device=dev)
         zero = torch.zeros(1, dtype=torch.long, device=dev)
+        causal = everything[None, :, None] >= everything[None, None, :]  # [1, P, P]
+        windows = {w: (_additive(self._within(causal, everything[None], w)[:, None], self.dtype), None)
+                   for w in self.windows if P > w}
         layout = _Layout(B=1, W=P, source=everything, index=everything, read=torch.tensor([[P - 1]], device=dev),
                          positions=everything, mask=None,
                          read_mask=torch.zeros(1, 1, 1, P, dtype=self.dtype, device=dev),
-                         conv_prev=self._conv_prev(zero, zero + P, None) if self.conv_taps else None)
+                         conv_prev=self._conv_prev(zero, zero + P, None) if self.conv_taps else None, windows=windows)
         keys, values = [], []
         self._layers(torch.tensor(prefix_ids, device=dev), layout, None, keys, values)
         return PrefixCache(keys=tuple(keys), values=tuple(values), tokens=P)
@@ -459,10 +467,14 @@ class Engine:
         lengths = batch.lengths.to(dev)[:, None]  # [B, 1]
         B, S = batch.input_ids.shape
         T = trie.n_nodes
-        # With the prefix inline (wide rows), each padded row starts with C prefix columns:
+        # A sliding window matters where some query sits `window` or more positions after a key.
+        last = n_prefix + int(batch.lengths.max()) - 1 + (int(trie.node_depth.max()) if T else 0)
+        windows = [w for w in self.windows if last >= w]
+        # With the prefix inline (wide rows, or windows that reach into it), each padded row starts
+        # with C prefix columns:
         #     [ p p p | s s s s n1 n2 . . ]    the p queries are dummies (zero, never read)
         # and plain top-left causal attention then gives every real query the prefix too.
-        C = n_prefix if n_prefix and S >= _INLINE_PREFIX_RATIO * n_prefix else 0
+        C = n_prefix if n_prefix and (S >= _INLINE_PREFIX_RATIO * n_prefix or windows) else 0
         W = C + S + T
         col = torch.arange(W, device=dev)[None]  # [1, W]
         own = col - C  # [1, W] column among the row's own tokens (negative: prefix)
@@ -495,13 +507,25 @@ class Engine:
         allowed = allowed.expand(B, W, W)
         read_allowed = allowed.gather(1, read_cols[:, :, None].expand(B, 1 + T, W))  # [B, 1+T, W]
         starts = torch.cumsum(per_row, 0) - per_row
+        window_masks = {}
+        for w in windows:
+            sees = self._within(allowed, positions, w)
+            reads = sees.gather(1, read_cols[:, :, None].expand(B, 1 + T, W))
+            window_masks[w] = (_additive(sees[:, None], self.dtype), _additive(reads[:, None], self.dtype))
         return _Layout(B=B, W=W, source=source, index=index, read=read,
                        positions=positions.reshape(-1)[index],
                        mask=_additive(allowed[:, None], self.dtype) if T else None,
                        read_mask=_additive(read_allowed[:, None], self.dtype), prefix_cols=C,
                        starts=starts.long(), lengths=lengths[:, 0].long().contiguous(),
                        ancestors=trie.ancestors.to(device=dev, dtype=torch.uint8).contiguous() if T else None,
-                       conv_prev=self._conv_prev(starts.long(), lengths[:, 0].long(), trie) if self.conv_taps else None)
+                       conv_prev=self._conv_prev(starts.long(), lengths[:, 0].long(), trie) if self.conv_taps else None,
+                       windows=window_masks)
+
+    @staticmethod
+    def _within(allowed: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+        """[B, W, W] `allowed` and the key within `window` positions of the query (i - j < window, as
+        transformers' sliding-window mask). positions: [B or 1, W] of the layout's columns."""
+        return allowed & ((positions[:, :, None] - positions[:, None, :]) < window)
 
     def _conv_prev(self, starts: torch.Tensor, lengths: torch.Tensor, trie: LabelTrie | None) -> torch.Tensor:
         """[N, K-1] where each packed token's predecessors at lags 1 .. K-1 are, as indices into
@@ -559,7 +583,8 @@ class Engine:
         # never read, and zeros keep their products finite). None: the backend's C kernel attends
         # on the packed rows themselves (scoring only; the prefill collects padded keys).
         padded = None
-        if keys is not None or layout.starts is None or not self.backend.packs_attention(self.head_dim):
+        if (keys is not None or layout.starts is None or layout.windows
+                or not self.backend.packs_attention(self.head_dim)):
             padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim, dtype=self.dtype)
         last = len(self.layers) - 1 if keys is None else None
         for i, layer in enumerate(self.layers):
@@ -617,13 +642,14 @@ class Engine:
             past = None
         heads = rows.transpose(1, 2)  # [B, H+2Hkv, W, D]
         k, v = heads[:, H : H + Hkv], heads[:, H + Hkv :]
+        mask, read_mask = layout.windows.get(layer.kind.window, (layout.mask, layout.read_mask))
         q = qkv[:, :H]  # [N, H, D] packed
         if read_only:
             q = q.index_select(0, layout.read.reshape(-1))  # [R, H, D]
-            out, lse = attend(q.view(layout.B, -1, H, D).transpose(1, 2), k, v, mask=layout.read_mask)
+            out, lse = attend(q.view(layout.B, -1, H, D).transpose(1, 2), k, v, mask=read_mask)
             out, lse = out.reshape(-1, H, D), lse.reshape(-1, H)  # [R, H, D], [R, H]
         else:
-            out, lse = attend(heads[:, :H], k, v, mask=layout.mask, lower=True)
+            out, lse = attend(heads[:, :H], k, v, mask=mask, lower=True)
             out = out.reshape(-1, H, D).index_select(0, layout.index)  # [N, H, D]
             if past is not None:
                 lse = lse.reshape(-1, H).index_select(0, layout.index)  # [N, H]
