@@ -391,3 +391,101 @@ def test_serve_insecure_warns(run_main, monkeypatch, tmp_path, args, warned):
     warning = ("slmclassify: warning: serving on 0.0.0.0 without --api-key (--insecure): anyone who reaches the port "
                "can use the model and read its file path")
     assert err.splitlines() == ([warning] if warned else []) + ["slmclassify: error: stopped before binding"]
+
+
+# --------------------------------------------------------------------------- second pass (issue 33, item 5)
+
+
+def test_service_invalid_utf8_body_is_the_documented_json_error(llama_loaded):
+    """Before: a body with an invalid UTF-8 byte got `400 {"error": "There was an error parsing the
+    body"}`; now the documented invalid-body error, 422, saying what to send."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from test_serve import running
+
+    with running(llama_loaded) as (url, _app):
+        answer = httpx.post(f"{url}/v1/classify", content=b'{"task": "support", "text": "caf\xe9"}',
+                            headers={"content-type": "application/json"}, timeout=60)
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"].startswith("invalid request body: it is not JSON text in UTF-8")
+
+
+@pytest.mark.parametrize("args,named", [(["classify", "--probes", "-1"], "--probes must be 0 (no check) or more"),
+                                        (["verify", "--probes", "0"], "--probes must be at least 1 for verify"),
+                                        (["verify", "--probes", "-1"], "--probes must be at least 1 for verify")])
+def test_a_check_that_checks_nothing_is_refused(run_main, tmp_path, llama_dir, args, named):
+    """Before: `classify --probes -1` ran without a check and exit 0; `verify --probes 0` passed with
+    '0/0 probes agree'."""
+    src = tmp_path / "in.csv"
+    src.write_text("text\nmy card was charged twice\n")
+    command, *rest = args
+    extra = ["-o", tmp_path / "out.csv"] if command == "classify" else []
+    code, _, err = run_main(command, src, *extra, *rest, "--labels", "billing,technical", "--model", llama_dir)
+    assert named in _one_error(code, err)
+
+
+def test_a_parquet_list_with_a_null_reaches_the_model_and_csv_as_json(run_main, tmp_path, llama_dir):
+    """Before: a Parquet `list<int64>` cell with a null reached CSV (and the model) as
+    `[1.0, NaN, 3.0]`; now `[1, null, 3]`, as the cell holds it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["my card was charged twice", "the app crashes"],
+                             "ids": pa.array([[1, None, 3], [4]], type=pa.list_(pa.int64()))}), src)
+    out = tmp_path / "out.csv"
+    code, _, err = run_main("classify", src, "-o", out, "--labels", "billing,technical", "--model", llama_dir)
+    assert code == 0, err
+    import csv
+
+    rows = list(csv.DictReader(out.open()))
+    assert [r["ids"] for r in rows] == ["[1, null, 3]", "[4]"]
+    code, _, err = run_main("classify", src, "-o", tmp_path / "by-list.csv", "--text-column", "ids",
+                            "--labels", "billing,technical", "--model", llama_dir)
+    assert code == 0, err
+
+
+def test_a_long_cell_is_cut_before_it_is_tokenized(llama_loaded, monkeypatch):
+    """Before: a 20 MB cell was tokenized whole before the 512-token cut (~220 bytes of memory per
+    character: 4.9 GiB). Now no tokenizer call sees more than the character bound, and the result is
+    the same as for the text cut at the bound."""
+    from slmclassify import Classifier, Task
+    from slmclassify.core.encode import char_bound
+
+    clf = Classifier(Task(labels=("billing", "technical")), model=llama_loaded)
+    tokenizer = clf.loaded.tokenizer
+    bound = char_bound(tokenizer, 512)
+    seen = []
+    original = type(tokenizer).__call__
+
+    def recording(self, text, *args, **kwargs):
+        texts = [text] if isinstance(text, str) else list(text)
+        seen.append(max((len(t) for t in texts), default=0))
+        return original(self, text, *args, **kwargs)
+
+    long_text = "refund my card " * 400_000  # 6 MB
+    monkeypatch.setattr(type(tokenizer), "__call__", recording)
+    encoded = clf.encode([long_text, "short"])
+    assert max(seen) < bound + 5_000  # the bound plus the prompt's template
+    assert list(encoded.status) == ["truncated", "ok"]
+    monkeypatch.undo()
+    again = clf.encode([long_text[:bound], "short"])
+    assert list(encoded.ids[0]) == list(again.ids[0])
+
+
+def test_weights_that_give_nan_are_one_line(tmp_path, model_dir_factory):
+    """Before: NaN weights stopped the engine's self-check with `AssertionError: nan`; a model folder
+    saved broken is now a one-line load error."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from slmclassify import ModelLoadError, load_model
+
+    folder = model_dir_factory("llama")
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.embed_tokens.weight"][:, :] = float("nan")
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="non-finite logits") as info:
+        load_model(str(folder))
+    assert "\n" not in str(info.value)
+    del torch

@@ -250,3 +250,54 @@ def test_maddubs_is_timed_only_where_onednn_needs_7_bit_weights(monkeypatch):
     if built:
         line = choice.Backend(device=torch.device("cpu"), precision="int8", gemm="int8-maddubs").describe()
         assert line.startswith("cpu int8 (int8-maddubs GEMM; 7-bit weights: this package's int8 GEMM")
+
+
+BUILD_KERNELS = """
+import sys
+from pathlib import Path
+from slmclassify.backends import fp32_kernels, int8_kernels, native
+cache = Path(sys.argv[1])
+for source, stem, bind in ((int8_kernels.SOURCE, "int8", int8_kernels._bind),
+                           (fp32_kernels.SOURCE, "fp32-attention", fp32_kernels._bind)):
+    lib, why = native.build(cache, source, stem, bind, native.compile_flags())
+    assert lib is not None, why
+print("built", flush=True)
+"""
+
+LOAD_KERNEL = """
+import sys
+from pathlib import Path
+from slmclassify.backends import int8_kernels, native
+lib, why = native.build(Path(sys.argv[1]), int8_kernels.SOURCE, "int8", int8_kernels._bind, native.compile_flags())
+assert lib is not None, why
+print("loaded", flush=True)
+"""
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text-bytes-flipped", "another-library"])
+def test_a_damaged_compiled_kernel_is_built_again_not_loaded(tmp_path, damage):
+    """Before: a kernel library truncated to 4 KB died with a bus error, bytes flipped in its code
+    with an illegal instruction or a segmentation fault, another library copied over it with a
+    traceback (undefined symbol), at every later start. Now its SHA-256 is recorded at build and
+    checked before loading (and every symbol when binding): it is built again."""
+    import subprocess
+    import sys
+
+    first = subprocess.run([sys.executable, "-c", BUILD_KERNELS, str(tmp_path)], capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0 and "built" in first.stdout, first.stderr
+    (target,) = (tmp_path / "kernels").glob("int8-*.so")
+    data = bytearray(target.read_bytes())
+    if damage == "truncated":
+        target.write_bytes(bytes(data[:4096]))
+    elif damage == "text-bytes-flipped":
+        for i in range(len(data) // 3, len(data) // 3 + 64):
+            data[i] ^= 0xFF
+        target.write_bytes(bytes(data))
+    else:  # another library copied over it
+        (other,) = (tmp_path / "kernels").glob("fp32-attention-*.so")
+        target.write_bytes(other.read_bytes())
+    second = subprocess.run([sys.executable, "-c", LOAD_KERNEL, str(tmp_path)], capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0 and "loaded" in second.stdout, (second.returncode, second.stderr[-2000:])
+    assert native._intact(target)

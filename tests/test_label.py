@@ -231,7 +231,7 @@ def test_session_end_to_end(tmp_path, llama_dir, one_torch_thread):
         again.close()
     with pytest.raises(TaskError, match=r"\(seed differ"):
         LabelSession.start(str(data), task, model=str(llama_dir), store_path=store, seed=2)
-    with pytest.raises(TaskError, match=r"\(task differ"):
+    with pytest.raises(TaskError, match=r"\(labels, task differ"):
         LabelSession.start(str(data), Task(labels=("technical", "billing")), model=str(llama_dir), store_path=store,
                            seed=1)
 
@@ -326,3 +326,40 @@ def test_the_automatic_share_is_at_the_target_accuracy_or_none():
     assert threshold is not None and 0.6 < threshold <= 0.85
     assert auto_threshold(est, np.array([1, 1, 0, 0, 0, 0, 1, 0]), labels, 0.95, 0.5) is None  # all wrong
     assert auto_threshold(est, y, labels, None, 0.5) == 0.5  # no target: the task's min_confidence
+
+
+def test_store_versions_refuse_a_stale_answer_and_an_empty_file(tmp_path):
+    """An answer or skip names the row's version it was made on: one made before another client's
+    answer, skip or undo of that row is refused (`StaleAnswer`, a 409 on the page). An empty file is
+    not taken over as a new store."""
+    from slmclassify.label.store import StaleAnswer
+
+    store = LabelStore.open(tmp_path / "s.sqlite", FINGERPRINT)
+    assert store.row_version(3) == 0
+    store.answer(3, "h3", "billing", version=0)
+    assert store.row_version(3) == 1
+    with pytest.raises(StaleAnswer, match="row 3 was answered, skipped or undone elsewhere"):
+        store.answer(3, "h3", "technical", version=0)
+    with pytest.raises(StaleAnswer):
+        store.skip(3, "h3", version=0)
+    store.undo()
+    assert store.row_version(3) == 2  # an undo changes the version too
+    store.skip(3, "h3", version=2)
+    assert store.answers() == {} and store.skipped() == {3}
+    store.close()
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    with pytest.raises(InputError, match="is an empty file, not a label store"):
+        LabelStore.open(tmp_path / "empty.sqlite", FINGERPRINT)
+    assert (tmp_path / "empty.sqlite").read_bytes() == b""
+
+
+def test_a_foreign_store_names_the_labels_that_differ(tmp_path):
+    """Before: a store of another task was refused naming `task` and two hashes; now the labels."""
+    mine = {**FINGERPRINT, "labels": ["billing", "technical", "account"]}
+    LabelStore.open(tmp_path / "s.sqlite", mine).close()
+    other = {**FINGERPRINT, "task": "def", "labels": ["billing", "technical", "shipping"]}
+    with pytest.raises(TaskError, match="only the store has account; only this task has shipping"):
+        LabelStore.open(tmp_path / "s.sqlite", other)
+    older = tmp_path / "older.sqlite"  # a store of an earlier version recorded no labels: still opens
+    LabelStore.open(older, FINGERPRINT).close()
+    LabelStore.open(older, mine).close()

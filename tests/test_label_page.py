@@ -56,7 +56,7 @@ class FakeSession:
         if row != self._current():
             raise TaskError(f"row {row} is not the item on the page")
 
-    def answer(self, row, label):
+    def answer(self, row, label, version=None):
         with self.lock:
             self.calls.append(("answer", row, label))
             self._check(row)
@@ -65,7 +65,7 @@ class FakeSession:
             self.answers[row] = label
             self.history.append(row)
 
-    def skip(self, row):
+    def skip(self, row, version=None):
         with self.lock:
             self.calls.append(("skip", row))
             self._check(row)
@@ -204,8 +204,8 @@ TASK_TOML = 'labels = ["billing", "technical", "account"]\nuser_template = "Tick
     (["--sample", "0"], "--sample must be a positive number of rows, got 0"),
     (["--target-accuracy", "1.5"], "--target-accuracy must be in (0, 1], got 1.5"),
     (["--api-key", " "], "--api-key is empty"),
-    (["--export", "{input}"], "--export {input} is the input file itself; give another path"),
-    (["--store", "{folder}/in.sqlite"], "the page's export file {folder}/in.labelled.csv is the input file itself"),
+    (["--export", "{input}"], "--export {input} is the input {input}; write to another file"),
+    (["--store", "{folder}/in.sqlite"], "the page's export file {folder}/in.labelled.csv is the input {input}"),
     (["--store", "{folder}/none.sqlite", "--export", "{folder}/out.csv"], "no label store at {folder}/none.sqlite: "
      "label first (`slmclassify label {input} --task ...`), or give the store with --store"),
 ])
@@ -270,3 +270,27 @@ def test_a_taken_port_fails_before_the_model_loads(tmp_path, run_main):
                                   tmp_path / "no-model", "--port", port)
     assert code == 2 and out == ""
     assert err.startswith(f"slmclassify: error: cannot listen on 127.0.0.1:{port}: ") and "pick another --port" in err
+
+
+@pytest.mark.parametrize("body", [{"row": True, "label": "billing"}, {"row": "0", "label": "billing"},
+                                  {"row": 0, "label": "billing", "version": "1"}])
+def test_a_row_must_be_a_number(page, body):
+    """Before: `{"row": true}` was taken as row 1."""
+    client, session, _ = page
+    answer = client.post("/api/answer", json=body, headers=AUTH)
+    assert answer.status_code == 422 and "invalid request" in answer.json()["error"]
+    assert session.calls == []
+
+
+@pytest.mark.parametrize("method,path,body,status", [("GET", "/api/state", None, 200),
+                                                      ("POST", "/api/answer", {"row": 0, "label": "billing"}, 200),
+                                                      ("GET", "/api/state?token=wrong", None, 403)])
+def test_every_answer_carries_the_page_headers(page, method, path, body, status):
+    """The token is in the page's URL: every response, the API's JSON and the refusals included,
+    says no-referrer and the content policy (before: only the page itself)."""
+    client, _, _ = page
+    headers = {} if "token=" in path else AUTH
+    answer = client.request(method, path, json=body, headers=headers)
+    assert answer.status_code == status
+    assert answer.headers["referrer-policy"] == "no-referrer"
+    assert "default-src 'none'" in answer.headers["content-security-policy"]

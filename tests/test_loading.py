@@ -207,8 +207,15 @@ def test_a_converted_gguf_loads_without_reading_the_gguf_metadata(fake_gguf, mon
     assert read == [] and len(calls) == 1
 
 
-@pytest.mark.parametrize("damage", ["corrupt weights", "truncated tokenizer", "missing manifest"])
+@pytest.mark.parametrize("damage", ["corrupt weights", "truncated tokenizer", "missing manifest",
+                                    "exponent bits of embedding floats flipped", "weights scaled",
+                                    "config num_hidden_layers edited", "config rope_theta edited",
+                                    "config rms_norm_eps edited"])
 def test_damaged_conversion_cache_is_rebuilt(fake_gguf, damage):
+    """Before: flipped weight bytes, scaled weights or an edited config.json of the same size were
+    loaded as they were (an AssertionError traceback on NaN, different confidences, 40 of 40 labels
+    different) and never rebuilt. Now every cached file is checked against the SHA-256 its manifest
+    recorded, and a file that differs is rebuilt from the GGUF."""
     gguf, calls = fake_gguf
     first = load_model(str(gguf))
     assert len(calls) == 1
@@ -221,8 +228,25 @@ def test_damaged_conversion_cache_is_rebuilt(fake_gguf, damage):
     elif damage == "truncated tokenizer":
         tok = entry / "tokenizer.json"
         tok.write_bytes(tok.read_bytes()[:100])
-    else:
+    elif damage == "missing manifest":
         (entry / loading._MANIFEST).unlink()
+    elif damage.startswith("config"):
+        config = entry / "config.json"
+        text = config.read_text()
+        key = damage.split()[1]
+        import re
+
+        edited = re.sub(rf'("{key}": )([0-9.e-]+)', lambda m: m.group(1) + ("1" if key == "num_hidden_layers" else
+                                                                            m.group(2).replace("1", "2", 1)), text)
+        assert edited != text
+        config.write_text(edited)
+    else:  # same size: bytes in the middle of the weights
+        weights = entry / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        middle = len(data) // 2
+        for i in range(middle, middle + 3000 * 4, 4):
+            data[i + 3] ^= 0x7F if damage.startswith("exponent") else 0x01
+        weights.write_bytes(bytes(data))
     again = load_model(str(gguf))
     assert len(calls) == 2
     for a, b in zip(first.model.parameters(), again.model.parameters()):

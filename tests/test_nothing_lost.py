@@ -129,32 +129,59 @@ def _interrupted_run(run_main, monkeypatch, src, target, model_dir, windows=2):
     assert json.loads(Path(f"{target}.progress.json").read_text())["rows_done"] == 8 * windows
 
 
-@pytest.mark.parametrize("damage", ["cut", "changed"])
-def test_resume_refuses_a_partial_cut_short_or_changed(run_main, monkeypatch, tmp_path, llama_dir, damage):
-    """Before: `--resume` over a partial 1,000 bytes shorter than its record wrote past its end:
-    exit 0, a 1,000-byte NUL hole in the output and rows lost. Now a partial shorter than its
-    record, or whose last bytes differ from those the record saw, is refused; --restart recovers."""
+@pytest.mark.parametrize("ext,damage", [("csv", "cut"), ("csv", "changed-end"), ("csv", "flipped-middle"),
+                                        ("csv", "flipped-first-kib"), ("jsonl", "flipped-middle"),
+                                        ("parquet", "flipped-middle")])
+def test_resume_refuses_a_partial_cut_short_or_changed(run_main, monkeypatch, tmp_path, llama_dir, ext, damage):
+    """Before: `--resume` over a partial 1,000 bytes shorter than its record wrote past its end (a NUL
+    hole); one byte flipped in the middle or the first KiB of a partial of the right length was kept
+    in the output (only the last 64 KiB were hashed), CSV and Parquet alike. Now the record holds the
+    SHA-256 of everything the partial holds: any change is refused; --restart recovers."""
     src = make_input(tmp_path / "in.csv", 40)
-    target = tmp_path / "out.csv"
+    target = tmp_path / f"out.{ext}"
     _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
     partial = Path(f"{target}.partial")
-    data = partial.read_bytes()
+    data = bytearray(partial.read_bytes())
     length = json.loads(Path(f"{target}.progress.json").read_text())["partial_bytes"]
+    changed = (f"{partial} does not hold the bytes its progress record saw (its SHA-256 differs): it was changed "
+               "or replaced")
     if damage == "cut":
         os.truncate(partial, length - 100)
         reason = f"{partial} is shorter than its progress record says ({length - 100} bytes, the record says {length}): it was cut or replaced"
     else:
-        partial.write_bytes(data[: length - 5] + b"XXXXX" + data[length:])
-        reason = f"{partial} does not end with the bytes its progress record saw: it was changed or replaced"
+        at = {"changed-end": length - 5, "flipped-middle": length // 2, "flipped-first-kib": min(700, length // 3)}[damage]
+        data[at] ^= 0x01
+        partial.write_bytes(bytes(data))
+        reason = changed
     code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
     assert _one_error(code, err) == (f"slmclassify: error: cannot resume {target}: {reason}; its rows cannot be "
                                      "trusted, pass --restart to start over")
     assert not target.exists()
     code, _, err = run_main(*_args(src, target, llama_dir, "--restart"))
     assert code == 0, err
-    whole = tmp_path / "whole.csv"
+    whole = tmp_path / f"whole.{ext}"
     assert run_main(*_args(src, whole, llama_dir))[0] == 0
     assert target.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize("record", ["deleted", "invalid"])
+def test_resume_without_a_usable_progress_record_says_so(run_main, monkeypatch, tmp_path, llama_dir, record):
+    """Before: a deleted or unreadable progress record made --resume start again from row 0 without
+    a word, dropping the partial. Now it is refused, naming the record; --restart starts over."""
+    src = make_input(tmp_path / "in.csv", 40)
+    target = tmp_path / "out.csv"
+    _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
+    progress = Path(f"{target}.progress.json")
+    if record == "deleted":
+        progress.unlink()
+    else:
+        progress.write_text("{not json")
+    before = Path(f"{target}.partial").read_bytes()
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert _one_error(code, err).startswith(f"slmclassify: error: cannot resume {target}: its progress record ")
+    assert "--restart" in err
+    assert Path(f"{target}.partial").read_bytes() == before
+    assert run_main(*_args(src, target, llama_dir, "--restart"))[0] == 0
 
 
 def test_resume_still_accepts_a_partial_longer_than_its_record(run_main, monkeypatch, tmp_path, llama_dir):
@@ -279,3 +306,49 @@ def test_binary_cells_that_are_not_utf8_are_refused_in_csv(run_main, tmp_path, l
     code, _, err = run_main(*_args(src, target, llama_dir, "--errors", "replace"))
     assert code == 0, err
     assert "\ufffd" in target.read_text(encoding="utf-8")
+
+
+def _labelled(path: Path) -> Path:
+    path.write_text("text,gold\n" + "".join(f"ticket {i} about my card,{('billing', 'technical')[i % 2]}\n"
+                                            for i in range(12)))
+    return path
+
+
+@pytest.mark.parametrize("case", ["fit -o input", "fit --json input", "fit -o hard link to input",
+                                  "evaluate --json input", "evaluate --json task", "classify -o task",
+                                  "classify -o head", "label --export store", "label --fit input link",
+                                  "label --fit store", "bench --json input"])
+def test_no_command_writes_over_a_file_it_reads(run_main, tmp_path, llama_dir, case):
+    """Before: `fit -o` = the labelled input replaced it by the head (PK...), `fit --json` and
+    `evaluate --json` = the input replaced it, `label --fit` = a hard link to the input replaced it,
+    `label --export` / `--fit` = the store destroyed the answers. Now every output path of every
+    command is checked against every file it reads, through links, before any work."""
+    src = _labelled(tmp_path / "gold.csv")
+    task = tmp_path / "task.toml"
+    task.write_text('labels = ["billing", "technical"]\n')
+    store = tmp_path / "gold.labels.sqlite"
+    link = tmp_path / "link.csv"
+    os.link(src, link)
+    head = tmp_path / "head.npz"
+    head.write_bytes(b"a head")
+    model = ["--model", llama_dir]
+    command = {
+        "fit -o input": ["fit", src, "-o", src, "--gold-column", "gold", "--task", task, *model],
+        "fit --json input": ["fit", src, "-o", tmp_path / "h.npz", "--json", src, "--gold-column", "gold",
+                             "--task", task, *model],
+        "fit -o hard link to input": ["fit", src, "-o", link, "--gold-column", "gold", "--task", task, *model],
+        "evaluate --json input": ["evaluate", src, "--gold-column", "gold", "--json", src, "--task", task, *model],
+        "evaluate --json task": ["evaluate", src, "--gold-column", "gold", "--json", task, "--task", task, *model],
+        "classify -o task": ["classify", src, "-o", task, "--task", task, *model],
+        "classify -o head": ["classify", src, "-o", head, "--head", head, *model],
+        "label --export store": ["label", src, "--task", task, "--store", store, "--export", store, *model],
+        "label --fit input link": ["label", src, "--task", task, "--fit", link, *model],
+        "label --fit store": ["label", src, "--task", task, "--store", store, "--fit", store, *model],
+        "bench --json input": ["bench", "--input", src, "--json", src, "--n", "2", *model],
+    }[case]
+    before = {p: p.read_bytes() for p in (src, task, head)}
+    code, _, err = run_main(*command)
+    line = _one_error(code, err)
+    assert "a command never writes over a file it reads" in line, line
+    assert {p: p.read_bytes() for p in before} == before
+    assert not store.exists() or store.stat().st_size == 0

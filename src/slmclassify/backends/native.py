@@ -164,7 +164,13 @@ def compiler() -> str | None:
 def build(cache_dir: Path | None, source: str, stem: str, bind, flags: list[str]):
     """(library, None) or (None, why not): `source` compiled with `flags` into
     `cache_dir`/kernels/`stem`-<digest>.so (default folder: the user cache) and loaded; `bind(lib)`
-    declares its functions' signatures."""
+    declares its functions' signatures.
+
+    A compiled library is trusted only as built: its SHA-256 is written beside it
+    (`stem-<digest>.so.sha256`) and checked before it is loaded, and `bind` must find every symbol; a
+    library that fails either (truncated, bytes changed, another library copied over it) is built
+    again instead of being loaded (loading one crashed the process: a bus error, an illegal
+    instruction, a segmentation fault)."""
     if os.environ.get(COMPILER_ENV) == "":
         return None, f"disabled ({COMPILER_ENV} is empty)"
     cc = compiler()
@@ -179,26 +185,58 @@ def build(cache_dir: Path | None, source: str, stem: str, bind, flags: list[str]
     digest = hashlib.sha256((source + " ".join(flags) + cc + cpu_identity()).encode()).hexdigest()[:16]
     folder = Path(cache_dir) / "kernels"
     target = folder / f"{stem}-{digest}.so"
-    if not target.exists():
+    for attempt in (0, 1):
+        if attempt or not _intact(target):
+            why = _compile(cc, flags, source, stem, folder, target)
+            if why:
+                return None, why
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                src = Path(tmp) / f"{stem}.c"
-                src.write_text(source)
-                built = Path(tmp) / f"{stem}.so"
-                done = subprocess.run([cc, *flags, "-o", str(built), str(src)], capture_output=True, text=True,
-                                      timeout=120)
-                if done.returncode != 0:
-                    return None, f"{cc} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
-                os.replace(built, target)  # atomic: another process may be compiling the same file
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"compiling with {cc} failed: {exc}"
+            lib = ctypes.CDLL(str(target))
+            bind(lib)
+        except (OSError, AttributeError) as exc:
+            if attempt:
+                return None, f"loading {target} failed: {exc}"
+            continue  # e.g. another library copied over it: built again once
+        return lib, None
+    return None, f"loading {target} failed"
+
+
+def _compile(cc: str, flags: list[str], source: str, stem: str, folder: Path, target: Path) -> str | None:
+    """Compile `source` into `target` and record its SHA-256 beside it; why not, or None."""
     try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        return None, f"loading {target} failed: {exc}"
-    bind(lib)
-    return lib, None
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            src = Path(tmp) / f"{stem}.c"
+            src.write_text(source)
+            built = Path(tmp) / f"{stem}.so"
+            done = subprocess.run([cc, *flags, "-o", str(built), str(src)], capture_output=True, text=True,
+                                  timeout=120)
+            if done.returncode != 0:
+                return f"{cc} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+            recorded = Path(tmp) / "sha256"
+            recorded.write_text(_sha256(built))
+            os.replace(built, target)  # atomic: another process may be compiling the same file
+            os.replace(recorded, _recorded(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"compiling with {cc} failed: {exc}"
+    return None
+
+
+def _recorded(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _intact(target: Path) -> bool:
+    """Whether the compiled library is byte for byte what was built (its recorded SHA-256)."""
+    try:
+        return _recorded(target).read_text().strip() == _sha256(target)
+    except OSError:
+        return False
 
 
 def cpu_identity() -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import TaskError
+from ..io.formats import check_writes
 from ..interrupts import Interrupted, terminate_as_interrupt
 
 
@@ -25,13 +26,8 @@ def page_outputs(store_path: Path) -> tuple[Path, Path]:
     return store_path.with_name(f"{base}.labelled.csv"), store_path.with_name(f"{base}.head.npz")
 
 
-def _not_the_input(path, input_path, what: str) -> None:
-    if Path(path).resolve() == Path(input_path).resolve():
-        raise TaskError(f"{what} {path} is the input file itself; give another path")
-
-
 def run_label(input_path, task, settings, *, model, store_path, port, api_key, export_path, fit_path, sample, seed,
-              text_column, review_first, target_accuracy) -> None:
+              text_column, review_first, target_accuracy, task_file=None) -> None:
     """Start the session; with --export/--fit write those and exit, else serve the page."""
     from ..label.server import new_token, run_page
     from ..label.session import LabelSession
@@ -44,10 +40,13 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
         raise TaskError("--api-key is empty; give a token or leave it out for a random one")
     store_path = Path(store_path) if store_path else default_store(input_path)
     page_export, page_fit = page_outputs(store_path)
-    for path, what in ((store_path, "--store"), (export_path, "--export"), (fit_path, "--fit"),
-                       (page_export, "the page's export file"), (page_fit, "the page's head file")):
-        if path:
-            _not_the_input(path, input_path, what)
+    reads = {"the input": input_path, "--task": task_file, "--model": model}
+    check_writes(reads, {"--store": store_path})
+    check_writes({**reads, "the store": store_path}, {"--export": export_path, "--fit": fit_path,
+                                                      "the page's export file": page_export,
+                                                      "the page's head file": page_fit})
+    if export_path and fit_path:
+        check_writes({"--export": export_path}, {"--fit": fit_path})
 
     def start(**more):
         return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,

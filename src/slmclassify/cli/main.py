@@ -11,6 +11,7 @@ import click
 
 from ..errors import SlmClassifyError, TaskError, VerificationError
 from ..core.task import Task
+from ..io.formats import check_writes
 from . import summaries
 from .options import (ModelOptions, device_options, flag_error, head_options, hidden_alias, int_list, max_rows_option,
                       max_tokens_option, merged, model_option, ray_options, task_and_head, task_options,
@@ -121,6 +122,8 @@ def classify(input_path, output_path, text_column, id_column, fmt, errors, probe
         _start_torch()
     if resume and restart:
         raise TaskError("--resume and --restart exclude each other")
+    # (the input itself, and the run's partial and records beside -o, are checked by the job)
+    check_writes({"--task": opts.task_file, "--head": head_path, "--model": opts.model}, {"-o": output_path})
     task, head = task_and_head(head_path, scorer, opts)
     settings = opts.settings(window=window)
     if on_ray:
@@ -218,6 +221,7 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 
     if n_items < 1:
         raise TaskError(f"--n must be positive, got {n_items}")
+    check_writes({"--input": input_path, "--task": task_file, "--model": model}, {"--json": json_path})
     opts = ModelOptions(task_file=task_file, labels=labels, instruction=instruction, system=system,
                         user_template=user_template, model=model, token_budget=token_budget, max_rows=max_rows,
                         device=device, precision=precision)
@@ -337,6 +341,11 @@ def evaluate(input_path, text_column, gold_column, old_gold_column, compare_mode
         raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
     if write_task and not opts.task_file:
         raise TaskError("--write-task needs --task FILE")
+    plots = {f"--plots {name}": str(Path(plots_dir) / name) for name in ("confusion.png", "reliability.png",
+                                                                         "coverage.png")} if plots_dir else {}
+    # --write-task writes into the task file on purpose; nothing else may be written over an input
+    check_writes({"the input": input_path, "--task": opts.task_file, "--head": head_path, "--model": opts.model},
+                 {"--json": json_path, **plots})
     if head_path or opts.task_file or scorer:
         head_task, choice = task_and_head(head_path, scorer, opts)
     else:
@@ -507,6 +516,8 @@ def fit(input_path, output_path, text_column, gold_column, old_gold_column, fold
 
     if folds < 2:
         raise TaskError(f"--folds must be at least 2, got {folds}")
+    check_writes({"the labelled file": input_path, "--task": opts.task_file, "--model": opts.model},
+                 {"-o": output_path, "--json": json_path, "--plot": plot_path})
     task = task_for_file(input_path, text_column, label_column, task_file=opts.task_file, labels=opts.label_names(),
                          **opts.overrides())
     summary = fit_file(input_path, output_path, task, opts.settings(), model=opts.model, text_column=text_column,
@@ -544,4 +555,4 @@ def label(input_path, store_path, port, api_key, export_path, fit_path, sample, 
     run_label(input_path, opts.task(), opts.settings(), model=opts.model,
               store_path=store_path, port=port, api_key=api_key, export_path=export_path, fit_path=fit_path,
               sample=sample, seed=seed, text_column=text_column, review_first=review_first,
-              target_accuracy=target_accuracy)
+              target_accuracy=target_accuracy, task_file=opts.task_file)

@@ -21,6 +21,7 @@ split is used only if it reproduces the full tokenisation exactly on probe texts
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -231,6 +232,13 @@ def encode_items(
     calibration inputs include "").
     """
     split = split or PromptSplit(tokenizer, renderer)
+    # A text far longer than any prompt can hold is cut to a character bound first, so that memory
+    # does not grow with a cell's length (the tokenizer took ~220 bytes per character of a 20 MB
+    # cell): past the bound it has more tokens than the cap, so it is truncated anyway, and the
+    # exact token cut below works on the bounded text.
+    bound = char_bound(tokenizer, max_prompt_tokens if max_text_tokens is None else min(max_text_tokens,
+                                                                                        max_prompt_tokens))
+    texts = [t[:bound] if len(t) > bound else t for t in texts]
     status = [EMPTY if not text.strip() and not score_empty else OK for text in texts]
     live = [i for i, s in enumerate(status) if s == OK]
     overhead = len(_tokenize(tokenizer, [renderer.head + renderer.tail])[0])
@@ -265,6 +273,25 @@ def encode_items(
             cached[i] = is_cached
             own_parts[i] = own.astype(np.int32)
     return EncodedItems.join(own_parts, status, cached, prefix_ids)
+
+
+def char_bound(tokenizer, max_tokens: int) -> int:
+    """Characters past which a text surely has more than `max_tokens` tokens (plus a margin of 8 for
+    the merges at the cut): every token covers at most the longest vocabulary entry's characters (a
+    byte-level entry has one character per byte, so its decoded text is no longer)."""
+    return (max_tokens + 8) * _longest_token(tokenizer)
+
+
+_LONGEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _longest_token(tokenizer) -> int:
+    """The longest vocabulary entry, in characters (read once per tokenizer)."""
+    longest = _LONGEST.get(tokenizer)
+    if longest is None:
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+        _LONGEST[tokenizer] = longest
+    return longest
 
 
 def _truncate(tokenizer, renderer, text, max_prompt_tokens, max_text_tokens):

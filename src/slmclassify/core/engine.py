@@ -57,6 +57,7 @@ import torch
 from ..backends.device import Backend
 from ..backends.gemm import LinearOp, rms_norm, swiglu_
 from ..backends.smoothing import plan_layer
+from ..errors import ModelLoadError
 from .batching import Batch
 from .config_check import check_config, head_dim
 from .families import LayerKind, family_of, layer_kinds
@@ -263,6 +264,9 @@ class Engine:
         probe = torch.arange(min(8, cfg.vocab_size))[None]  # [1, 8] any ids: the function must not change
         with torch.inference_mode():
             before = model(input_ids=probe, logits_to_keep=1).logits
+        if not torch.isfinite(before).all():
+            raise ModelLoadError("the model's weights give non-finite logits (NaN or infinity) on any input: its "
+                                 "files are damaged or were saved broken; copy or download the model again")
         with torch.no_grad():
             arranged = [self._arrange(layer, kind) for layer, kind in zip(base.layers, self.kinds)]
         with torch.inference_mode():

@@ -11,11 +11,13 @@ The record is written (atomically, after the partial is fsynced) only after a ch
 so after a crash or a power cut the partial may hold *more* bytes than the record says (a chunk
 being written) but never fewer: resuming truncates it to the recorded length and goes on.
 
-What `--resume` trusts, it checks first: the partial must hold at least the recorded bytes and end
-(the recorded length's last 64 KiB) with the bytes the record saw, and the input must still start
-with the bytes already read (their count and SHA-256 are recorded with each chunk; Parquet: the
-whole file). A partial cut short or replaced, or an input edited where it was read, is refused:
-writing past it would leave a hole of NUL bytes, or rows of the old input next to the new.
+What `--resume` trusts, it checks first: the partial must hold at least the recorded bytes, and
+those bytes must have the SHA-256 recorded with the last chunk (a running hash of everything the
+partial holds, kept by the sink as it appends: one byte changed anywhere is caught), and the input
+must still start with the bytes already read (their count and SHA-256 are recorded with each chunk;
+Parquet: the whole file). A partial cut short, changed or replaced, or an input edited where it
+was read, is refused: writing past it would keep the changed rows, leave a hole of NUL bytes, or
+put rows of the old input next to the new.
 """
 
 from __future__ import annotations
@@ -42,10 +44,22 @@ def input_fingerprint(path: str) -> dict:
 
 
 def tail_digest(fd: int, length: int) -> str:
-    """SHA-256 of the last 64 KiB of the first `length` bytes of the open file `fd`."""
+    """SHA-256 of the last 64 KiB of the first `length` bytes of the open file `fd` (what records of
+    earlier versions hold instead of `partial_sha256`)."""
     start = max(0, length - _TAIL_BYTES)
     data = os.pread(fd, length - start, start)
     return hashlib.sha256(data).hexdigest()
+
+
+def extend_digest(digest, fd: int, start: int, end: int):
+    """`digest` (a hashlib object) updated with bytes start .. end of the open file `fd`; returns it."""
+    while start < end:
+        data = os.pread(fd, min(_HEAD_BYTES, end - start), start)
+        if not data:
+            raise OSError(f"the file ended at byte {start}, {end} expected")
+        digest.update(data)
+        start += len(data)
+    return digest
 
 
 def digest(value) -> str:
@@ -79,6 +93,19 @@ class Checkpoint:
             return None
         return record if isinstance(record, dict) and record.get("version") == VERSION else None
 
+    def unusable_record(self) -> str | None:
+        """Why a partial that holds bytes has no usable progress record (deleted, unreadable, of
+        another version), or None when the partial is empty or absent and nothing was done."""
+        if os.path.exists(self.record):
+            return f"its progress record {self.record} is unreadable or of another slmclassify version"
+        try:
+            if os.path.getsize(self.partial) == 0:
+                return None
+        except OSError:
+            return None
+        return (f"its progress record {self.record} is missing, so nothing says which of the rows in "
+                f"{self.partial} are complete")
+
     def save(self, record: dict) -> None:
         """Replace the record atomically and durably (the partial must already be fsynced)."""
         tmp = f"{self.record}.tmp"
@@ -107,7 +134,11 @@ class Checkpoint:
             if size < length:
                 return (f"{self.partial} is shorter than its progress record says ({size} bytes, the record "
                         f"says {length}): it was cut or replaced")
-            if saved.get("partial_tail_sha256") != tail_digest(fd, length):
+            if "partial_sha256" in saved:
+                if saved["partial_sha256"] != extend_digest(hashlib.sha256(), fd, 0, length).hexdigest():
+                    return (f"{self.partial} does not hold the bytes its progress record saw (its SHA-256 "
+                            "differs): it was changed or replaced")
+            elif saved.get("partial_tail_sha256") != tail_digest(fd, length):
                 return f"{self.partial} does not end with the bytes its progress record saw: it was changed or replaced"
         finally:
             os.close(fd)

@@ -72,6 +72,32 @@ def check_not_input(input_path: str, output_path: str) -> None:
                              "file (the input is never overwritten)")
 
 
+def check_writes(reads: dict, writes: dict) -> None:
+    """Refuse, before any work, an output that is one of the files the command reads, however it is
+    spelled (`..`, a symlink, a hard link): {what: path} of each side, e.g. {"the input": "in.csv",
+    "--task": "t.toml"} and {"-o": "in.csv"}. None, "" and "-" (stdin/stdout) are skipped. One guard
+    for every command: a head written over the labelled file, a JSON summary over the input, an
+    export over the label store were all replaced without a word."""
+    for out_name, out in writes.items():
+        if not out or str(out) == "-":
+            continue
+        for in_name, src in reads.items():
+            if not src or str(src) == "-":
+                continue
+            if _same_path(str(out), str(src)):
+                raise InputError(f"{out_name} {out} is {in_name} {src}; write to another file (a command never "
+                                 "writes over a file it reads)")
+
+
+def _same_path(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def check_text_encoding(head: bytes, name: str) -> None:
     """Refuse UTF-16/32 text files up front: their columns would come out as garbled names."""
     boms = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",

@@ -288,7 +288,7 @@ class TableReader:
             start += n
 
     def _to_frame(self, piece, start: int) -> pd.DataFrame:
-        frame = piece if isinstance(piece, pd.DataFrame) else piece.to_pandas()
+        frame = piece if isinstance(piece, pd.DataFrame) else _arrow_frame(piece)
         frame.index = pd.RangeIndex(start, start + len(frame))
         if self.errors != "replace" and self.fmt != "parquet":
             _check_utf8(frame, self.name, self.id_column)
@@ -456,6 +456,19 @@ def _check_utf8(frame: pd.DataFrame, name: str, id_column: str | None) -> None:
             raise InputError("{name}: row {row}{ident}, column {column!r} is not valid UTF-8; fix the file or pass "
                              "{errors} replace", names={"errors": "errors"}, name=name, row=row + 1, ident=ident,
                              column=column)
+
+
+def _arrow_frame(table) -> pd.DataFrame:
+    """An Arrow table as a frame whose list and struct cells are Python values: pandas turns a
+    list<int64> with a null into floats with NaN (`[1.0, NaN, 3.0]`), which the model would have read
+    and the output written; the cell is `[1, None, 3]`, JSON text `[1, null, 3]`."""
+    import pyarrow as pa
+
+    frame = table.to_pandas()
+    for i, field in enumerate(table.schema):
+        if pa.types.is_nested(field.type):
+            frame.isetitem(i, pd.Series(table.column(i).to_pylist(), index=frame.index, dtype=object))
+    return frame
 
 
 def _as_text(value, errors: str) -> str | None:

@@ -8,11 +8,12 @@ record for `--resume`. `state` is the job's run state: its `rows` and `to_json()
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from ..errors import InputError
 from ..interrupts import Interrupted
-from .checkpoint import tail_digest
+from .checkpoint import extend_digest
 from .writers import ChunkWriter, ipc_to_parquet, write_error
 
 
@@ -27,9 +28,11 @@ class WriteFailed(Exception):
 class Sink:
     """Where chunks go: stdout directly, or OUTPUT.partial with a progress record after each chunk."""
 
-    def __init__(self, output, checkpoint, fmt, writer, fh, record):
+    def __init__(self, output, checkpoint, fmt, writer, fh, record, digest=None, hashed: int = 0):
         self.output, self.checkpoint, self.fmt, self.writer, self.fh, self.record = (
             output, checkpoint, fmt, writer, fh, record)
+        # the running SHA-256 of the partial's first `hashed` bytes (recorded with each chunk)
+        self.digest, self.hashed = digest if digest is not None else hashlib.sha256(), hashed
 
     def write(self, frame, state, input_read: dict | None) -> None:
         """Append one chunk and record it; an OSError (ENOSPC, EIO, a closed pipe) becomes `WriteFailed`."""
@@ -57,8 +60,11 @@ class Sink:
             return
         os.fsync(self.fh.fileno())
         length = self.fh.tell()
+        extend_digest(self.digest, self.fh.fileno(), self.hashed, length)
+        self.hashed = length
         record = {**self.record, "rows_done": state.rows, "partial_bytes": length, "state": state.to_json(),
-                  "partial_tail_sha256": tail_digest(self.fh.fileno(), length), "input_read": input_read}
+                  "partial_sha256": self.digest.hexdigest(), "input_read": input_read}
+        record.pop("partial_tail_sha256", None)
         self.checkpoint.save(record)
         self.record = record  # only once saved: what a failed save leaves is the previous record
 
@@ -115,18 +121,21 @@ def open_sink(output, checkpoint, fmt, schema, saved, resumable: bool, identity:
         fh = sys.stdout.buffer
         return Sink(output, None, fmt, ChunkWriter(fh, fmt, schema, name=output, errors=errors), fh, {})
     ipc = fmt == "parquet"
+    digest, hashed = hashlib.sha256(), 0
     try:
         if saved is not None:
             fh = open(checkpoint.partial, "r+b")  # noqa: SIM115 - closed by the sink
             fh.truncate(saved["partial_bytes"])  # drop a chunk that was being written
             fh.seek(saved["partial_bytes"])
+            hashed = saved["partial_bytes"]  # checked against the record before (Checkpoint.damage)
+            extend_digest(digest, fh.fileno(), 0, hashed)
             record = dict(saved)
         else:
-            fh = open(checkpoint.partial, "w+b")  # noqa: SIM115 - readable: its tail is hashed
+            fh = open(checkpoint.partial, "w+b")  # noqa: SIM115 - readable: what it holds is hashed
             record = dict(identity)
     except OSError as exc:
         raise write_error(output, exc) from None
     record["resumable"] = resumable
     record.pop("version", None)
     writer = ChunkWriter(fh, fmt, schema, header=saved is None, ipc=ipc, name=output, errors=errors)
-    return Sink(output, checkpoint, fmt, writer, fh, record)
+    return Sink(output, checkpoint, fmt, writer, fh, record, digest, hashed)

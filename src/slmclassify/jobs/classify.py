@@ -29,7 +29,7 @@ import pandas as pd
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.labels import describe_labels
-from ..errors import InputError
+from ..errors import FieldError, InputError
 from ..head.apply import HeadChoice
 from .meter import Meter, MeterFactory, no_meter
 from ..interrupts import handle_sigterm
@@ -122,6 +122,8 @@ def run_classify(request: ClassifyRequest, task: Task, settings: EngineSettings,
 def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, model,
                   choice: HeadChoice, on_loaded, meter: MeterFactory) -> ClassifySummary:
     """open the input → the run's identity → the run to continue, if any → load → stream → probes."""
+    if request.probes < 0:
+        raise FieldError("probes", "{field} must be 0 (no check) or more, got {value}", value=request.probes)
     resumable = request.output_path != "-" and request.input_path != "-"
     checkpoint = Checkpoint(request.output_path) if request.output_path != "-" else None
     reader, labels = _open_input(request, task, choice)
@@ -326,8 +328,11 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
         raise InputError("{partial} holds an unfinished run{done}; pass {resume} to continue it, or {restart} to "
                          "start over", names={"resume": "resume", "restart": "restart"}, partial=checkpoint.partial,
                          done=done)
-    if saved is None:  # a partial without a record never completed a chunk
-        checkpoint.discard()
+    if saved is None:
+        why = checkpoint.unusable_record()
+        if why:  # rows may be done, but nothing says which: never dropped without a word
+            raise refuse_damaged(checkpoint, why)
+        checkpoint.discard()  # an empty partial without a record: no chunk was ever completed
         return None
     damage = checkpoint.damage(saved)
     if damage:

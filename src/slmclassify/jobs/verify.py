@@ -7,6 +7,7 @@ import dataclasses
 from ..classifier import Classifier, EngineSettings
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
+from ..errors import FieldError
 from ..io import read_table, texts_of
 from .classify import engine_line, label_lines
 
@@ -31,6 +32,8 @@ class VerifySummary:
 def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",
                  fmt=None, errors="strict", probes=16, tolerance=1e-3) -> VerifySummary:
     """Run probe items through both paths; return the comparison (the caller decides what a mismatch means)."""
+    if probes < 1:  # a check that checks nothing must not pass
+        raise FieldError("probes", "{field} must be at least 1 for verify, got {value}", value=probes)
     frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors)
     texts = texts_of(frame, text_column)
     classifier = Classifier(task, model=model, settings=settings, precision_sample=texts)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from ..errors import SlmClassifyError, TaskError
+from .store import StaleAnswer
 
 # The page loads nothing from elsewhere and may not be framed: its scripts and styles are inline.
 PAGE_HEADERS = {
@@ -45,13 +46,21 @@ PAGE_HEADERS = {
 
 
 class Row(BaseModel):
-    """A request about one item; `row` is the item's row in the input, as the state gave it."""
+    """A request about one item; `row` is the item's row in the input, as the state gave it (strict:
+    `true` or `"1"` is refused, not taken as row 1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     row: int
 
 
-class Answer(Row):
+class Versioned(Row):
+    """An answer or skip may name the row's version the page showed (`item.version` of the state):
+    one made on a version that is no longer current gets 409 with the current state."""
+
+    version: int | None = None
+
+
+class Answer(Versioned):
     label: str
 
 
@@ -75,6 +84,7 @@ class TokenGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             return await self.app(scope, receive, send)
+        send = _with_page_headers(send)  # every answer, the refusals and the API's JSON included
         given = self._given(scope)
         if given is None or not hmac.compare_digest(given.encode(), self.token):
             status = 401 if given is None else 403
@@ -101,6 +111,19 @@ class TokenGuard:
             return headers[b"x-label-token"].decode("latin-1").strip()
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         return query["token"][-1] if query.get("token") else None
+
+
+def _with_page_headers(send):
+    """`send` that adds `PAGE_HEADERS` to each HTTP response that does not set them itself."""
+    extra = [(k.lower().encode(), v.encode()) for k, v in PAGE_HEADERS.items()]
+
+    async def sending(message):
+        if message["type"] == "http.response.start":
+            have = {name.lower() for name, _ in message.get("headers", ())}
+            message = {**message, "headers": [*message.get("headers", ()), *[h for h in extra if h[0] not in have]]}
+        await send(message)
+
+    return sending
 
 
 def page_html() -> str:
@@ -148,13 +171,17 @@ def create_app(session, token: str, *, export_path: str | Path, fit_path: str | 
     async def get_state():
         return await asyncio.to_thread(state)
 
+    @app.exception_handler(StaleAnswer)
+    async def _stale(_request, exc: StaleAnswer):
+        return JSONResponse({"error": str(exc), "state": await asyncio.to_thread(state)}, status_code=409)
+
     @app.post("/api/answer")
     async def answer(body: Answer):
-        return await act(session.answer, body.row, body.label)
+        return await act(session.answer, body.row, body.label, body.version)
 
     @app.post("/api/skip")
-    async def skip(body: Row):
-        return await act(session.skip, body.row)
+    async def skip(body: Versioned):
+        return await act(session.skip, body.row, body.version)
 
     @app.post("/api/undo")
     async def undo(_body: Empty):

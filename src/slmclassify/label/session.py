@@ -91,7 +91,8 @@ class LabelSession:
         loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
         clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts_all[:1000])
         fingerprint = {"input": {"rows": len(frame), "sha256": file_digest(input_path)[:16], "text_column": text_column},
-                       "task": task_hash(task), "model": model_fingerprint(loaded), "sample": sample, "seed": seed}
+                       "task": task_hash(task), "labels": list(task.labels), "model": model_fingerprint(loaded),
+                       "sample": sample, "seed": seed}
         store = LabelStore.open(store_path, fingerprint)
         try:
             return cls(input_path, frame, texts_all, clf, store, sample=sample, seed=seed, first_slice=first_slice,
@@ -140,6 +141,7 @@ class LabelSession:
         # pool position → why it was offered (`Pick.kind`), for the estimate
         self.kinds: dict[int, str] = {self.index[row]: kind for row, kind in store.kinds().items()}
         self.skips: set[int] = {self.index[row] for row in store.skipped()}
+        self._versions: dict[int, int] = {self.index[row]: v for row, v in store.versions().items()}  # pos → version
 
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -193,7 +195,8 @@ class LabelSession:
                 pos, reason, _ = self._current
                 label, confidence = self._guess(pos)
                 item = {"row": int(self.rows[pos]), "text": self.texts[pos], "guess": label,
-                        "confidence": confidence, "reason": reason}
+                        "confidence": confidence, "reason": reason,
+                        "version": self._versions.get(pos, 0)}
             est = self._estimate
             return {
                 "ready": self._ready.is_set(), "item": item, "labels": list(self.labels),
@@ -206,18 +209,21 @@ class LabelSession:
                 "fitting": self._fitting, "done": self._current is None and bool(self.visited.all()),
             }
 
-    def answer(self, row: int, label: str) -> None:
-        """Record `label` for input row `row` (durable on return) and move on if it was the current item."""
+    # The store is the single source of truth: each change is written there and the answers, kinds
+    # and skips read back from it under the session's lock, so that the page's counts, the refits,
+    # Export and Fit see exactly what the store holds, whatever the clients do at once.
+
+    def answer(self, row: int, label: str, version: int | None = None) -> None:
+        """Record `label` for input row `row` (durable on return) and move on if it was the current item.
+        `version`: the row's version the page showed (`state()["item"]["version"]`); `StaleAnswer`
+        when the row was answered, skipped or undone since."""
         pos = self._position(row)
         if label not in self.labels:
             raise TaskError(f"label {label!r} is not one of the task's labels {list(self.labels)}")
         with self._lock:
             kind = self._current[2] if self._current is not None and self._current[0] == pos else "chosen"
-        self.store.answer(int(row), self.hashes[pos], label, kind)
-        with self._lock:
-            self.answers[pos] = self.labels.index(label)
-            self.kinds[pos] = kind
-            self.skips.discard(pos)
+            self.store.answer(int(row), self.hashes[pos], label, kind, version)
+            self._reload()
             self._moved(pos)
 
     def accept(self, row: int) -> str:
@@ -230,14 +236,12 @@ class LabelSession:
         self.answer(row, label)
         return label
 
-    def skip(self, row: int) -> None:
-        """Skip `row` (not offered again; durable on return)."""
+    def skip(self, row: int, version: int | None = None) -> None:
+        """Skip `row` (not offered again; durable on return); `version` as for `answer`."""
         pos = self._position(row)
-        self.store.skip(int(row), self.hashes[pos])
         with self._lock:
-            self.skips.add(pos)
-            self.answers.pop(pos, None)
-            self.kinds.pop(pos, None)
+            self.store.skip(int(row), self.hashes[pos], version)
+            self._reload()
             self._moved(pos)
 
     def undo(self) -> int | None:
@@ -247,19 +251,19 @@ class LabelSession:
             if row is None:
                 return None
             pos = self.index[row]
-            previous = self.store.answers().get(row)
-            kind = self.kinds.pop(pos, None) or "undo"  # a random pick answered again still counts as one
-            self.answers.pop(pos, None)
-            self.skips.discard(pos)
-            if previous is not None:  # an undone change of answer: the earlier answer stands again
-                self.answers[pos] = self.labels.index(previous)
-                self.kinds[pos] = self.store.kinds().get(row, "")
-            elif row in self.store.skipped():
-                self.skips.add(pos)
+            kind = self.kinds.get(pos) or "undo"  # a random pick answered again still counts as one
+            self._reload()
             self._current = (pos, "brought back by undo", kind)
             self._version += 1
             self._changed.notify_all()
             return row
+
+    def _reload(self) -> None:
+        """The answers, kinds and skips as the store holds them (lock held)."""
+        self.answers = {self.index[row]: self.labels.index(label) for row, label in self.store.answers().items()}
+        self.kinds = {self.index[row]: kind for row, kind in self.store.kinds().items()}
+        self.skips = {self.index[row] for row in self.store.skipped()}
+        self._versions = {self.index[row]: v for row, v in self.store.versions().items()}
 
     def export(self, path: str) -> int:
         """Write the input rows that have an answer, in input order, with a `gold` column (replacing

@@ -5,7 +5,9 @@ it returns, so killing the process (`kill -9`) at any point loses no answer that
 the store records the fingerprint it was created for (task, model, input, sample) and refuses to
 be opened for another, naming the keys that differ; answers are kept as an append-only list of
 events (answer, skip), and undo marks the latest live event as undone in one statement, so an undo
-of a changed answer brings back the one before it.
+of a changed answer brings back the one before it. Each row has a version (`row_version`: it
+changes with every answer, skip or undo of the row); an answer or skip that names the version it
+was made on is refused with `StaleAnswer` when the row changed since (another tab or person).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from pathlib import Path
 from ..errors import InputError, TaskError
 
 SCHEMA = 1
+
+
+class StaleAnswer(TaskError):
+    """An answer or skip made on a version of the row that is no longer current."""
 
 
 class LabelStore:
@@ -41,6 +47,9 @@ class LabelStore:
             raise InputError(f"label store {path} is a folder; give a file name such as labels.sqlite")
         if not path.parent.is_dir():
             raise InputError(f"the folder of label store {path} does not exist; create it or give another path")
+        if path.is_file() and path.stat().st_size == 0:  # SQLite would take it over as a new store
+            raise InputError(f"{path} is an empty file, not a label store; give another --store path, or delete it "
+                             "to start a new store there")
         try:
             conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -71,16 +80,33 @@ class LabelStore:
                                 "sample, or another --store path")
         return cls(conn, path, wanted)
 
-    def answer(self, row: int, text_hash: str, label: str, kind: str = "") -> None:
+    def answer(self, row: int, text_hash: str, label: str, kind: str = "", version: int | None = None) -> None:
         """Record `label` for `row` (replacing an earlier answer or skip of that row); `kind`: why
-        the row was offered (`Pick.kind`), which decides whether it counts in the accuracy estimate."""
+        the row was offered (`Pick.kind`), which decides whether it counts in the accuracy estimate;
+        `version`: the row's version the answer was made on (`StaleAnswer` if it changed since)."""
         if not isinstance(label, str) or not label:
             raise TaskError(f"an answer needs a label name, got {label!r}")
-        self._append(row, text_hash, label, kind)
+        self._append(row, text_hash, label, kind, version)
 
-    def skip(self, row: int, text_hash: str) -> None:
+    def skip(self, row: int, text_hash: str, version: int | None = None) -> None:
         """Record that `row` was skipped (it is not offered again, and has no label)."""
-        self._append(row, text_hash, None)
+        self._append(row, text_hash, None, version=version)
+
+    def row_version(self, row: int) -> int:
+        """The row's version: events recorded for it plus undos of them (0: never answered)."""
+        with self._lock:
+            return self._version_of(int(row))
+
+    def versions(self) -> dict[int, int]:
+        """{row: `row_version`} of every row with an event."""
+        with self._lock:
+            rows = self._conn.execute("SELECT row, COUNT(*) + COALESCE(SUM(undone), 0) FROM events GROUP BY row").fetchall()
+        return {int(row): int(v) for row, v in rows}
+
+    def _version_of(self, row: int) -> int:
+        count, undone = self._conn.execute("SELECT COUNT(*), COALESCE(SUM(undone), 0) FROM events WHERE row = ?",
+                                           (row,)).fetchone()
+        return int(count) + int(undone)
 
     def undo(self) -> int | None:
         """Remove the latest answer or skip still in force; its row, or None when there is none."""
@@ -118,9 +144,12 @@ class LabelStore:
         with self._lock:
             self._conn.close()
 
-    def _append(self, row: int, text_hash: str, label: str | None, kind: str = "") -> None:
+    def _append(self, row: int, text_hash: str, label: str | None, kind: str = "", version: int | None = None) -> None:
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
+            if version is not None and self._version_of(int(row)) != int(version):
+                raise StaleAnswer(f"row {row} was answered, skipped or undone elsewhere (another tab or person) since "
+                                  "this page showed it; the page now shows its current state")
             self._conn.execute("INSERT INTO events (row, text_hash, label, kind, at) VALUES (?, ?, ?, ?, ?)",
                                (int(row), str(text_hash), label, str(kind), time.time()))
 
@@ -133,9 +162,12 @@ class LabelStore:
 
 
 def _differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """Dotted names of the keys whose values differ (nested dicts compared key by key)."""
+    """Dotted names of the keys whose values differ (nested dicts compared key by key); a key a store of
+    an earlier version did not record ("labels") is not compared."""
     out = []
     for key in sorted(set(recorded) | set(wanted)):
+        if not prefix and key == "labels" and key not in recorded:
+            continue
         a, b = recorded.get(key), wanted.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")
@@ -152,6 +184,15 @@ def _detail(recorded: dict, wanted: dict, keys: list[str]) -> str:
         return d
 
     parts = []
+    if "labels" in keys:  # the labels a person can act on, rather than the task's hash
+        before, now = get(recorded, "labels") or [], get(wanted, "labels") or []
+        gone, new = [x for x in before if x not in now], [x for x in now if x not in before]
+        words = [f"the store's labels {', '.join(before)}, this task's {', '.join(now)}"]
+        if gone or new:
+            words = [f"{'only the store has ' + ', '.join(gone) if gone else ''}"
+                     f"{'; ' if gone and new else ''}{'only this task has ' + ', '.join(new) if new else ''}"]
+        parts += words
+        keys = [k for k in keys if k not in ("labels", "task")]
     for key in keys[:3]:
         a, b = repr(get(recorded, key)), repr(get(wanted, key))
         if len(a) <= 40 and len(b) <= 40:

