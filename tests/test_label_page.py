@@ -80,6 +80,10 @@ class FakeSession:
                 self.answers.pop(row, None)
                 self.skipped.discard(row)
 
+    def show(self, row):
+        with self.lock:
+            self.calls.append(("show", row))
+
     def export(self, path):
         self.calls.append(("export", str(path)))
         return len(self.answers)

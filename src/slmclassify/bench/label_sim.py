@@ -1,11 +1,22 @@
-"""The labelling loop simulated, with the gold labels as the person: how accurate the head is on
-the items not yet labelled after 14, 28, 56, 100 and 112 answers, for random picks and for the
-shipped strategy (`label/strategy.py`), mean and spread over seeds; and what one answer costs
-until the next item is chosen, on a synthetic pool of 20,000 items of the model's width.
+"""The labelling loop simulated, with the gold labels as the person: how accurate the head is after
+14, 28, 56, 100 and 112 answers, for random picks and for the shipped strategy
+(`label/strategy.py`), mean and spread over seeds; and what one answer costs until the next item
+is chosen, on a synthetic pool of 20,000 items of the model's width.
 
-    python -m slmclassify.bench.label_sim --intent intent_recognition.json \\
-        [--demo examples/tickets.csv --task examples/support.toml] --seeds 5 \\
+The head is scored on a FIXED held-out split (`TEST_SHARE` of each data set, the same for every
+strategy and seed) that no strategy ever picks from: scoring it on the items not yet labelled
+instead measures a moving target (a strategy that labels the hardest items first removes them from
+its own test set, which inflated the shipped strategy's gain). The accuracy on the unlabelled rest
+of the pickable items is reported beside it. Checkpoints beyond the pickable items are dropped,
+and said so.
+
+    python -m slmclassify.bench.label_sim --data intent_recognition.json \\
+        [--data examples/tickets.csv --task examples/support.toml --gold-column gold] --seeds 5 \\
         --plot docs/labelling-curves.png [--first-item]
+
+`--data` takes a BIG-bench-style task JSON or a labelled table (CSV/JSONL/Parquet with a gold
+column; `--task` gives its task file, applied to the tables), and may be repeated; each data set
+is named after its file.
 
 Each data set's zero-shot probabilities and head features come from ONE fast-path pass of the
 embedded model (as the session computes them), cached in the user cache folder by the texts, the
@@ -38,6 +49,20 @@ from ..label.strategy import Picker, PoolView
 
 CHECKPOINTS = (14, 28, 56, 100, 112)
 STRATEGIES = ("random", "shipped")
+TEST_SHARE = 0.3
+"""The share of each data set held out as the fixed test split."""
+
+
+def test_split(n: int, share: float = TEST_SHARE, seed: int = 12345) -> np.ndarray:
+    """[n] bool: the fixed held-out split (the same for every strategy and simulation seed)."""
+    test = np.zeros(n, bool)
+    test[np.random.default_rng(seed).permutation(n)[: int(round(share * n))]] = True
+    return test
+
+
+def fitting(checkpoints, pickable: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the checkpoints that fit in `pickable` items, the ones dropped)."""
+    return tuple(k for k in checkpoints if k <= pickable), tuple(k for k in checkpoints if k > pickable)
 
 
 def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
@@ -63,19 +88,27 @@ def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
 
 
 def simulate(zero: np.ndarray, X: np.ndarray, gold: np.ndarray, strategy: str, seed: int,
-             checkpoints=CHECKPOINTS) -> dict[int, dict]:
-    """{answers: {accuracy on the unlabelled items, the live CV estimate, random picks so far}}."""
+             checkpoints=CHECKPOINTS, test: np.ndarray | None = None) -> dict[int, dict]:
+    """{answers: {accuracy on the fixed test split, on the unlabelled rest, the live estimate (None
+    while it is not honest yet), random picks so far}}; checkpoints beyond the pickable items are
+    left out (`fitting`)."""
     n, L = zero.shape
     ok = ~np.isnan(X).any(axis=1) & ~np.isnan(zero).any(axis=1)
+    test = test_split(n) if test is None else test
+    test = test & ok
+    pickable = ok & ~test
+    checkpoints, _ = fitting(checkpoints, int(pickable.sum()))
+    if not checkpoints:
+        return {}
     picker = Picker(L, seed)
-    order = np.random.default_rng(seed).permutation(np.flatnonzero(ok))
+    order = np.random.default_rng(seed).permutation(np.flatnonzero(pickable))
     labelled: dict[int, int] = {}
     head_probs, out, randoms, kinds = None, {}, 0, {}
     for step in range(max(checkpoints)):
         if strategy == "random":
             row, kind = int(order[step]), "random"
         else:
-            pick = picker.pick(PoolView(zero, X, ok, head_probs), labelled, set())
+            pick = picker.pick(PoolView(zero, X, pickable, head_probs), labelled, set())
             row, kind, randoms = pick.row, pick.kind, randoms + (pick.kind == "random")
         labelled[row], kinds[row] = int(gold[row]), kind
         count = len(labelled)
@@ -85,12 +118,13 @@ def simulate(zero: np.ndarray, X: np.ndarray, gold: np.ndarray, strategy: str, s
             head = refit.fit_head(X[rows], y, L, seed) if refit.can_fit(y, L) else None
             head_probs = head.probabilities(X) if head is not None else None
         if count in checkpoints:
-            rest = ok.copy()
+            rest = pickable.copy()
             rest[rows] = False
             probs = head_probs if head_probs is not None else zero
             fair = np.array([kinds[r] in refit.REPRESENTATIVE for r in rows])
             est = refit.estimate(X[rows], y, L, seed, fair)
-            out[count] = {"accuracy": float((probs[rest].argmax(1) == gold[rest]).mean()),
+            out[count] = {"accuracy": float((probs[test].argmax(1) == gold[test]).mean()),
+                          "rest_accuracy": float((probs[rest].argmax(1) == gold[rest]).mean()) if rest.any() else None,
                           "estimate": est.mean if est is not None else None, "random_picks": randoms}
     return out
 
@@ -153,18 +187,25 @@ def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=p
     gold = np.array([labels.index(g) for g in gold_names])
     zero, X = features(name, texts, task, loaded, fingerprint, log)
     ok = ~np.isnan(zero).any(axis=1)
-    result = {"items": len(texts), "labels": len(labels),
-              "zero_shot": float((zero[ok].argmax(1) == gold[ok]).mean()), "curves": {}}
+    test = test_split(len(texts)) & ok
+    kept, dropped = fitting(CHECKPOINTS, int((ok & ~test).sum()))
+    if dropped:
+        log(f"{name}: {int((ok & ~test).sum())} pickable items (the other {int(test.sum())} are the fixed test "
+            f"split): checkpoints {', '.join(map(str, dropped))} dropped")
+    result = {"items": len(texts), "labels": len(labels), "test_items": int(test.sum()), "checkpoints": list(kept),
+              "dropped_checkpoints": list(dropped),
+              "zero_shot": float((zero[test].argmax(1) == gold[test]).mean()), "curves": {}}
     for strategy in STRATEGIES:
         began = time.perf_counter()
-        runs = [simulate(zero, X, gold, strategy, seed) for seed in range(seeds)]
+        runs = [simulate(zero, X, gold, strategy, seed, test=test) for seed in range(seeds)]
         result["curves"][strategy] = {
             str(k): {"mean": float(np.mean([r[k]["accuracy"] for r in runs])),
                      "std": float(np.std([r[k]["accuracy"] for r in runs])),
                      "min": float(np.min([r[k]["accuracy"] for r in runs])),
+                     "rest_mean": _mean([r[k]["rest_accuracy"] for r in runs]),
                      "estimate": _mean([r[k]["estimate"] for r in runs]),
                      "random_picks": float(np.mean([r[k]["random_picks"] for r in runs]))}
-            for k in CHECKPOINTS}
+            for k in kept}
         log(f"{name}: {strategy}, {seeds} seeds in {time.perf_counter() - began:.0f} s")
     return result
 
@@ -183,16 +224,17 @@ def plot(results: dict, path: str) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for ax, (name, res) in zip(axes[0], results.items()):
+        kept = res["checkpoints"]
         for strategy, colour in zip(STRATEGIES, ("tab:gray", "tab:blue")):
             curve = res["curves"][strategy]
-            mean = np.array([curve[str(k)]["mean"] for k in CHECKPOINTS])
-            std = np.array([curve[str(k)]["std"] for k in CHECKPOINTS])
-            ax.errorbar(CHECKPOINTS, mean, yerr=std, marker="o", capsize=3, color=colour, label=strategy)
+            mean = np.array([curve[str(k)]["mean"] for k in kept])
+            std = np.array([curve[str(k)]["std"] for k in kept])
+            ax.errorbar(kept, mean, yerr=std, marker="o", capsize=3, color=colour, label=strategy)
         ax.axhline(res["zero_shot"], color="tab:red", linestyle="--", label=f"zero-shot {res['zero_shot']:.3f}")
         ax.set_title(f"{name} ({res['items']} items, {res['labels']} labels)")
         ax.set_xlabel("answers")
-        ax.set_ylabel("head accuracy on the unlabelled items")
-        ax.set_xticks(CHECKPOINTS)
+        ax.set_ylabel(f"head accuracy on the fixed {TEST_SHARE:.0%} test split")
+        ax.set_xticks(kept)
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
@@ -208,45 +250,47 @@ def main() -> None:
     from ..models.loading import load_model, set_threads
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("--intent", help="the intent data (a BIG-bench task JSON)")
-    parser.add_argument("--demo", help="a labelled table, e.g. examples/tickets.csv")
-    parser.add_argument("--task", help="the demo's task file, e.g. examples/support.toml")
-    parser.add_argument("--gold-column", default="gold", help="the demo's gold column")
+    parser.add_argument("--data", action="append", default=[],
+                        help="a BIG-bench-style task JSON or a labelled table; repeat for several data sets")
+    parser.add_argument("--task", help="the task file of the labelled tables (BIG-bench JSONs carry their labels)")
+    parser.add_argument("--gold-column", default="gold", help="the tables' gold column")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--plot", help="write the curves to this PNG")
     parser.add_argument("--first-item", action="store_true", help="also time start → first item on 20,000 rows")
     args = parser.parse_args()
-    if not args.intent and not args.demo:
-        parser.error("give --intent PATH and/or --demo PATH --task TOML")
-    if args.demo and not args.task:
-        parser.error("--demo needs --task")
+    if not args.data:
+        parser.error("give --data PATH (a BIG-bench task JSON or a labelled table), once per data set")
     set_threads()
     loaded = load_model(None)
     fingerprint = model_fingerprint(loaded)
-    results, demo_task, demo_texts = {}, None, None
-    if args.intent:
-        data = read_labelled(args.intent, "text", "label")
-        task = task_for_file(args.intent)
-        results["intent"] = run_dataset("intent", data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
-                                        args.seeds)
-    if args.demo:
-        data = read_labelled(args.demo, "text", args.gold_column)
-        demo_task = Task.from_toml(args.task)
-        demo_texts = data.texts
-        results["demo"] = run_dataset("demo", data.texts, [g[0] for g in data.gold], demo_task, loaded, fingerprint,
-                                        args.seeds)
+    results, first = {}, None
+    for path in args.data:
+        name = Path(path).stem
+        if name in results:
+            parser.error(f"two data sets named {name!r}; rename one of the files")
+        table = not path.endswith(".json")
+        column = args.gold_column if table else "label"
+        data = read_labelled(path, "text", column)
+        task = Task.from_toml(args.task) if table and args.task else task_for_file(path, "text", column)
+        results[name] = run_dataset(name, data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
+                                    args.seeds)
+        first = first or (data.texts, task)
     width = len(default_taps(loaded.model.config.num_hidden_layers)) * loaded.model.config.hidden_size
     timing = {"answer_to_next": answer_to_next(width)}
     if args.first_item:
-        first_texts = demo_texts or read_labelled(args.intent, "text", "label").texts
-        timing["first_item"] = first_item(first_texts, demo_task or task_for_file(args.intent))
+        timing["first_item"] = first_item(*first)
 
-    print(f"\n{'data':<8} {'strategy':<9} {'zero-shot':>9} " + " ".join(f"{k:>13}" for k in CHECKPOINTS))
+    print(f"\nhead accuracy on each data set's fixed {TEST_SHARE:.0%} test split (mean ± sd over {args.seeds} seeds)")
+    print(f"{'data':<22} {'strategy':<9} {'zero-shot':>9} " + " ".join(f"{k:>13}" for k in CHECKPOINTS))
     for name, res in results.items():
         for strategy in STRATEGIES:
             curve = res["curves"][strategy]
-            cells = " ".join(f"{curve[str(k)]['mean']:.3f} ± {curve[str(k)]['std']:.3f}" for k in CHECKPOINTS)
-            print(f"{name:<8} {strategy:<9} {res['zero_shot']:>9.3f} {cells}")
+            cells = " ".join(f"{curve[str(k)]['mean']:.3f} ± {curve[str(k)]['std']:.3f}" if str(k) in curve
+                             else f"{'-':>13}" for k in CHECKPOINTS)
+            print(f"{name:<22} {strategy:<9} {res['zero_shot']:>9.3f} {cells}")
+        gains = " ".join(f"{100 * (res['curves']['shipped'][str(k)]['mean'] - res['curves']['random'][str(k)]['mean']):+13.1f}"
+                         if str(k) in res["curves"]["shipped"] else f"{'-':>13}" for k in CHECKPOINTS)
+        print(f"{name:<22} {'shipped - random (points)':<19} {gains}")
     t = timing["answer_to_next"]
     print(f"\nanswer → next item, pool of {t['pool']:,} x {t['width']}: p50 {t['p50_ms']:.1f} ms, p95 {t['p95_ms']:.1f} ms "
           f"(cold {t['p95_cold_ms']:.1f}, warm {t['p95_warm_ms']:.1f}); clusters prepared once in "

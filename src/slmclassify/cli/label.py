@@ -11,6 +11,7 @@ import click
 
 from ..errors import TaskError
 from ..io.formats import check_writes
+from ..label.store import LabelStore
 from ..interrupts import Interrupted, terminate_as_interrupt
 
 
@@ -27,7 +28,7 @@ def page_outputs(store_path: Path) -> tuple[Path, Path]:
 
 
 def run_label(input_path, task, settings, *, model, store_path, port, api_key, export_path, fit_path, sample, seed,
-              text_column, review_first, target_accuracy, task_file=None) -> None:
+              text_column, review_first, target_accuracy, task_file=None, id_column=None) -> None:
     """Start the session; with --export/--fit write those and exit, else serve the page."""
     from ..label.server import new_token, run_page
     from ..label.session import LabelSession
@@ -51,6 +52,7 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
     def start(**more):
         return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,
                                   sample=sample, seed=seed, text_column=text_column, review_first=review_first,
+                                  id_column=id_column,
                                   target_accuracy=target_accuracy, **more)
 
     if export_path or fit_path:
@@ -76,9 +78,13 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
         click.echo(f"answers are kept in {store_path} as they are given; Export writes {page_export}, Fit "
                    f"writes {page_fit}; Ctrl-C stops", err=True)
 
+    # the URL is kept across restarts: the port and token of the store's last page, unless given
+    saved = LabelStore.page_address(store_path)
+    token = api_key or (saved[1] if saved else new_token())
+    reuse = not port and saved is not None
     try:
-        run_page(start, port=port, token=api_key or new_token(), export_path=page_export, fit_path=page_fit,
-                 on_ready=ready)
+        run_page(start, port=saved[0] if reuse else port, token=token, export_path=page_export, fit_path=page_fit,
+                 on_ready=ready, fallback_port=reuse, on_progress=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:  # before the page was up: the answers given earlier are in the store already
         raise Interrupted(f"interrupted; the answers given so far are kept in {store_path}",
                           143 if terminate_as_interrupt.received else 130) from None

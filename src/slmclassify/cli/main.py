@@ -541,12 +541,13 @@ def fit(input_path, output_path, text_column, gold_column, old_gold_column, fold
 @click.option("--sample", type=int, default=20000, show_default=True, help="Work on a seeded sample of this many rows.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--text-column", default="text", show_default=True)
+@click.option("--id-column", help="A column of row ids, shown on the page next to each item.")
 @click.option("--review-first", is_flag=True, help="INPUT is a `classify` output: offer its needs_review rows first.")
 @click.option("--target-accuracy", type=float, default=0.9, show_default=True,
               help="Accuracy the automatic share must reach (its threshold from the cross-validated predictions).")
 @task_options
-def label(input_path, store_path, port, api_key, export_path, fit_path, sample, seed, text_column, review_first,
-          target_accuracy, opts: ModelOptions):
+def label(input_path, store_path, port, api_key, export_path, fit_path, sample, seed, text_column, id_column,
+          review_first, target_accuracy, opts: ModelOptions):
     """Label INPUT by hand on a local web page, one item at a time, picked by active learning; a head
     is refitted as you go (needs the 'serve' and 'head' extras)."""
     from .label import run_label
@@ -555,4 +556,4 @@ def label(input_path, store_path, port, api_key, export_path, fit_path, sample, 
     run_label(input_path, opts.task(), opts.settings(), model=opts.model,
               store_path=store_path, port=port, api_key=api_key, export_path=export_path, fit_path=fit_path,
               sample=sample, seed=seed, text_column=text_column, review_first=review_first,
-              target_accuracy=target_accuracy, task_file=opts.task_file)
+              target_accuracy=target_accuracy, task_file=opts.task_file, id_column=id_column)

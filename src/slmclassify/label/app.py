@@ -183,6 +183,10 @@ def create_app(session, token: str, *, export_path: str | Path, fit_path: str | 
     async def skip(body: Versioned):
         return await act(session.skip, body.row, body.version)
 
+    @app.post("/api/show")
+    async def show(body: Row):
+        return await act(session.show, body.row)
+
     @app.post("/api/undo")
     async def undo(_body: Empty):
         return await act(session.undo)

@@ -1,6 +1,14 @@
 """The head of the labelling loop: refitted as answers arrive, from 2 items per label, with a
 cross-validated accuracy estimate and the share of the pool it could label on its own.
 
+Honest estimates, or none. Only the random picks are a fair sample of the pool (the cold-start
+picks are cluster centres, the uncertain ones the hardest items): the accuracy is cross-validated
+on them alone, each held out a fold at a time while every other answer trains the head, with a 95%
+Wilson interval; below `MIN_FAIR` random picks, or while a label among them has fewer than
+`MIN_PER_LABEL_SEEN` answers, there is no estimate ("not enough answers yet"). The automatic share
+is offered only at a confidence threshold where the LOWER bound of the accuracy of the held-out
+random picks at or above it reaches the target, over at least `MIN_AUTO` of them.
+
 The loop's head is the `slmclassify fit` head (standardised hidden states, multinomial logistic
 regression) with C fixed at `LOOP_C` rather than chosen by cross-validation: with a few dozen
 answers, a CV over C is noise and costs ~10 fits per refit. `LabelSession.fit` writes the final
@@ -15,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.metrics import Evaluation
 from ..head.fitting import C_GRID, Fitted, fit
 
 LOOP_C = C_GRID[len(C_GRID) // 2]
@@ -54,12 +61,17 @@ def fit_head(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0) -> Loop
     return LoopHead(fitted, np.array([int(s) for s in fitted.labels]), n_labels)
 
 
-REPRESENTATIVE = ("cold", "random")
-"""Pick kinds whose answers are a fair sample of the pool: the first, diverse picks (cluster
-centres) and the random ones. The uncertain picks are the hardest items, so an estimate on them
-says less than the head's accuracy on the pool (on the intent data, 0.68 against 0.96)."""
-MIN_HONEST = 10
-"""With fewer representative answers than this, the estimate is cross-validated on all answers."""
+REPRESENTATIVE = ("random",)
+"""Pick kinds whose answers are a fair sample of the pool: the random ones. The uncertain picks are
+the hardest items, so an estimate on them says less than the head's accuracy on the pool (on the
+intent data, 0.68 against 0.96); cold-start picks are cluster centres, and with them in, the page
+read 10% at 10 answers (chance 20%) and 44% at 40 when the truth was 65%."""
+MIN_FAIR = 20
+"""No estimate from fewer random picks than this."""
+MIN_PER_LABEL_SEEN = 3
+"""No estimate while a label among the random picks has fewer answers than this."""
+MIN_AUTO = 10
+"""No automatic share from fewer held-out random picks above its threshold than this."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +84,7 @@ class Estimate:
     """95% Wilson interval of the accuracy over `n` out-of-fold predictions."""
     n: int
     on: str
-    """"representative answers" (held out a fold at a time, the other answers always trained on) or
-    "all answers" (plain cross-validation, pessimistic once the picks follow the head's uncertainty)."""
+    """What was held out: "random picks" (a fold at a time, the other answers always trained on)."""
     tested: np.ndarray
     """[n] indices (into the answers) of the out-of-fold predictions."""
     out_of_fold: np.ndarray
@@ -83,17 +94,24 @@ class Estimate:
         return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n, "on": self.on}
 
 
+def enough(y: np.ndarray, representative: np.ndarray | None, n_labels: int) -> bool:
+    """Whether the answers allow an honest estimate (see the module docstring)."""
+    if representative is None or int(representative.sum()) < MIN_FAIR or not can_fit(y, n_labels):
+        return False
+    seen = np.unique(y[representative])
+    return bool((np.bincount(y, minlength=n_labels)[seen] >= MIN_PER_LABEL_SEEN).all())
+
+
 def estimate(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0,
              representative: np.ndarray | None = None) -> Estimate | None:
     """Out-of-fold accuracy of the loop's head (up to 5 folds, at least 2 items per fold) on the
-    `representative` answers ([m] bool) when there are `MIN_HONEST` of them, else on all answers."""
+    `representative` answers ([m] bool), the others always trained on; None without `enough` of them."""
     from sklearn.model_selection import KFold
 
-    if not can_fit(y, n_labels) or len(y) < 4:
+    if not enough(y, representative, n_labels):
         return None
-    honest = representative is not None and int(representative.sum()) >= MIN_HONEST
-    tested = np.flatnonzero(representative) if honest else np.arange(len(y))
-    always = np.flatnonzero(~representative) if honest else np.zeros(0, np.int64)
+    tested = np.flatnonzero(representative)
+    always = np.flatnonzero(~representative)
     folds = min(FOLDS, len(tested) // 2)
     probs = np.zeros((len(tested), n_labels))
     for train, test in KFold(folds, shuffle=True, random_state=seed).split(tested):
@@ -103,8 +121,7 @@ def estimate(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0,
         probs[test] = fit_head(X[train], y[train], n_labels, seed).probabilities(X[tested[test]])
     correct = int((probs.argmax(1) == y[tested]).sum())
     low, high = wilson(correct, len(tested))
-    return Estimate(correct / len(tested), low, high, len(tested),
-                    "representative answers" if honest else "all answers", tested, probs)
+    return Estimate(correct / len(tested), low, high, len(tested), "random picks", tested, probs)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -117,14 +134,17 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def auto_threshold(est: Estimate, y: np.ndarray, labels: tuple[str, ...], target: float | None,
-                   min_confidence: float) -> float | None:
-    """The confidence above which the head labels on its own: the lowest threshold whose
-    out-of-fold predictions reach `target` accuracy (`evaluate --target-accuracy`'s rule), or
-    the task's `min_confidence` without a target; None when no threshold reaches the target."""
-    if target is None:
-        return min_confidence
-    oof = est.out_of_fold
-    ev = Evaluation(labels, y[est.tested], oof.argmax(1), oof.max(1))
-    threshold, _ = ev.threshold_for(target)
-    return threshold
+def auto_threshold(est: Estimate | None, y: np.ndarray, target: float | None) -> float | None:
+    """The confidence at or above which the head labels on its own: the lowest threshold at which at
+    least `MIN_AUTO` held-out random picks have a 95% Wilson LOWER bound of their accuracy at or
+    above `target`; None without an estimate, a target, or such a threshold ("none yet")."""
+    if est is None or target is None:
+        return None
+    confidence = est.out_of_fold.max(1)  # [n]
+    correct = est.out_of_fold.argmax(1) == y[est.tested]
+    best = None
+    for threshold in np.unique(confidence)[::-1]:  # from the most confident down
+        above = confidence >= threshold
+        if int(above.sum()) >= MIN_AUTO and wilson(int(correct[above].sum()), int(above.sum()))[0] >= target:
+            best = float(threshold)
+    return best

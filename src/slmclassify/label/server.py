@@ -43,20 +43,39 @@ def bind(port: int) -> socket.socket:
 
 
 def run_page(start_session: Callable[[], object], *, port: int, token: str, export_path: str | Path,
-             fit_path: str | Path, on_ready: Callable[[str], None], poll_s: float = 0.1) -> None:
+             fit_path: str | Path, on_ready: Callable[[str], None], poll_s: float = 0.1,
+             fallback_port: bool = False, on_progress: Callable[[str], None] | None = None,
+             progress_s: float = 5.0) -> None:
     """Bind, call `start_session()` (a started `LabelSession`), wait until it is ready, call
-    `on_ready(url)`, then serve the page until SIGTERM/SIGINT; the session is closed on the way out."""
+    `on_ready(url)`, then serve the page until SIGTERM/SIGINT; the session is closed on the way out.
+    `fallback_port`: `port` is the one a previous start served (kept in the store): when it is taken
+    now, any free port. `on_progress` gets a line while the model loads and the first slice is scored
+    (every `progress_s`), so the terminal is not silent for the minute before the URL."""
     from .app import create_app
 
-    sock = bind(port)
+    try:
+        sock = bind(port)
+    except TaskError:
+        if not fallback_port:
+            raise
+        sock = bind(0)
+    say = on_progress or (lambda _line: None)
     session = None
     try:
+        say("loading the model and the input…")
         session = start_session()
+        said = time.monotonic()
         while not session.ready():
+            if time.monotonic() - said >= progress_s:
+                done, total = session.first_slice_progress()
+                say(f"scoring the first {total} items: {done} done")
+                said = time.monotonic()
             time.sleep(poll_s)
+        address = sock.getsockname()[1]
+        session.store.save_page_address(address, token)
         app = create_app(session, token, export_path=export_path, fit_path=fit_path)
         server = _server(app)
-        on_ready(page_url(sock.getsockname()[1], token))
+        on_ready(page_url(address, token))
         server.run(sockets=[sock])
     finally:
         if session is not None:

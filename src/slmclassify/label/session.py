@@ -15,13 +15,13 @@ started for another input, task, model, sample or seed is refused, naming what d
 whose text changed since it was answered is refused too. A failure in a background thread is
 raised by the next `ready()` or `state()` call.
 
-Additions to the brief's interface (for the page): `start(..., target_accuracy=None,
-random_share=0.1)`; `wait_ready(timeout)`; `state()` has also `ready`, `labels`, `done` (no item
-left and everything scored; `item` is None when nothing is left) and `auto_threshold`, and its
-`accuracy` has `on` ("representative answers" or "all answers", see `refit.estimate`); `accept`
-returns the label it gave, `export` the number of rows written; `Picker.pick` returns None when
-nothing is left and its `Pick` has a `kind`; `LabelStore.answer(..., kind="")` records that kind
-and `LabelStore.kinds()` returns it.
+Beyond the page's calls: `start(..., target_accuracy=None, random_share=0.3)`; `wait_ready(timeout)`;
+`state()` has `ready`, `labels`, `done` (no item left and everything scored; `item` is None when
+nothing is left), `auto_threshold`, `fair_answers` / `fair_needed` (random picks so far and the
+number an estimate needs), each item's `version` (what an answer names, see `LabelStore`), and its
+`accuracy` is None until `refit.enough` random picks allow an honest one; `accept` returns the
+label it gave, `export` the number of rows written; `Picker.pick` returns None when nothing is left
+and its `Pick` has a `kind`; `LabelStore.answer(..., kind="")` records that kind.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from ..head.model import Head, model_fingerprint, task_hash, task_record
 from ..models.loading import LoadedModel, load_model
 from . import refit
 from .store import LabelStore
-from .strategy import Picker, PoolView
+from .strategy import Picker, PoolView, describe
 
 SLICE = 256
 """Items scored per slice after the first (the scorer publishes its work a slice at a time)."""
@@ -56,6 +56,10 @@ DEFAULT_TARGET_ACCURACY = 0.9
 """The accuracy the automatic share is shown at unless the caller names another: a share at the
 task's `min_confidence` alone would be shown next to a head that may still be far less accurate."""
 
+ENOUGH_PER_LABEL = 50
+"""Answers per label after which the page says that labelling more pays little."""
+
+
 class LabelSession:
     """One person labelling one input for one task; see the module docstring."""
 
@@ -64,7 +68,7 @@ class LabelSession:
               store_path: str | Path, sample: int = 20000, seed: int = 0, first_slice: int = 300,
               text_column: str = "text", review_first: bool = False,
               target_accuracy: float | None = DEFAULT_TARGET_ACCURACY,
-              random_share: float = 0.1) -> LabelSession:
+              random_share: float = 0.3, id_column: str | None = None) -> LabelSession:
         """Load the model and the input, open the store, start the scorer and the refitter.
 
         `target_accuracy`: the accuracy the auto-labelled share must reach (threshold from the
@@ -81,6 +85,10 @@ class LabelSession:
 
         frame = read_table(input_path, text_column)
         texts_all = texts_of(frame, text_column, name=input_path)
+        if id_column is not None and id_column not in frame.columns:
+            raise InputError(f"{input_path} has no column {id_column!r} (--id-column); its columns: "
+                             f"{', '.join(map(str, frame.columns))}")
+        ids = None if id_column is None else frame[id_column].astype(str).tolist()
         priority = None
         if review_first:
             if "needs_review" not in frame.columns:
@@ -96,13 +104,13 @@ class LabelSession:
         store = LabelStore.open(store_path, fingerprint)
         try:
             return cls(input_path, frame, texts_all, clf, store, sample=sample, seed=seed, first_slice=first_slice,
-                       priority=priority, target_accuracy=target_accuracy, random_share=random_share)
+                       priority=priority, target_accuracy=target_accuracy, random_share=random_share, ids=ids)
         except BaseException:
             store.close()
             raise
 
     def __init__(self, input_path, frame, texts_all, clf: Classifier, store: LabelStore, *, sample, seed,
-                 first_slice, priority, target_accuracy, random_share):
+                 first_slice, priority, target_accuracy, random_share, ids=None):
         self.input_path, self.frame, self.clf, self.store = input_path, frame, clf, store
         self.task = clf.task
         self.labels = self.task.labels
@@ -112,6 +120,7 @@ class LabelSession:
         self.rows = np.sort(rng.permutation(n_total)[:sample]) if n_total > sample else np.arange(n_total)  # [n]
         self.index = {int(r): i for i, r in enumerate(self.rows)}  # input row → pool position
         self.texts = [texts_all[r] for r in self.rows]
+        self.ids = None if ids is None else [ids[r] for r in self.rows]  # the --id-column value of each
         self.hashes = text_hashes(self.texts)
         self.sample_note = (f"working on a seeded sample of {len(self.rows):,} of the {n_total:,} rows (seed {seed})"
                             if n_total > sample else None)
@@ -162,6 +171,7 @@ class LabelSession:
             rank[~first & self.priority] = 1
         self._order = order[np.argsort(rank[order], kind="stable")]
         self._first_slice = first_slice + int(first.sum())  # the answered rows come on top of the first slice
+        self._slice_done = 0  # items of the slice being scored done so far (the terminal's progress)
         self._scorer = threading.Thread(target=self._guard(self._score_loop), name="label-scorer", daemon=True)
         self._refitter = threading.Thread(target=self._guard(self._refit_loop), name="label-refit", daemon=True)
         self._scorer.start()
@@ -192,9 +202,11 @@ class LabelSession:
                 np.zeros(len(self.labels), int)
             item = None
             if self._current is not None:
-                pos, reason, _ = self._current
+                pos, detail, kind = self._current
                 label, confidence = self._guess(pos)
-                item = {"row": int(self.rows[pos]), "text": self.texts[pos], "guess": label,
+                reason = describe(kind, detail, self._probs(pos), self.labels, counts)  # from the guess shown
+                item = {"row": int(self.rows[pos]), "id": None if self.ids is None else self.ids[pos],
+                        "text": self.texts[pos], "guess": label,
                         "confidence": confidence, "reason": reason,
                         "version": self._versions.get(pos, 0)}
             est = self._estimate
@@ -204,9 +216,12 @@ class LabelSession:
                 "labelled": len(self.answers), "skipped": len(self.skips), "pool": len(self.rows),
                 "scored": int(self.visited.sum()), "sample_note": self.sample_note,
                 "accuracy": est.as_dict() if est is not None else None,
+                "fair_answers": sum(1 for p in self.answers if self.kinds.get(p, "") in refit.REPRESENTATIVE),
+                "fair_needed": refit.MIN_FAIR,
                 "auto_share": self._auto_share(), "auto_threshold": self._threshold,
                 "target_accuracy": self.target_accuracy,
                 "fitting": self._fitting, "done": self._current is None and bool(self.visited.all()),
+                "history": self._history(), "skipped_rows": self._skipped_rows(), "advice": self._advice(counts),
             }
 
     # The store is the single source of truth: each change is written there and the answers, kinds
@@ -225,6 +240,20 @@ class LabelSession:
             self.store.answer(int(row), self.hashes[pos], label, kind, version)
             self._reload()
             self._moved(pos)
+
+    def show(self, row: int) -> None:
+        """Make `row` the current item (from the history or the skipped list): answering it then
+        changes its answer, or gives one to a skipped row."""
+        pos = self._position(row)
+        with self._lock:
+            kind = self.kinds.get(pos) or "chosen"  # a random pick answered again still counts as one
+            self._current = (pos, "chosen from the history", kind)
+            self._version += 1
+            self._changed.notify_all()
+
+    def first_slice_progress(self) -> tuple[int, int]:
+        """(items of the first slice scored so far, its size)."""
+        return min(self._slice_done, self._first_slice), min(self._first_slice, len(self.rows))
 
     def accept(self, row: int) -> str:
         """Answer `row` with the current guess; returns that label."""
@@ -321,8 +350,12 @@ class LabelSession:
         except (KeyError, TypeError, ValueError):
             raise TaskError(f"row {row!r} is not in this session's pool") from None
 
+    def _probs(self, pos: int) -> np.ndarray:
+        """The one set of scores shown for an item: the head's once it exists, else zero-shot."""
+        return self.head_probs[pos] if self.head_probs is not None and self.scored[pos] else self.zero_shot[pos]
+
     def _guess(self, pos: int) -> tuple[str | None, float | None]:
-        probs = self.head_probs[pos] if self.head_probs is not None and self.scored[pos] else self.zero_shot[pos]
+        probs = self._probs(pos)
         if np.isnan(probs).any():
             return None, None
         top = int(probs.argmax())
@@ -341,7 +374,35 @@ class LabelSession:
         pool = PoolView(zero_shot=self.zero_shot, features=self.features, scored=self.scored, head=self.head_probs,
                         labels=self.labels, priority=self.priority)
         pick = self.picker.pick(pool, self.answers, self.skips)
-        self._current = None if pick is None else (pick.row, pick.reason, pick.kind)
+        self._current = None if pick is None else (pick.row, pick.detail or pick.reason, pick.kind)
+
+    def _snippet(self, pos: int) -> dict:
+        text = self.texts[pos]
+        return {"row": int(self.rows[pos]), "id": None if self.ids is None else self.ids[pos],
+                "text": text if len(text) <= 90 else text[:87] + "…"}
+
+    def _history(self, n: int = 12) -> list[dict]:
+        """The latest answers and skips, newest first (lock held)."""
+        out = []
+        for event in self.store.history(n) if not self._closing else []:
+            pos = self.index.get(event["row"])
+            if pos is not None:
+                out.append({**self._snippet(pos), "label": event["label"]})
+        return out
+
+    def _skipped_rows(self, n: int = 50) -> list[dict]:
+        return [self._snippet(pos) for pos in sorted(self.skips)[:n]]
+
+    def _advice(self, counts: np.ndarray) -> str | None:
+        """When labelling more stops paying: the honest estimate's interval is narrow, or every label
+        has `ENOUGH_PER_LABEL` answers (a head gains little per answer after that)."""
+        est = self._estimate
+        if est is not None and est.high - est.low <= 0.1:
+            return (f"the estimate is within ±{(est.high - est.low) / 2:.0%}: more answers now change it little; "
+                    "Fit the head, or label on where it is unsure")
+        if len(counts) and counts.min() >= ENOUGH_PER_LABEL:
+            return f"every label has {ENOUGH_PER_LABEL} answers or more: a head gains little from each answer now"
+        return None
 
     def _auto_share(self) -> float | None:
         if self.head_probs is None or self._threshold is None:
@@ -396,7 +457,8 @@ class LabelSession:
             start += size
         self._ready.set()
 
-    def _stop_if_closing(self, _done: int) -> None:
+    def _stop_if_closing(self, done: int) -> None:
+        self._slice_done = done
         # a slice takes a minute on a busy 2-core machine; a thread still in torch when the
         # interpreter exits aborts the process ("terminate called without an active exception")
         if self._closing:
@@ -422,8 +484,7 @@ class LabelSession:
             try:
                 head = refit.fit_head(X, y, len(self.labels), self.seed)
                 est = refit.estimate(X, y, len(self.labels), self.seed, fair)
-                threshold = (refit.auto_threshold(est, y, self.labels, self.target_accuracy, self.task.min_confidence)
-                             if est is not None else None)
+                threshold = refit.auto_threshold(est, y, self.target_accuracy)
                 with self._lock:
                     scored = np.flatnonzero(self.scored)
                     feats = self.features[scored]

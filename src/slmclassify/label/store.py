@@ -97,6 +97,37 @@ class LabelStore:
         with self._lock:
             return self._version_of(int(row))
 
+    def history(self, n: int = 12) -> list[dict]:
+        """The latest `n` answers and skips still in force, newest first: [{"row", "label" (None: a skip)}]."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT e.row, e.label FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events WHERE undone = 0 "
+                "GROUP BY row) last ON e.seq = last.seq ORDER BY e.seq DESC LIMIT ?", (int(n),)).fetchall()
+        return [{"row": int(row), "label": label} for row, label in rows]
+
+    def save_page_address(self, port: int, token: str) -> None:
+        """Keep the page's port and token, so that the next start serves the same URL."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                   [("page_port", str(int(port))), ("page_token", str(token))])
+
+    @staticmethod
+    def page_address(path: str | Path) -> tuple[int, str] | None:
+        """The (port, token) a store's last page served, or None (no store, or never served)."""
+        path = Path(path)
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('page_port', 'page_token')"))
+            finally:
+                conn.close()
+            return (int(meta["page_port"]), meta["page_token"]) if len(meta) == 2 else None
+        except (sqlite3.DatabaseError, KeyError, ValueError):
+            return None
+
     def versions(self) -> dict[int, int]:
         """{row: `row_version`} of every row with an event."""
         with self._lock:

@@ -30,6 +30,8 @@ PROJECTION = 32
 """Width of the random projection the clusters are computed in."""
 KMEANS_SAMPLE = 2000
 """At most this many scored rows fit the cluster centres (all rows are then assigned)."""
+COLD_EXTRA = 3
+"""Cold-start picks beyond `cold_per_label` x labels before the warm phase starts anyway."""
 REFIT_GROWTH = 1.5
 """The centres are refitted when the scored pool has grown by this factor since the last fit."""
 
@@ -60,6 +62,26 @@ class Pick:
     reason: str
     kind: str = ""
     """cold, uncertain, random, priority or last (the reason's category, for counting)."""
+    detail: str = ""
+    """The part of the reason that does not depend on the scores (a cold pick's cluster): `describe`
+    completes it from the scores shown next to it."""
+
+
+def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str, ...], counts: np.ndarray) -> str:
+    """The reason line of a pick from the scores on screen now (`probs` [L], the head's once it
+    exists): so the guess it names is the guess shown, after a refit too."""
+    if probs is None or np.isnan(probs).any():
+        return detail
+    order = np.argsort(-probs)
+    if detail.startswith(("brought back", "chosen")):  # undo or the history: said as it is
+        return detail
+    if kind == "cold":
+        top = int(order[0])
+        return f"{detail}; its guess, {labels[top]}, has {int(counts[top])} answers so far"
+    if kind == "uncertain" and len(order) > 1:
+        a, b = int(order[0]), int(order[1])
+        return f"the model is unsure between {labels[a]} and {labels[b]} (margin {probs[a] - probs[b]:.2f})"
+    return detail
 
 
 class Clusters:
@@ -136,13 +158,15 @@ def _kmeans_pp(points: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
 class Picker:
     """Chooses the next item to label; see the module docstring."""
 
-    def __init__(self, n_labels: int, seed: int = 0, *, random_share: float = 0.1, clusters: int | None = None,
+    def __init__(self, n_labels: int, seed: int = 0, *, random_share: float = 0.3, clusters: int | None = None,
                  cold_per_label: int = 2, cold_limit: int | None = None, candidates: int = 32):
         if not 0.0 <= random_share <= 1.0:
             raise ValueError(f"random_share must be in [0, 1], got {random_share}")
         self.n_labels, self.seed, self.random_share = n_labels, seed, random_share
         self.cold_per_label = cold_per_label
-        self.cold_limit = cold_limit if cold_limit is not None else 4 * n_labels
+        # the cold start gives every label its first answers, and stops hunting a label that does not
+        # turn up after a few extra picks (a label that never occurs cost 4 x L picks before)
+        self.cold_limit = cold_limit if cold_limit is not None else cold_per_label * n_labels + COLD_EXTRA
         self.candidates = candidates
         self.clusters = Clusters(clusters or max(24, 3 * n_labels), seed)
 
@@ -165,13 +189,15 @@ class Picker:
         rng = np.random.default_rng([self.seed, len(labelled), len(excluded)])
         if pool.priority is not None and (open_ & pool.priority).any():
             row = int(np.flatnonzero(open_ & pool.priority)[0])
-            return Pick(row, "flagged for review by the classify run this session started from", "priority")
+            why = "flagged for review by the classify run this session started from"
+            return Pick(row, why, "priority", why)
         counts = np.bincount(np.fromiter(labelled.values(), np.int64, len(labelled)), minlength=self.n_labels) \
             if labelled else np.zeros(self.n_labels, np.int64)
         cold = pool.head is None or (counts.min() < self.cold_per_label and len(labelled) < self.cold_limit)
         if not cold and rng.random() < self.random_share:
             row = int(rng.choice(np.flatnonzero(open_)))
-            return Pick(row, "a random pick that keeps the accuracy estimate honest", "random")
+            why = "a random pick that keeps the accuracy estimate honest"
+            return Pick(row, why, "random", why)
         per_cluster, size = self._coverage(done, open_)
         if cold:
             return self._cold(pool, open_, counts, per_cluster, size, names)
@@ -200,8 +226,9 @@ class Picker:
         best = int(np.argmin(dist))
         row, label = int(rows[best]), names[int(guess[best])]
         kind = "not labelled yet" if per_cluster[cluster] == 0 else f"with only {per_cluster[cluster]} answered"
-        return Pick(row, f"a kind of text {kind} (cluster {cluster + 1} of {k}); the model's guess, {label}, "
-                         f"has {int(counts[guess[best]])} answers so far", "cold")
+        detail = f"a kind of text {kind} (cluster {cluster + 1} of {k})"
+        return Pick(row, f"{detail}; the model's guess, {label}, has {int(counts[guess[best]])} answers so far",
+                    "cold", detail)
 
     def _uncertain(self, pool, open_, per_cluster, size, names) -> Pick:
         rows = np.flatnonzero(open_)
@@ -215,5 +242,5 @@ class Picker:
         share = per_cluster[clusters] / np.maximum(size[clusters], 1)
         best = near[np.lexsort((rows[near], margin[near], share))[0]]
         a, b = top2[best][np.argsort(-p2[best])]
-        return Pick(int(rows[best]), f"the model is unsure between {names[a]} and {names[b]} "
-                                     f"(margin {margin[best]:.2f})", "uncertain")
+        reason = f"the model is unsure between {names[a]} and {names[b]} (margin {margin[best]:.2f})"
+        return Pick(int(rows[best]), reason, "uncertain", reason)
