@@ -170,13 +170,23 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
                 guess = shown["status"].removeprefix(f"row {row}: ").removesuffix(" (the guess)")
             expected[row] = guess if key == Keys.ENTER else LABELS[int(key) - 1]
             assert shown["row"] not in expected, "an answered item was offered again"
+        first_url = page.url
+    except BaseException:
+        driver.quit()
+        raise
     finally:
         page.kill()  # SIGKILL: no shutdown code runs
     assert page.proc.returncode == -signal.SIGKILL
+    # the open tab says the server stopped, rather than a raw "Failed to fetch"
+    WebDriverWait(driver, WAIT).until(
+        lambda d: d.execute_script("return document.getElementById('main').classList.contains('stopped')"))
 
     page = Page(args)
     try:
-        driver.get(page.url)
+        assert page.url == first_url  # the port and token are kept in the store
+        # the same tab carries on by itself once the server is back
+        WebDriverWait(driver, WAIT).until(
+            lambda d: not d.execute_script("return document.getElementById('main').classList.contains('stopped')"))
         shown = wait_for_item(driver)
         assert shown["row"] not in expected and shown["row"] not in done
         counts = {label: 0 for label in LABELS}
@@ -187,6 +197,14 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         shown = press(driver, "2")  # the page goes on where it stopped
         expected[row] = LABELS[1]
         assert shown["row"] not in expected
+        # the history: the latest answer shown again and changed
+        before = page_state(driver)["actions"]
+        driver.find_element(By.CSS_SELECTOR, "#history li").click()
+        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["actions"] > before)
+        assert page_state(driver)["row"] == row
+        shown = press(driver, "3")
+        expected[row] = LABELS[2]
+        assert shown["row"] != row
         driver.find_element(By.ID, "export").click()
         WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
         assert page_state(driver)["status"] == f"wrote {len(expected)} rows to {tmp_path / 'tickets.labelled.csv'}"
