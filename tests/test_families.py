@@ -182,17 +182,9 @@ REFUSED = [
 
 @pytest.mark.parametrize("name,edit,named", REFUSED, ids=[r[2] for r in REFUSED])
 def test_what_a_description_does_not_cover_is_refused_by_name(tmp_path, family_dir, name, edit, named):
-    folder = family_dir(name)
-    config = json.loads((folder / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
-    for f in folder.iterdir():
-        if f.name != "config.json":
-            (tmp_path / f.name).write_bytes(f.read_bytes())
-    (tmp_path / "model.safetensors").write_bytes(b"not read: the config is refused first")
-    from slmclassify import ModelLoadError
+    from test_model_configs import assert_refused_before_weights
 
-    with pytest.raises(ModelLoadError, match=named.replace("(", r"\(").replace(".", r"\.")):
-        load_model(str(tmp_path))
+    assert_refused_before_weights(family_dir(name), tmp_path, edit, named)
 
 
 # The endings of real templates that matter here (a family's own template is in its tokenizer).

@@ -14,9 +14,6 @@ import csv
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -39,7 +36,8 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-WAIT = 120  # the first slice of the tiny model is scored on a busy machine
+from label_server import WAIT, Page  # noqa: E402
+
 LABELS = ("billing", "technical", "account")
 TASK_TOML = 'labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\nmin_confidence = 0.5\n'
 SUBJECTS = ["My card was charged twice", "The app crashes on start", "I need to change my email",
@@ -58,33 +56,6 @@ def write_input(path: Path, n: int = 60) -> list[str]:
         writer.writerow(["id", "text"])
         writer.writerows([1000 + i, text] for i, text in enumerate(texts))
     return texts
-
-
-class Page:
-    """The `slmclassify label` process (a subprocess) and the URL it printed."""
-
-    def __init__(self, args: list[str], cwd: str | None = None):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from slmclassify.cli.main import main; main()", "label", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-            env={**os.environ, "OMP_NUM_THREADS": "1"})
-        self.errors: list[str] = []
-        threading.Thread(target=lambda: self.errors.extend(self.proc.stderr), daemon=True).start()
-        self.url = self._printed_url()
-
-    def _printed_url(self) -> str:
-        found: list[str] = []
-        reader = threading.Thread(target=lambda: found.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(WAIT)
-        line = found[0].strip() if found else ""
-        assert line.startswith("http://127.0.0.1:") and "/?token=" in line, (line, "".join(self.errors))
-        return line
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(WAIT)
 
 
 def chromium():

@@ -7,11 +7,8 @@ the earlier. Now the store is the single source of truth and a stale answer gets
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +22,7 @@ pytest.importorskip("sklearn")
 from slmclassify.label.store import LabelStore  # noqa: E402
 
 from test_label import tickets  # noqa: E402
+from label_server import Page  # noqa: E402
 
 WAIT = 180
 
@@ -57,21 +55,12 @@ print(json.dumps(statuses))
 """
 
 
-class Server:
+class Server(Page):
+    """The `slmclassify label` process (`test_label_browser.Page`), called over HTTP like the page."""
+
     def __init__(self, args: list[str], cwd: Path):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from slmclassify.cli.main import main; main()", "label", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-            env={**os.environ, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(cwd / "cache")})
-        self.errors: list[str] = []
-        threading.Thread(target=lambda: self.errors.extend(self.proc.stderr), daemon=True).start()
-        found: list[str] = []
-        reader = threading.Thread(target=lambda: found.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(WAIT)
-        line = found[0].strip() if found else ""
-        assert line.startswith("http://127.0.0.1:") and "/?token=" in line, (line, "".join(self.errors))
-        self.base, self.token = line.split("/?token=")
+        super().__init__(args, cwd=str(cwd))
+        self.base, self.token = self.url.split("/?token=")
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         req = urllib.request.Request(self.base + path, method=method,
@@ -92,12 +81,6 @@ class Server:
                 return state
             assert time.monotonic() < deadline, (status, state, "".join(self.errors))
             time.sleep(0.2)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(WAIT)
-
 
 @pytest.fixture
 def server(tmp_path, llama_dir):

@@ -109,18 +109,23 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("kind,edit,named", REFUSED, ids=[r[2] for r in REFUSED])
-def test_unsupported_config_refused_before_loading_weights(tmp_path, model_dir_factory, kind, edit, named):
-    folder = model_dir_factory(kind)
+def assert_refused_before_weights(folder, target, edit: dict, named: str) -> None:
+    """A copy of model `folder` in `target` with `edit` on its config and unreadable weights is refused
+    at load with one line naming `named` (the config is checked before any weight is read)."""
     config = json.loads((folder / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **edit}))
+    (target / "config.json").write_text(json.dumps({**config, **edit}))
     for f in folder.iterdir():
         if f.name != "config.json":
-            (tmp_path / f.name).write_bytes(f.read_bytes())
-    (tmp_path / "model.safetensors").write_bytes(b"not read: the config is refused first")
+            (target / f.name).write_bytes(f.read_bytes())
+    (target / "model.safetensors").write_bytes(b"not read: the config is refused first")
     with pytest.raises(ModelLoadError, match=named.replace("(", r"\(").replace(".", r"\.")) as info:
-        load_model(str(tmp_path))
+        load_model(str(target))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind,edit,named", REFUSED, ids=[r[2] for r in REFUSED])
+def test_unsupported_config_refused_before_loading_weights(tmp_path, model_dir_factory, kind, edit, named):
+    assert_refused_before_weights(model_dir_factory(kind), tmp_path, edit, named)
 
 
 def test_engine_refuses_a_config_changed_after_loading(loaded_configs):
