@@ -253,3 +253,34 @@ def test_kill_and_resume_is_byte_identical(tmp_path, llama_dir):
         ids = [row["id"] for row in csv.DictReader(fh)]
     assert ids == [f"{i:05d}" for i in range(KILL_ROWS)]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["in.csv", "out.csv", "whole.csv"]
+
+
+def test_a_resumed_run_computes_with_the_kernel_the_run_started_with(run_main, monkeypatch, tmp_path, llama_dir,
+                                                                    data):
+    """Before: a GEMM choice timed on a busy machine is provisional and measured again by a later start;
+    a resumed run could then compute with another kernel, whose float32 rounding differs in the last
+    digits, and the output was not byte-identical (seen once in `test_kill_and_resume_is_byte_identical`
+    under load). The record keeps the kernel and the resumed run uses it."""
+    from slmclassify.backends import choice, gemm
+
+    _, src = data
+    whole = tmp_path / "whole.csv"
+    assert run_main(*_args(src, whole, llama_dir))[0] == 0
+    target = tmp_path / "out.csv"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 3)
+        assert run_main(*_args(src, target, llama_dir))[0] == 130
+    first = json.loads(Path(f"{target}.progress.json").read_text())["gemm"]["kernel"]
+    other = next(k for k in gemm.fp32_kernels(torch.device("cpu")) if k != first)
+    used = []
+    original = choice.kernel_for
+    monkeypatch.setattr(choice, "kernel_for", lambda *a, **k: other)  # the choice measured again: another kernel
+    from slmclassify.jobs import classify as job
+
+    same = job._same_kernel
+    monkeypatch.setattr(job, "_same_kernel", lambda saved, clf, *a: used.append(same(saved, clf, *a)) or used[-1])
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert code == 0, err
+    assert used[-1].loaded.backend.gemm == first != other
+    assert target.read_bytes() == whole.read_bytes()
+    monkeypatch.setattr(choice, "kernel_for", original)

@@ -143,12 +143,15 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
             from ..head.apply import check
 
             check(choice.head, classifier, choice.source or "the head")
+        classifier = _same_kernel(saved, classifier, task, settings)
         if on_loaded is not None:
             on_loaded(classifier)
         _same_model(saved, identity, classifier, checkpoint)
     except BaseException:
         reader.close()
         raise
+    # recorded: a resumed run computes with the same kernel (`_same_kernel`)
+    identity["gemm"] = {"precision": classifier.loaded.backend.precision, "kernel": classifier.loaded.backend.gemm}
 
     state = _RunState.restore(saved, task.labels, request.probes, len(classifier.prefix_ids))
     schema = (parquet_schema(reader, result_arrow_fields(labels, request.result_prefix)) if out_fmt == "parquet"
@@ -341,6 +344,25 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
     if reason:
         raise refuse_resume(checkpoint, reason)
     return saved
+
+
+def _same_kernel(saved: dict | None, classifier: Classifier, task: Task, settings: EngineSettings) -> Classifier:
+    """The classifier of a resumed run on the GEMM kernel the run started with: a GEMM choice measured
+    again between the sessions (a provisional one, timed on a busy machine) may pick another kernel,
+    whose float32 rounding differs in the last digits, and the output would not be byte-identical."""
+    from ..backends import gemm
+    from ..backends.device import Backend
+    from ..models.engines import with_backend
+
+    recorded = (saved or {}).get("gemm")
+    loaded = classifier.loaded
+    if not isinstance(recorded, dict) or recorded.get("precision") != loaded.backend.precision:
+        return classifier  # another precision is refused by `_same_model`, naming it
+    kernel = recorded.get("kernel")
+    if kernel == loaded.backend.gemm or kernel not in gemm.KERNELS:
+        return classifier
+    backend = Backend(device=loaded.backend.device, precision=loaded.backend.precision, gemm=kernel)
+    return Classifier(task, model=with_backend(loaded, backend), settings=settings)
 
 
 def _task_shown(task: Task) -> dict:
