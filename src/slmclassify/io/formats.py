@@ -61,12 +61,8 @@ def check_not_input(input_path: str, output_path: str) -> None:
     overwritten."""
     if "-" in (input_path, output_path):
         return
-    source = os.path.realpath(input_path)
     for path in (output_path, f"{output_path}.partial", f"{output_path}.progress.json", f"{output_path}.lock"):
-        same = os.path.realpath(path) == source
-        if not same and os.path.exists(path) and os.path.exists(input_path):
-            same = os.path.samefile(path, input_path)
-        if same:
+        if _same_path(path, input_path):
             what = "" if path == output_path else f" ({path}, where the run keeps its state)"
             raise InputError(f"the output {output_path} is the input file {input_path}{what}; write to another "
                              "file (the input is never overwritten)")

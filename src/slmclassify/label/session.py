@@ -56,6 +56,8 @@ DEFAULT_TARGET_ACCURACY = 0.9
 """The accuracy the automatic share is shown at unless the caller names another: a share at the
 task's `min_confidence` alone would be shown next to a head that may still be far less accurate."""
 
+HISTORY = 12
+"""Answers and skips the page lists, newest first."""
 ENOUGH_PER_LABEL = 50
 """Answers per label after which the page says that labelling more pays little."""
 
@@ -136,21 +138,16 @@ class LabelSession:
         self.priority = priority[self.rows] if priority is not None else None
         self.picker = Picker(L, seed, random_share=random_share)
 
-        self.answers: dict[int, int] = {}  # pool position → label index
         stored_hashes = store.hashes()
         for row, h in stored_hashes.items():
             if row not in self.index or self.hashes[self.index[row]] != h:
                 raise TaskError(f"row {row} of {input_path} is not the text that was answered in {store.path}; "
                                 "use the input the store was started with, or another store")
-        for row, label in store.answers().items():
-            if label not in self.labels:
+        for row, (label, _, _) in store.latest().items():
+            if label is not None and label not in self.labels:
                 raise TaskError(f"{store.path} holds label {label!r} for row {row}, which is not in the task's "
                                 f"labels {list(self.labels)}")
-            self.answers[self.index[row]] = self.labels.index(label)
-        # pool position → why it was offered (`Pick.kind`), for the estimate
-        self.kinds: dict[int, str] = {self.index[row]: kind for row, kind in store.kinds().items()}
-        self.skips: set[int] = {self.index[row] for row in store.skipped()}
-        self._versions: dict[int, int] = {self.index[row]: v for row, v in store.versions().items()}  # pos → version
+        self._reload()
 
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -288,11 +285,15 @@ class LabelSession:
             return row
 
     def _reload(self) -> None:
-        """The answers, kinds and skips as the store holds them (lock held)."""
-        self.answers = {self.index[row]: self.labels.index(label) for row, label in self.store.answers().items()}
-        self.kinds = {self.index[row]: kind for row, kind in self.store.kinds().items()}
-        self.skips = {self.index[row] for row in self.store.skipped()}
-        self._versions = {self.index[row]: v for row, v in self.store.versions().items()}
+        """The answers, kinds, skips, versions and history as the store holds them (lock held, or in
+        `__init__`): two queries per change, none per poll of the page."""
+        latest = {self.index[row]: event for row, event in self.store.latest().items()}  # pos → (label, kind, seq)
+        self.answers: dict[int, int] = {p: self.labels.index(lab) for p, (lab, _, _) in latest.items() if lab is not None}
+        # pool position → why it was offered (`Pick.kind`), for the estimate
+        self.kinds: dict[int, str] = {p: kind for p, (lab, kind, _) in latest.items() if lab is not None}
+        self.skips: set[int] = {p for p, (lab, _, _) in latest.items() if lab is None}
+        self._recent = sorted(latest, key=lambda p: latest[p][2], reverse=True)[:HISTORY]  # newest first
+        self._versions = {self.index[row]: v for row, v in self.store.versions().items()}  # pos → version
 
     def export(self, path: str) -> int:
         """Write the input rows that have an answer, in input order, with a `gold` column (replacing
@@ -381,14 +382,10 @@ class LabelSession:
         return {"row": int(self.rows[pos]), "id": None if self.ids is None else self.ids[pos],
                 "text": text if len(text) <= 90 else text[:87] + "…"}
 
-    def _history(self, n: int = 12) -> list[dict]:
+    def _history(self) -> list[dict]:
         """The latest answers and skips, newest first (lock held)."""
-        out = []
-        for event in self.store.history(n) if not self._closing else []:
-            pos = self.index.get(event["row"])
-            if pos is not None:
-                out.append({**self._snippet(pos), "label": event["label"]})
-        return out
+        return [{**self._snippet(p), "label": self.labels[self.answers[p]] if p in self.answers else None}
+                for p in self._recent]
 
     def _skipped_rows(self, n: int = 50) -> list[dict]:
         return [self._snippet(pos) for pos in sorted(self.skips)[:n]]

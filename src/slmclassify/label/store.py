@@ -97,14 +97,6 @@ class LabelStore:
         with self._lock:
             return self._version_of(int(row))
 
-    def history(self, n: int = 12) -> list[dict]:
-        """The latest `n` answers and skips still in force, newest first: [{"row", "label" (None: a skip)}]."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT e.row, e.label FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events WHERE undone = 0 "
-                "GROUP BY row) last ON e.seq = last.seq ORDER BY e.seq DESC LIMIT ?", (int(n),)).fetchall()
-        return [{"row": int(row), "label": label} for row, label in rows]
-
     def save_page_address(self, port: int, token: str) -> None:
         """Keep the page's port and token, so that the next start serves the same URL."""
         with self._lock, self._conn:
@@ -149,21 +141,26 @@ class LabelStore:
             self._conn.execute("UPDATE events SET undone = 1 WHERE seq = ?", (last[0],))
             return int(last[1])
 
+    def latest(self) -> dict[int, tuple[str | None, str, int]]:
+        """{row: (label or None for a skip, kind, seq)} of each row's latest live event, in one query:
+        what the answers, skips, kinds and the page's history are read from."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT e.row, e.label, e.kind, e.seq FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events "
+                "WHERE undone = 0 GROUP BY row) last ON e.seq = last.seq").fetchall()
+        return {int(row): (label, kind, int(seq)) for row, label, kind, seq in rows}
+
     def answers(self) -> dict[int, str]:
         """{row: label} of the rows whose latest live event is an answer."""
-        return {row: label for row, label in self._latest().items() if label is not None}
+        return {row: label for row, (label, _, _) in self.latest().items() if label is not None}
 
     def skipped(self) -> set[int]:
         """Rows whose latest live event is a skip."""
-        return {row for row, label in self._latest().items() if label is None}
+        return {row for row, (label, _, _) in self.latest().items() if label is None}
 
     def kinds(self) -> dict[int, str]:
         """{row: kind} of the rows whose latest live event is an answer."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT e.row, e.kind FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events WHERE undone = 0 "
-                "GROUP BY row) last ON e.seq = last.seq WHERE e.label IS NOT NULL").fetchall()
-        return {int(row): kind for row, kind in rows}
+        return {row: kind for row, (label, kind, _) in self.latest().items() if label is not None}
 
     def hashes(self) -> dict[int, str]:
         """{row: text hash} of every row with a live event (to check the input has not changed)."""
@@ -184,12 +181,6 @@ class LabelStore:
             self._conn.execute("INSERT INTO events (row, text_hash, label, kind, at) VALUES (?, ?, ?, ?, ?)",
                                (int(row), str(text_hash), label, str(kind), time.time()))
 
-    def _latest(self) -> dict[int, str | None]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT e.row, e.label FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events WHERE undone = 0 "
-                "GROUP BY row) last ON e.seq = last.seq").fetchall()
-        return {int(row): label for row, label in rows}
 
 
 def _differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
