@@ -113,8 +113,9 @@ _PEAK_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
 def test_loading_and_arranging_peak_near_one_copy(tmp_path, tiny_tokenizer, llama_dir):
     """Peak RSS of loading + Engine over the RSS before, in a fresh process: ≤ 1.5x the float32
-    weights, 94 MiB here. Measured 1.36x: the weights, the q/k copy (11% for these shapes) and
-    allocator slack; it was 2.25x with the memory map (file pages + arranged copies), ~1.8x with
+    weights, 94 MiB here. Measured 1.31-1.33x: the weights, the q/k copy (11% for these shapes) and
+    one layer's transient; 1.37-1.50x run to run while glibc kept the freed sources' pages (now
+    returned after each layer, `backends/memory.py`); it was 2.25x with the memory map (file pages + arranged copies), ~1.8x with
     the loader's threads."""
     big = tiny_model("llama", len(tiny_tokenizer), hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                      num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)

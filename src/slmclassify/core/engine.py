@@ -56,6 +56,7 @@ import torch
 
 from ..backends.device import Backend
 from ..backends.gemm import LinearOp, rms_norm, swiglu_
+from ..backends.memory import release_freed_memory
 from ..backends.smoothing import plan_layer
 from ..errors import ModelLoadError
 from .batching import Batch
@@ -268,7 +269,10 @@ class Engine:
             raise ModelLoadError("the model's weights give non-finite logits (NaN or infinity) on any input: its "
                                  "files are damaged or were saved broken; copy or download the model again")
         with torch.no_grad():
-            arranged = [self._arrange(layer, kind) for layer, kind in zip(base.layers, self.kinds)]
+            arranged = []
+            for layer, kind in zip(base.layers, self.kinds):
+                arranged.append(self._arrange(layer, kind))
+                release_freed_memory()  # the layer's sources: freed, but glibc keeps the pages
         with torch.inference_mode():
             after = model(input_ids=probe, logits_to_keep=1).logits
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
