@@ -1,12 +1,26 @@
-"""Keep a GGUF file's pages out of the process while transformers de-quantises it.
+"""Keep a GGUF conversion's peak near one float32 copy of the weights.
 
-transformers reads the file through `gguf.GGUFReader`, a read-only memory map, and de-quantises
-every tensor into float32 before it frees the map: each page it read stayed resident until then,
-so the conversion peaked at the float32 weights *plus the whole file* (a Qwen2.5-0.5B-shaped F16
-GGUF: +2978 MiB for 1885 MiB of weights, 944 MiB of them file pages). Here the pages behind each
-tensor are handed back (madvise MADV_DONTNEED) once transformers has copied it, which is when it
-asks for the next one. The map is shared and read-only, so nothing is lost: a page read again
-comes back from the file. The float32 values are untouched (the same bytes are read).
+transformers de-quantises a GGUF file (`load_gguf_checkpoint`) tensor by tensor through a
+read-only memory map (`gguf.GGUFReader`): `gguf.dequantize(data)`, then `np.copy` of the result,
+kept as a torch tensor. Three things sat on top of the float32 weights at the peak; while
+`converting_gguf()` is active each goes:
+
+- **The file's pages.** Each page read stayed resident until the map was freed, after the last
+  tensor (a Qwen2.5-0.5B-shaped F16 GGUF: +2978 MiB for 1885 MiB of weights, 944 MiB of them file
+  pages). A float32 tensor's map is now copied in 16 MiB slices, each slice's pages handed back
+  (madvise MADV_DONTNEED) once copied; a quantised tensor's pages go when the next one is asked for.
+  The map is shared and read-only, so nothing is lost: a page read again comes back from the file.
+- **A second copy of the largest tensor.** `np.copy` of an array that `dequantize` had just made
+  (every quantised or float16 tensor) copied it again: a 262,144-token embedding is 640 MiB in
+  float32, held twice. Such a fresh array, which nothing else refers to, is now passed on as is.
+- **The reader's parsed metadata** (one small array object per token and merge, 159 MiB for a
+  49,152-token vocabulary), held until the last tensor: it is freed once the tensors are read,
+  when transformers has taken the config and tokenizer from it.
+
+Measured with `benchmarks/load_peak.py` (conversion plus the engine, over the RSS before the first
+tensor): a Gemma 3 270M-shaped float32 GGUF (1023 MiB of weights) 1.42x -> 1.11x, the embedded
+SmolLM2-135M (Q4_1, 513 MiB) 1.36x -> 1.18x; `tests/test_memory.py` pins it on a small file. The
+float32 values are untouched (the converted folder is byte-identical): the same bytes, copied once.
 """
 
 from __future__ import annotations
@@ -15,34 +29,83 @@ import contextlib
 import ctypes
 import mmap
 import sys
+import weakref
+
+import numpy as np
 
 _MADV_DONTNEED = 4  # Linux
+_SLICE = 16 << 20  # bytes of a float32 map copied before their pages are handed back
 
 
 @contextlib.contextmanager
-def released_gguf_pages():
-    """While active, `gguf.dequantize` releases the pages of the tensor it was given before
-    (transformers' `np.copy` of a float32 tensor reads the map after `dequantize` returns)."""
+def converting_gguf():
+    """While active, transformers' GGUF loading keeps one copy of each tensor (see the module
+    docstring). Elsewhere than Linux it changes nothing."""
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     if not sys.platform.startswith("linux"):
         yield
         return
-    original = gguf.dequantize
-    previous = []
+    original, init, numpy = gguf.dequantize, gguf.GGUFReader.__init__, gguf_utils.np
+    previous, readers, fresh = [], [], {}
 
     def dequantize(data, qtype):
+        while readers:  # the tensors are being read: the metadata has been (transformers' order)
+            reader = readers.pop()()
+            if reader is not None:
+                reader.fields.clear()  # in place: transformers holds the same dict
         if previous:
             _release(previous.pop())
         previous.append(data)
-        return original(data, qtype)
+        fresh.clear()
+        out = original(data, qtype)
+        if out.flags.owndata:
+            fresh[id(out)] = weakref.ref(out)  # made here: nothing else refers to it
+        return out
 
-    gguf.dequantize = dequantize
+    def track(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        readers.append(weakref.ref(self))  # the tokenizer's reader is freed when its load ends
+
+    def copy(a, *args, **kwargs):
+        made = fresh.pop(id(a), None)
+        if not args and not kwargs and made is not None and made() is a:
+            return a  # what dequantize (or transformers' processing of it) just made: no second copy
+        if not args and not kwargs and isinstance(a, np.ndarray) and not a.flags.writeable and a.flags.c_contiguous:
+            return _copy_releasing(a)
+        return np.copy(a, *args, **kwargs)
+
+    gguf.dequantize, gguf.GGUFReader.__init__ = dequantize, track
+    gguf_utils.np = _NumpyWith(copy)
     try:
         yield
     finally:
-        gguf.dequantize = original
+        gguf.dequantize, gguf.GGUFReader.__init__, gguf_utils.np = original, init, numpy
         previous.clear()
+        readers.clear()
+        fresh.clear()
+
+
+class _NumpyWith:
+    """numpy, with another `copy` (what transformers' GGUF module calls as `np`)."""
+
+    def __init__(self, copy):
+        self.copy = copy
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+def _copy_releasing(a: np.ndarray) -> np.ndarray:
+    """A copy of the read-only `a`, slice by slice, each slice's pages handed back once copied."""
+    out = np.empty_like(a)
+    src, dst = a.reshape(-1), out.reshape(-1)
+    step = max(1, _SLICE // max(1, a.itemsize))
+    for start in range(0, src.size, step):
+        dst[start : start + step] = src[start : start + step]
+        _release(src[start : start + step])
+    return out
 
 
 def _release(data) -> None:

@@ -410,11 +410,11 @@ def _dequantise(path: Path):
     """(model in float32, tokenizer) read from a GGUF file by transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .gguf_pages import released_gguf_pages
+    from .gguf_pages import converting_gguf
 
     folder, filename = str(path.parent), path.name
     try:
-        with _no_gguf_progress_bar(), released_gguf_pages():
+        with _no_gguf_progress_bar(), converting_gguf():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=filename, dtype=torch.float32, local_files_only=True

@@ -3,10 +3,15 @@
 transformers' default memory-maps the safetensors file and makes every parameter a view of the
 map: each page read (all of them, once the engine re-arranges the weights) stays in the process's
 resident memory for as long as any view lives, next to the engine's arranged copies, so loading
-peaked at about twice the weights. Here every tensor is read with pread(2) (safetensors' `pread`
-backend) into memory of its own and handed to `from_pretrained` as its state dict: no file page
-counts toward the process, and a tensor the engine re-arranges is freed as soon as its arranged
-copy exists (`core/engine.py`), so the transient is one layer, not the model.
+peaked at about twice the weights. Here every tensor is read from the file straight into a tensor
+of its own when transformers asks for it (`_FileTensor`, handed to `from_pretrained` as the state
+dict): no file page counts toward the process, and a tensor the engine re-arranges is freed as
+soon as its arranged copy exists (`core/engine.py`), so the transient is one layer, not the model.
+safetensors' own `pread` backend read each tensor into a buffer and copied it, so the largest
+tensor was held twice for a moment: a 262,144-token embedding is 640 MiB in float32, and that
+moment was the load's peak (1.29x the weights of a Gemma 3 270M with its engine; now 1.10x,
+`benchmarks/load_peak.py`). safetensors still
+reads and checks each file's header.
 
 A checkpoint of tied embeddings may store the shared matrix under the output layer's name (our
 GGUF conversions do); it is renamed to the input embedding's, which transformers loads and then
@@ -51,8 +56,12 @@ def from_safetensors(config, files: list[str]) -> torch.nn.Module:
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    handles = [safe_open(f, framework="pt", device="cpu", backend="pread") for f in files]
-    state = {key: handle.get_slice(key) for handle in handles for key in handle.keys()}  # read when loaded
+    handles = [safe_open(f, framework="pt", device="cpu", backend="pread") for f in files]  # checks the header
+    state = {}
+    for file, handle in zip(files, handles):
+        entries = _header(file)
+        for key in handle.keys():  # read when loaded
+            state[key] = _FileTensor.of(file, entries[key]) or handle.get_slice(key)
     model_class = AutoModelForCausalLM._model_mapping[type(config)]  # Auto* deep-copies its kwargs
     if getattr(config, "tie_word_embeddings", False):
         for target, source in (getattr(model_class, "_tied_weights_keys", None) or {}).items():
@@ -83,3 +92,62 @@ def _sequential_loading():
             del os.environ[_SEQUENTIAL]
         else:
             os.environ[_SEQUENTIAL] = previous
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _header(file: str) -> dict:
+    """{name: entry} of a safetensors file's header, with each entry's absolute byte offsets."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    for entry in header.values():
+        begin, end = entry["data_offsets"]
+        entry["span"] = (8 + size + begin, end - begin)
+    return header
+
+
+class _FileTensor:
+    """One tensor of a safetensors file, read into a tensor of its own on `[...]`, which is how
+    transformers materialises a state dict's lazy entries (as it does safetensors' slices)."""
+
+    def __init__(self, file: str, offset: int, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype, name: str):
+        self.file, self.offset, self.nbytes, self.shape, self.dtype, self.name = file, offset, nbytes, shape, dtype, name
+
+    @classmethod
+    def of(cls, file: str, entry: dict) -> _FileTensor | None:
+        """The entry's lazy tensor; None for a dtype read here is not (safetensors' slice reads it)."""
+        dtype = _DTYPES.get(entry["dtype"])
+        if dtype is None:
+            return None
+        offset, nbytes = entry["span"]
+        return cls(file, offset, nbytes, tuple(entry["shape"]), dtype, entry["dtype"])
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def get_dtype(self) -> str:
+        return self.name
+
+    def __getitem__(self, key) -> torch.Tensor:
+        if key is not Ellipsis:
+            raise TypeError("a whole tensor only ([...])")
+        from safetensors import SafetensorError
+
+        out = torch.empty(self.shape, dtype=self.dtype)
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if out.numel() else memoryview(b"")
+        if view.nbytes != self.nbytes:
+            raise SafetensorError(f"a tensor's size in {self.file} disagrees with its shape")
+        with open(self.file, "rb", buffering=0) as f:
+            f.seek(self.offset)
+            done = 0
+            while done < self.nbytes:
+                got = f.readinto(view[done:])
+                if not got:
+                    raise SafetensorError(f"{self.file} ends inside a tensor: it is truncated")
+                done += got
+        return out
