@@ -191,3 +191,35 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         page.kill()
     assert exported(tmp_path / "tickets.labelled.csv") == expected
     assert (tmp_path / "tickets.head.npz").stat().st_size > 0
+
+
+MANY = tuple(f"topic{i:02d}" for i in range(1, 13))  # 12 labels: keys 1-9, 0, A, B
+
+
+def test_more_than_nine_labels_have_keys_and_a_hint_that_matches(tmp_path, llama_dir):
+    """Labels 10, 11 and 12 are answered with 0, A and B; the buttons and the hint show those keys."""
+    input_path, task, store = tmp_path / "tickets.csv", tmp_path / "topics.toml", tmp_path / "tickets.labels.sqlite"
+    write_input(input_path, n=20)
+    task.write_text("labels = [" + ", ".join(f'"{name}"' for name in MANY) + ']\nuser_template = "Ticket: {text}"\n')
+    page = Page([str(input_path), "--task", str(task), "--store", str(store), "--model", str(llama_dir),
+                 "--port", "0", "--seed", "1"])
+    driver = chromium()
+    try:
+        driver.get(page.url)
+        shown = wait_for_item(driver)
+        keys = driver.execute_script(
+            "return [...document.querySelectorAll('#labels button')].map((b) => b.querySelector('kbd').textContent)")
+        assert keys == [*"123456789", "0", "A", "B"]
+        assert driver.find_element(By.CSS_SELECTOR, "#keys kbd").text == "1–9, 0, A–B"
+        expected = {}
+        for key, label in (("0", MANY[9]), ("a", MANY[10]), ("B", MANY[11]), ("9", MANY[8])):
+            row = shown["row"]
+            shown = press(driver, key)
+            expected[row] = label
+            assert shown["status"] == f"row {row}: {label}", shown["status"]
+        driver.find_element(By.ID, "export").click()
+        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
+    finally:
+        driver.quit()
+        page.kill()
+    assert exported(tmp_path / "tickets.labelled.csv") == expected
