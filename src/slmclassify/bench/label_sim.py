@@ -194,7 +194,8 @@ def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=p
             f"split): checkpoints {', '.join(map(str, dropped))} dropped")
     result = {"items": len(texts), "labels": len(labels), "test_items": int(test.sum()), "checkpoints": list(kept),
               "dropped_checkpoints": list(dropped),
-              "zero_shot": float((zero[test].argmax(1) == gold[test]).mean()), "curves": {}}
+              "zero_shot": float((zero[test].argmax(1) == gold[test]).mean()),
+              "majority": majority(gold, ok & ~test, test), "curves": {}}
     for strategy in STRATEGIES:
         began = time.perf_counter()
         runs = [simulate(zero, X, gold, strategy, seed, test=test) for seed in range(seeds)]
@@ -208,6 +209,29 @@ def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=p
             for k in kept}
         log(f"{name}: {strategy}, {seeds} seeds in {time.perf_counter() - began:.0f} s")
     return result
+
+
+def majority(gold: np.ndarray, pickable: np.ndarray, test: np.ndarray) -> float:
+    """Accuracy on the test split of always answering the pickable items' most frequent label."""
+    most = np.bincount(gold[pickable]).argmax()
+    return float((gold[test] == most).mean())
+
+
+VERDICT_AT = 56
+TARGET_GAIN = 3.0
+"""The strategy target: shipped - random >= +3 points at 56 answers where random picks beat the
+majority class there; elsewhere, never worse than random by more than random's sd."""
+
+
+def verdict(res: dict, at: int = VERDICT_AT) -> str:
+    """'met' / 'missed' / '' (the checkpoint does not fit) for one data set's curves."""
+    shipped, random = res["curves"]["shipped"].get(str(at)), res["curves"]["random"].get(str(at))
+    if shipped is None or random is None:
+        return ""
+    gain = 100 * (shipped["mean"] - random["mean"])
+    if random["mean"] > res["majority"]:
+        return ("met" if gain >= TARGET_GAIN else "missed") + f" (random beats majority: needs >= +{TARGET_GAIN:g})"
+    return ("met" if gain >= -100 * random["std"] else "missed") + f" (needs >= -{100 * random['std']:.1f}, random's sd)"
 
 
 def _mean(values) -> float | None:
@@ -281,16 +305,26 @@ def main() -> None:
         timing["first_item"] = first_item(*first)
 
     print(f"\nhead accuracy on each data set's fixed {TEST_SHARE:.0%} test split (mean ± sd over {args.seeds} seeds)")
-    print(f"{'data':<22} {'strategy':<9} {'zero-shot':>9} " + " ".join(f"{k:>13}" for k in CHECKPOINTS))
+    print(f"{'data':<32} {'strategy':<9} {'zero-shot':>9} " + " ".join(f"{k:>13}" for k in CHECKPOINTS))
     for name, res in results.items():
         for strategy in STRATEGIES:
             curve = res["curves"][strategy]
             cells = " ".join(f"{curve[str(k)]['mean']:.3f} ± {curve[str(k)]['std']:.3f}" if str(k) in curve
                              else f"{'-':>13}" for k in CHECKPOINTS)
-            print(f"{name:<22} {strategy:<9} {res['zero_shot']:>9.3f} {cells}")
+            print(f"{name:<32} {strategy:<9} {res['zero_shot']:>9.3f} {cells}")
         gains = " ".join(f"{100 * (res['curves']['shipped'][str(k)]['mean'] - res['curves']['random'][str(k)]['mean']):+13.1f}"
                          if str(k) in res["curves"]["shipped"] else f"{'-':>13}" for k in CHECKPOINTS)
-        print(f"{name:<22} {'shipped - random (points)':<19} {gains}")
+        print(f"{name:<32} {'shipped - random (points)':<19} {gains}")
+    print(f"\nstrategy target at {VERDICT_AT} answers (points; random and majority on the fixed test split)")
+    print(f"{'data':<32} {'labels':>6} {'items':>6} {'majority':>8} {'zero-shot':>9} {'random':>13} "
+          f"{'+28':>6} {'+56':>6} {'+100':>6}  verdict")
+    for name, res in results.items():
+        random = res["curves"]["random"].get(str(VERDICT_AT))
+        gains = " ".join(f"{100 * (res['curves']['shipped'][str(k)]['mean'] - res['curves']['random'][str(k)]['mean']):+6.1f}"
+                         if str(k) in res["curves"]["shipped"] else f"{'-':>6}" for k in (28, 56, 100))
+        cell = f"{random['mean']:.3f} ± {random['std']:.3f}" if random else f"{'-':>13}"
+        print(f"{name:<32} {res['labels']:>6} {res['items']:>6} {res['majority']:>8.3f} {res['zero_shot']:>9.3f} "
+              f"{cell:>13} {gains}  {verdict(res)}")
     t = timing["answer_to_next"]
     print(f"\nanswer → next item, pool of {t['pool']:,} x {t['width']}: p50 {t['p50_ms']:.1f} ms, p95 {t['p95_ms']:.1f} ms "
           f"(cold {t['p95_cold_ms']:.1f}, warm {t['p95_warm_ms']:.1f}); clusters prepared once in "
