@@ -119,15 +119,20 @@ def test_loading_and_arranging_peak_near_one_copy(tmp_path, tiny_tokenizer, llam
     the loader's threads."""
     big = tiny_model("llama", len(tiny_tokenizer), hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                      num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)
-    weights = sum(p.numel() for p in big.parameters()) * 4
-    big.save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
-    del big
-    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(tmp_path), str(llama_dir)],
+    growth, weights = _peak_growth(_PEAK_SCRIPT, big, tmp_path, tiny_tokenizer, llama_dir)
+    assert growth <= 1.5 * weights, f"peak grew {growth / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights"
+
+
+def _peak_growth(script: str, model, folder: Path, tokenizer, warm_up: Path) -> tuple[int, int]:
+    """(peak RSS growth, float32 weight bytes, tied matrices once) of `script` run on `model` saved
+    in `folder`, in a fresh process that first loads the `warm_up` model (imports and code paths)."""
+    weights = sum(p.numel() for p in model.parameters()) * 4
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = subprocess.run([sys.executable, "-c", script, str(folder), str(warm_up)],
                          capture_output=True, text=True, check=True)
     rss = json.loads(out.stdout.strip().splitlines()[-1])
-    growth = rss["peak"] - rss["before"]
-    assert growth <= 1.5 * weights, f"peak grew {growth / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights"
+    return rss["peak"] - rss["before"], weights
 
 
 _READ_PEAK_SCRIPT = textwrap.dedent("""
@@ -155,14 +160,7 @@ def test_the_largest_tensor_is_read_once(tmp_path, tiny_tokenizer, llama_dir):
     (1.76x here); read straight into its tensor (`weights._FileTensor`): 1.00x measured."""
     big = tiny_model("llama", 65536, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                      num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True)
-    weights = sum(p.numel() for p in big.parameters()) * 4  # the tied matrix once
-    big.save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
-    del big
-    out = subprocess.run([sys.executable, "-c", _READ_PEAK_SCRIPT, str(tmp_path), str(llama_dir)],
-                         capture_output=True, text=True, check=True)
-    rss = json.loads(out.stdout.strip().splitlines()[-1])
-    growth = rss["peak"] - rss["before"]
+    growth, weights = _peak_growth(_READ_PEAK_SCRIPT, big, tmp_path, tiny_tokenizer, llama_dir)
     assert growth <= 1.2 * weights, f"peak grew {growth / 2**20:.0f} MiB for {weights / 2**20:.0f} MiB of weights"
 
 
