@@ -65,12 +65,14 @@ def test_bench_report_schema(llama_loaded):
     assert set(data["machine"]) >= {"cpu", "threads", "torch", "transformers", "date"}
     assert data["matmul_gflops"] > 0
     names = [r["name"] for r in data["rows"]]
-    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 7 + len(low) + len(peers)
-    # (g): ours in the other precisions this CPU runs natively, after the float32 rows; then (i)
+    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 8 + len(low) + len(peers)
+    # (g): ours in the other precisions this CPU runs natively, after the float32 rows; (m) the labels
+    # as a multi-label task; then (i)
     assert names[7 : 7 + len(low)] == [f"g ours {p}" for p in low]
-    assert [n.removesuffix(" per item").removesuffix(" batched") for n in names[7 + len(low):]] == \
+    assert names[7 + len(low)] == "m ours multi-label (3)"
+    assert [n.removesuffix(" per item").removesuffix(" batched") for n in names[8 + len(low):]] == \
            [f"i ctranslate2 {p}" for p in peers]  # each precision's faster mode
-    assert all(n.endswith((" per item", " batched")) for n in names[7 + len(low):])
+    assert all(n.endswith((" per item", " batched")) for n in names[8 + len(low):])
     assert data["engine"].startswith("cpu fp32 (")
     for row in data["rows"]:
         assert set(row) >= {"name", "seconds", "items_per_s", "tokens_per_s", "padding", "speedup",
@@ -84,7 +86,7 @@ def test_bench_report_schema(llama_loaded):
     # (g) and (i) timed interleaved with (d): the speed-up over (a) is (row over d) x (d over a),
     # its seconds d's over (row over d), so that no row timed at another moment enters the ratio.
     for row in data["rows"][7:]:
-        assert row["vs_d"] > 0 and row["padding"] == (ours["padding"] if row["name"][0] == "g" else None)
+        assert row["vs_d"] > 0 and row["padding"] == (ours["padding"] if row["name"][0] in "gm" else None)
         assert row["seconds"] == pytest.approx(ours["seconds"] / row["vs_d"])
         assert row["speedup"] == pytest.approx(row["vs_d"] * ours["speedup"])
     assert all(row["vs_d"] is None for row in data["rows"][:7])
@@ -143,7 +145,7 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
     assert "speedup" in result.stdout and "a article per-item loop" in result.stdout
     last = json.loads(lines[-1])
     assert last == json.loads(out.read_text())
-    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * 7
+    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * 8  # with (m)
     assert [r["agree"] for r in last["rows"] if r["name"].startswith("i ctranslate2 fp32")] == [6] * CT2
     assert "engine: cpu fp32 (" in result.stdout
 
@@ -200,7 +202,7 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
     with_f = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).stdout.splitlines()[-1])
     names = [r["name"][0] for r in with_f["rows"]]
     peers = 2 if CT2 else 0
-    assert names == list("abcdeee") + ["g"] * (len(names) - 8 - peers) + ["i"] * peers + ["f"]
+    assert names == list("abcdeee") + ["g"] * (len(names) - 9 - peers) + ["m"] + ["i"] * peers + ["f"]
     assert calls == [str(tmp_path / "model.gguf")]
 
     without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])

@@ -23,7 +23,7 @@ from slmclassify.core.settings_sources import write_task_settings
         (dict(labels=("a", "a")), "listed twice"),
         (dict(labels=("a", " ")), "empty"),
         (dict(labels=("a", "b "),), "whitespace"),
-        (dict(labels=("a", "b"), user_template="no placeholder"), "^user_template must contain '{text}'"),
+        (dict(labels=("a", "b"), user_template="no placeholder"), "^user_template must name the item once"),
         (dict(labels=("a", "b"), min_confidence=1.5), "^min_confidence must be between 0 and 1"),
         (dict(labels=("a", "b"), mode="best"), "^mode must be one of"),
         (dict(labels=("a", "b"), examples=(Example("x", "c"),)), "not in the label set"),
@@ -157,8 +157,9 @@ def test_library_errors_name_fields_and_the_cli_names_flags():
         EngineSettings(max_text_tokens=0)
     assert raised.value.naming(flag_of) == "--max-tokens must be positive, got 0"
     with pytest.raises(FieldError) as raised:  # a value with braces is shown as given, not formatted
-        Task(labels=("a", "b"), user_template="{field} {0}")
-    assert str(raised.value) == "user_template must contain '{text}' exactly once, got '{field} {0}'"
+        Task(labels=("a", "b"), user_template="{text} {text} {0}")
+    assert str(raised.value) == ("user_template must name the item once: '{text}' exactly once, or each field once "
+                                 "(e.g. 'Subject: {subject}\\n\\n{body}'), got '{text} {text} {0}'")
     import pickle
 
     back = pickle.loads(pickle.dumps(raised.value))  # as Ray sends it: the message, a TaskError

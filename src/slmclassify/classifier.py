@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from .core.calibration import CONTENT_FREE, adjust, prior_from_scores
 from .core.encode import EncodedItems, valid_unicode
+from .core import multilabel
 from .core.labels import LabelTrie
 from .core.reference import reference_scores
 from .core.results import Result, RunStats, make_results
@@ -63,10 +64,23 @@ UniqueRun = Callable[[EncodedItems, list[int], list[bytes]], Scored]
 all here (the Ray actors take items other actors ran from a shared board, `ray/sharing.py`)."""
 
 
-def _clean(text, index: int) -> str:
-    """An item text as the engine takes it: None → "" (status empty); anything else must be a str."""
+def item_text(text, index: int, task: Task | None = None) -> str:
+    """An item text as the engine takes it: None → "" (status empty); anything else must be a str,
+    or for a task whose template names fields (`Task.fields`) a mapping of them, composed here."""
     if text is None:
         return ""
+    if task is not None and task.multi_field:
+        if not isinstance(text, Mapping):
+            raise InputError(f"texts[{index}] is a {type(text).__name__}; this task's template names the fields "
+                             f"{', '.join(task.fields)}: pass a dict of them for each item")
+        missing = [name for name in task.fields if name not in text]
+        if missing:
+            raise InputError(f"texts[{index}] has no field {missing[0]!r}; the template names "
+                             f"{', '.join(task.fields)}")
+        bad = next((name for name in task.fields if text[name] is not None and not isinstance(text[name], str)), None)
+        if bad is not None:
+            raise InputError(f"texts[{index}], field {bad!r} is a {type(text[bad]).__name__}, not a str")
+        text = task.compose(text)
     if not isinstance(text, str):
         raise InputError(f"texts[{index}] is a {type(text).__name__}, not a str (None counts as empty)")
     if not valid_unicode(text):
@@ -154,15 +168,23 @@ class Classifier:
         encoded = self.scorer.encode(list(CONTENT_FREE), score_empty=True)
         exact = self.engine.exact()
         prefix = self.prefix if exact is self.engine else self.scorer.prefill(exact)
-        return prior_from_scores(self.scorer.score(encoded, exact, prefix).scores)
+        scores = self.scorer.score(encoded, exact, prefix).scores
+        return multilabel.prior_log_odds(scores) if self.task.multi_label else prior_from_scores(scores)
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
-        """Scores with the task's calibration applied (prior removed, temperature)."""
+        """Scores with the task's calibration applied (prior removed, temperature): [n, L] label
+        scores, or a multi-label task's [n, L] log-odds of yes from its [n, 2L] branch scores."""
+        if self.task.multi_label:
+            return multilabel.adjust(scores, self.bias, self.task.temperature)
         return adjust(scores, self.bias, self.task.temperature)
 
     def results(self, scores: np.ndarray, status: list[str]) -> list[Result]:
-        """[n, L] raw scores (NaN rows for empty items) → one Result per item, in order."""
-        return make_results(self.task.labels, scores, self.calibrated(scores), list(status), self.task.min_confidence)
+        """[n, L] raw scores ([n, 2L] multi-label; NaN rows for empty items) → one Result per item, in order."""
+        task = self.task
+        if task.multi_label:
+            return multilabel.make_results(task.labels, scores, self.calibrated(scores), list(status),
+                                           task.label_thresholds, task.min_confidence, task.label_separator)
+        return make_results(task.labels, scores, self.calibrated(scores), list(status), task.min_confidence)
 
     def encode(self, texts: Iterable[str]) -> EncodedItems:
         """Render and tokenize texts (no model work)."""
@@ -191,7 +213,7 @@ class Classifier:
                              f"{type(texts).__name__}; pass a list: classify([text])")
         iterator, start = iter(texts), 0
         while chunk := list(itertools.islice(iterator, self.settings.window)):
-            yield self.score_window([_clean(t, start + k) for k, t in enumerate(chunk)], start, progress)
+            yield self.score_window([item_text(t, start + k, self.task) for k, t in enumerate(chunk)], start, progress)
             start += len(chunk)
 
     def score_window(self, texts: list[str], start: int = 0, progress: Callable[[int], None] | None = None,
@@ -217,7 +239,7 @@ class Classifier:
             unique, source, keys = (encoded.distinct() if dedupe
                                     else ([int(i) for i in scored], np.arange(len(scored)), []))
             part = run(encoded, unique, keys) if run is not None else self.score(encoded.subset(unique), progress, taps)
-        scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
+        scores = np.full((len(encoded), len(self.trie.labels)), np.nan, dtype=np.float64)
         scores[scored] = part.scores[source]  # [u, L] → [n, L]
         states = None
         if part.states is not None:
@@ -256,7 +278,7 @@ class Classifier:
             reference_scores(self.loaded.model, full[i], self.trie).double().cpu().numpy()
             for i in indices
         ]
-        return np.stack(rows) if rows else np.zeros((0, len(self.task.labels)))
+        return np.stack(rows) if rows else np.zeros((0, len(self.trie.labels)))
 
     def __repr__(self) -> str:
         return f"Classifier(model={self.loaded.name!r}, labels={list(self.task.labels)}, mode={self.mode!r})"

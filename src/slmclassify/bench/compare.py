@@ -46,7 +46,7 @@ from ..models.engines import with_backend
 from ..models.loading import LoadedModel
 from ..timing import Side, Stopwatch, interleave, json_line
 from .article import article_batched, article_loop, first_ids
-from .on_batches import against_base
+from .on_batches import against_base, against_base_encoded
 
 SCHEMA_VERSION = 1
 
@@ -287,6 +287,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     clf, d = _article_and_ours(inputs, rows, report)
     _ablations(inputs, rows, report)
     _other_precisions_rows(inputs, rows, report, clf, d)
+    _multilabel_row(inputs, report, clf, d)
     _ctranslate2_rows(inputs, rows, report, clf, d, log, with_ctranslate2)
     if inputs.device.type == "cuda":
         _plain_transformers_rows(inputs, rows)
@@ -395,6 +396,31 @@ def _other_precisions_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, cl
         rows.add(f"g ours {precision}", f"as d, {other.backend.describe()}; {ratios['g']:.2f}x d, timed interleaved "
                  "with d", seconds, scores["g"], padding=d.padding, roofline=report.roofline_of(seconds),  # d's batches
                  vs_d=ratios["g"])
+
+
+def _multilabel_row(inputs: _Inputs, report: BenchReport, clf: Classifier, d: BenchRow) -> None:
+    """Row (m): the task's labels as a multi-label task (each label's yes and no branches in the same
+    pass, `core/multilabel.py`), timed against (d) batch by batch on d's batches; its agreement and
+    max |Δ| are against its own per-label reference path on every item (the label sets chosen)."""
+    from ..core import multilabel
+
+    task = inputs.task.with_overrides(multi_label=True, mode="auto")
+    multi = Classifier(task, model=inputs.loaded, settings=inputs.settings)
+    items = multi.encode(inputs.texts)
+    ratio, scores = against_base_encoded(clf, inputs.encoded, multi, items, "m", inputs.device)
+    scored = items.scored
+    reference = np.full_like(scores, np.nan)
+    reference[scored] = multi.reference(items, scored)
+    chosen = lambda s: multilabel.probabilities(multi.calibrated(s[scored])) >= np.array(task.label_thresholds)
+    seconds = d.seconds / ratio
+    row = BenchRow(f"m ours multi-label ({len(task.labels)})",
+                   f"each label's yes/no branch in d's pass; {1 / ratio:.2f}x d's cost, timed interleaved with d; "
+                   "agree and max|Δ| against its own per-label reference", seconds, d.items, d.prompt_tokens,
+                   padding=d.padding, vs_d=ratio)
+    row.speedup = report.rows[0].seconds / seconds
+    row.agree = int((chosen(scores) == chosen(reference)).all(axis=1).sum()) + (d.items - len(scored))
+    row.max_abs_diff = float(np.nanmax(np.abs(scores - reference))) if len(scored) else 0.0
+    report.rows.append(row)
 
 
 def _ctranslate2_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow, log,

@@ -35,3 +35,18 @@ def against_base(base: Classifier, others: dict[str, Callable], encoded, device:
         for rows, batch_scores in zip(batches, timings.last(name)):
             scores[name][rows] = batch_scores
     return {name: timings.speedup(BASE, name) for name in others}, scores
+
+
+def against_base_encoded(base: Classifier, base_items, other: Classifier, other_items, name: str,
+                         device: torch.device) -> tuple[float, np.ndarray]:
+    """(items/s of `other` over `base`, its [n, L'] scores): as `against_base`, for a scorer whose
+    items are encoded for another prompt (another task's prefix: `other_items`, the same texts in the
+    same order); each batch of `base.plan` is scored by both, in turns."""
+    batches = [rows for _, rows in base.plan(base_items)]
+    sides = [Side(name, lambda rows: other.score(other_items.subset(rows)).scores),
+             Side(BASE, lambda rows: base.score(base_items.subset(rows)).scores)]
+    timings = interleave(sides, units=batches, rounds=1, sync=sync_of(device))
+    scores = np.full((len(other_items), len(other.trie.labels)), np.nan)
+    for rows, batch_scores in zip(batches, timings.last(name)):
+        scores[rows] = batch_scores
+    return timings.speedup(BASE, name), scores

@@ -320,7 +320,10 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
 @click.option("--compare-modes", is_flag=True, help="Also report every scoring mode, with and without calibration.")
 @click.option("--fit-temperature", is_flag=True, help="Fit temperature scaling on these items.")
 @click.option("--target-accuracy", type=float, help="Print the confidence threshold that reaches this accuracy.")
-@click.option("--write-task", is_flag=True, help="Write min_confidence (and temperature) into the --task file.")
+@click.option("--target-precision", type=float, help="Multi-label: pick each label's threshold as the lowest whose "
+                                                     "precision reaches this (default: F1-optimal).")
+@click.option("--write-task", is_flag=True, help="Write min_confidence (and temperature; multi-label: the thresholds) "
+                                                 "into the --task file.")
 @click.option("--fewshot-cost", type=int, default=0, help="Also time 0 vs N examples per label in the prefix.")
 @click.option("--plots", "plots_dir", help="Folder for confusion.png, reliability.png and coverage.png.")
 @click.option("--json", "json_path", help="Write the summary as JSON.")
@@ -329,7 +332,8 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
 @head_options
 @task_options
 def evaluate(input_path, text_column, gold_column, old_gold_column, compare_modes, fit_temperature, target_accuracy,
-             write_task, fewshot_cost, plots_dir, json_path, n_items, old_n_items, head_path, scorer, opts: ModelOptions):
+             target_precision, write_task, fewshot_cost, plots_dir, json_path, n_items, old_n_items, head_path, scorer,
+             opts: ModelOptions):
     """Score a labelled file (CSV/JSONL/Parquet, or a BIG-bench task JSON) and report accuracy,
     macro-F1, calibration and the review threshold."""
     from ..jobs.evaluate import evaluate_file, task_for_file
@@ -355,6 +359,23 @@ def evaluate(input_path, text_column, gold_column, old_gold_column, compare_mode
     task = head_task if choice.head is not None else task_for_file(
         input_path, text_column, label_column, task_file=opts.task_file, labels=opts.label_names(), limit=limit,
         **opts.overrides())
+    if target_precision is not None and not (task.multi_label and 0 < target_precision <= 1):
+        raise TaskError("--target-precision picks a multi-label task's thresholds: it needs --multi-label (or "
+                        f"multi_label = true) and a value in (0, 1], got {target_precision}")
+    if task.multi_label:
+        from ..jobs.evaluate import evaluate_multilabel_file
+
+        given = [flag for flag, value in (("--compare-modes", compare_modes), ("--fit-temperature", fit_temperature),
+                                          ("--target-accuracy", target_accuracy), ("--fewshot-cost", fewshot_cost),
+                                          ("--plots", plots_dir), ("--head", choice.head)) if value]
+        if given:
+            raise TaskError(f"{given[0]} is for single-label tasks; a multi-label evaluation reports F1, subset "
+                            "accuracy and Hamming loss, and picks thresholds (--target-precision)")
+        summaries.print_multilabel_evaluate(evaluate_multilabel_file(
+            input_path, task, opts.settings(), text_column=text_column, label_column=label_column, model=opts.model,
+            target_precision=target_precision, task_file=opts.task_file if write_task else None, json_path=json_path,
+            limit=limit))
+        return
     summary = evaluate_file(
         input_path, task, opts.settings(), text_column=text_column, label_column=label_column, model=opts.model,
         compare_modes=compare_modes, fit_temperature=fit_temperature, target_accuracy=target_accuracy,

@@ -48,6 +48,7 @@ class ModelOptions:
     mode: str | None = None
     min_confidence: float | None = None
     calibrate: bool | None = None
+    multi_label: bool | None = None
     model: str | None = None
     token_budget: int | None = None
     max_rows: int | None = None
@@ -67,7 +68,8 @@ class ModelOptions:
     def overrides(self) -> dict:
         """The task fields given as flags (unescaped), for `build_task` and `Task.with_overrides`."""
         return dict(instruction=self.instruction, system=self.system, user_template=unescape(self.user_template),
-                    mode=self.mode, min_confidence=self.min_confidence, calibrate=self.calibrate)
+                    mode=self.mode, min_confidence=self.min_confidence, calibrate=self.calibrate,
+                    multi_label=self.multi_label)
 
     def task(self) -> Task:
         """The task from the flags and/or the task file; flags win."""
@@ -118,6 +120,9 @@ def task_options(fn):
         click.option("--min-confidence", type=float, help="Below this, needs_review = true (default 0.5)."),
         click.option("--calibrate/--no-calibrate", default=None,
                      help="Remove label priors measured on content-free inputs (contextual calibration)."),
+        click.option("--multi-label", is_flag=True, default=None,
+                     help="Several labels per item: each label's P(yes), the labels at or above their thresholds "
+                          "in a `labels` column (task file: multi_label = true)."),
         model_option(),
         token_budget_option(),
         max_rows_option(),

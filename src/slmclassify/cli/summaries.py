@@ -65,8 +65,9 @@ def _print_gold(tally, labels) -> None:
              "they count as wrong below")
     counts = dict(sorted(tally.predicted.items(), key=lambda kv: -kv[1]))
     majority = max(tally.gold.values()) / tally.scored
-    _err(f"accuracy vs gold: {tally.correct}/{tally.scored} = {tally.correct / tally.scored:.3f} "
-         f"(majority class {majority:.3f}); predicted: {counts}")
+    what, common = ("exact label sets (subset accuracy)", "most common set") if tally.separator else ("accuracy", "majority class")
+    _err(f"{what} vs gold: {tally.correct}/{tally.scored} = {tally.correct / tally.scored:.3f} "
+         f"({common} {majority:.3f}); predicted: {counts}")
     if tally.confident:
         _err(f"  auto-labelled (not needs_review): {tally.confident}/{tally.scored}, "
              f"accuracy {tally.confident_correct / tally.confident:.3f}")
@@ -127,6 +128,33 @@ def _actor_phases(phases: dict) -> str:
     from ..jobs.ray_classify import phase_words
 
     return f"at {phase_words(phases)} s"
+
+
+def print_multilabel_evaluate(summary) -> None:
+    """`evaluate`'s report of a multi-label task (`jobs.evaluate.MultiLabelSummary`), on stdout."""
+    task = summary.task
+    _out(f"model: {summary.model}; {summary.items} items; multi-label, labels {list(task.labels)}")
+    _out(f"instruction: {task.instruction!r}; calibrate: {task.calibrate}")
+    _out("branch tokens (after the chat template):")
+    for line in summary.label_token_lines:
+        _out(line)
+    rows = (("at the task's thresholds", summary.at_task),
+            ("at thresholds picked on the other half (cross-fitted)", summary.cross_fitted))
+    for title, m in rows:
+        _out(f"\n{title}: micro-F1 {m['micro_f1']:.3f}   macro-F1 {m['macro_f1']:.3f}   "
+             f"subset accuracy {m['subset_accuracy']:.3f}   Hamming loss {m['hamming_loss']:.3f}   ({m['items']} items)")
+        width = max(len(label) for label in task.labels)
+        _out(f"  {'label':<{width}}  precision  recall     f1  support")
+        for label, e in m["per_label"].items():
+            _out(f"  {label:<{width}}  {e['precision']:9.3f}  {e['recall']:6.3f}  {e['f1']:5.3f}  {e['support']:7d}")
+    goal = (f"lowest reaching precision {summary.target_precision:g}" if summary.target_precision is not None
+            else "F1-optimal")
+    picked = ", ".join(f"{label} {'none' if t is None else f'{t:.3f}'}" for label, t in zip(task.labels, summary.picked))
+    _out(f"\nthresholds picked on all {summary.items} items ({goal}): {picked}")
+    if summary.task_values:
+        _out(f"wrote thresholds = {summary.task_values['thresholds']} into {summary.task_file}")
+    if summary.json_path:
+        _out(f"wrote {summary.json_path}")
 
 
 def print_evaluate(summary) -> None:

@@ -175,8 +175,9 @@ def _first_token_clash(labels, firsts) -> list[str]:
     return [label for label, first in zip(labels, firsts) if firsts.count(first) > 1]
 
 
-def describe_labels(tokenizer, labels: tuple[str, ...], sequences: list[tuple[int, ...]]) -> list[str]:
-    """One line per label showing its tokens, plus warnings about first tokens that mislead."""
+def describe_labels(tokenizer, labels: tuple[str, ...], sequences: list[tuple[int, ...]], warn: bool = True) -> list[str]:
+    """One line per label showing its tokens, plus (`warn`) warnings about first tokens that mislead
+    (not for a multi-label task's branches, which are scored in full and compared in pairs)."""
     lines, warnings = [], []
     firsts = [seq[0] for seq in sequences]
     for label, seq in zip(labels, sequences):
@@ -189,4 +190,4 @@ def describe_labels(tokenizer, labels: tuple[str, ...], sequences: list[tuple[in
     clash = _first_token_clash(labels, firsts)
     if clash:
         warnings.append(f"  warning: labels {clash} share their first token; only full-sequence modes can tell them apart")
-    return lines + warnings
+    return lines + (warnings if warn else [])

@@ -146,8 +146,9 @@ def gold_indices(data: Labelled, labels: tuple[str, ...]) -> tuple[np.ndarray, n
     return gold, accepted
 
 
-def read_labelled(path: str, text_column: str, label_column: str) -> Labelled:
-    """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table."""
+def read_labelled(path: str, text_column: str, label_column: str, task=None) -> Labelled:
+    """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table (a `task`
+    whose template names fields: each row's item composed from those columns, `Task.compose`)."""
     from ..io import read_table, texts_of
 
     if path.endswith(".json"):
@@ -172,12 +173,17 @@ def read_labelled(path: str, text_column: str, label_column: str) -> Labelled:
         instruction = prefix.strip() if isinstance(prefix, str) and prefix.strip() else None
         labels = tuple(str(k) for k in examples[0]["target_scores"]) if examples else None
         return Labelled(texts, gold, labels, instruction)
-    frame = read_table(path, text_column)
+    fields = task.fields if task is not None and task.multi_field else ()
+    frame = read_table(path, text_column, fields=fields)
     if label_column not in frame.columns:
         raise InputError("{path}: no label column {column!r} (use {field}); columns are: {columns}",
                          names={"field": "label_column"}, path=path, column=label_column,
                          columns=", ".join(map(str, frame.columns)))
-    return Labelled(texts_of(frame, text_column), [(str(v),) for v in frame[label_column]])
+    gold = [("" if v is None or v != v else str(v),) for v in frame[label_column]]  # an empty cell: no label
+    if fields:
+        columns = {f: texts_of(frame, f) for f in fields}
+        return Labelled([task.compose({f: columns[f][k] for f in fields}) for k in range(len(frame))], gold)
+    return Labelled(texts_of(frame, text_column), gold)
 
 
 def format_report(ev: Evaluation) -> str:

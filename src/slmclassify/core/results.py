@@ -24,7 +24,10 @@ class Result:
     status: str
     """ok, empty or truncated."""
     scores: dict[str, float] = field(default_factory=dict)
-    """Raw label log-probability scores of the scoring mode."""
+    """Raw label log-probability scores of the scoring mode (multi-label: of each `name: yes|no` branch)."""
+    labels: tuple[str, ...] = ()
+    """The predicted labels: (label,), or in a multi-label task those at or above their thresholds
+    (then `label` is them joined by the task's separator, `probabilities` each label's P(yes))."""
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
@@ -56,6 +59,7 @@ def make_results(labels, scores: np.ndarray, calibrated: np.ndarray, status: lis
                 needs_review=conf < min_confidence,
                 status=st,
                 scores={lab: float(s) for lab, s in zip(labels, scores[i])},
+                labels=(labels[best],),
             )
         )
     return results
@@ -101,22 +105,26 @@ class RunStats:
         return 1 - self.real_tokens / self.processed_tokens if self.processed_tokens else 0.0
 
 
-def result_columns(labels, prefix: str = "") -> list[str]:
-    """The columns a classified table gets, in order."""
-    return [prefix + c for c in ("label", "confidence", "needs_review", *(f"p_{lab}" for lab in labels), "status")]
+def result_columns(labels, prefix: str = "", first: str = "label") -> list[str]:
+    """The columns a classified table gets, in order; `first` is `Task.result_column` (label or labels)."""
+    return [prefix + c for c in (first, "confidence", "needs_review", *(f"p_{lab}" for lab in labels), "status")]
 
 
-def result_frame(results: list[Result], labels, prefix: str = "", index=None):
+def result_frame(results: list[Result], labels, prefix: str = "", index=None, first: str = "label",
+                 lists: bool = False):
     """The result columns of `results` as a pandas DataFrame (one row per result, in order).
 
     Types are fixed whatever the rows hold: label and status strings (label None when empty),
-    confidence and p_* float64 (NaN when empty), needs_review bool.
+    confidence and p_* float64 (NaN when empty), needs_review bool. A multi-label `labels` column
+    holds the joined string, or with `lists` (JSONL, Parquet) the list of labels (None when empty).
     """
     import pandas as pd
 
-    names = result_columns(labels, prefix)
+    names = result_columns(labels, prefix, first)
+    chosen = ([None if r.label is None else list(r.labels) for r in results] if lists and first == "labels"
+              else [r.label for r in results])
     data = {
-        names[0]: pd.Series([r.label for r in results], dtype=object, index=index),
+        names[0]: pd.Series(chosen, dtype=object, index=index),
         names[1]: pd.Series([np.nan if r.confidence is None else r.confidence for r in results],
                             dtype=np.float64, index=index),
         names[2]: pd.Series([r.needs_review for r in results], dtype=bool, index=index),
@@ -127,10 +135,11 @@ def result_frame(results: list[Result], labels, prefix: str = "", index=None):
     return pd.DataFrame(data, index=index)
 
 
-def result_arrow_fields(labels, prefix: str = "") -> list:
-    """The Arrow fields of the result columns (Parquet output), matching `result_frame`."""
+def result_arrow_fields(labels, prefix: str = "", first: str = "label", lists: bool = True) -> list:
+    """The Arrow fields of the result columns (Parquet output), matching `result_frame` with `lists`."""
     import pyarrow as pa
 
-    names = result_columns(labels, prefix)
-    types = [pa.string(), pa.float64(), pa.bool_(), *([pa.float64()] * len(labels)), pa.string()]
+    names = result_columns(labels, prefix, first)
+    chosen = pa.list_(pa.string()) if first == "labels" and lists else pa.string()
+    types = [chosen, pa.float64(), pa.bool_(), *([pa.float64()] * len(labels)), pa.string()]
     return [pa.field(n, t) for n, t in zip(names, types)]

@@ -20,6 +20,7 @@ from .batching import Batch, collate, plan_batches
 from .config_check import context_limit
 from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items
 from .labels import LabelTrie, build_trie, end_of_turn_id, label_sequences, resolve_mode
+from .multilabel import branches
 from .prompts import PromptRenderer
 from .results import RunStats
 from .settings import EngineSettings
@@ -31,7 +32,7 @@ class Scored:
     """What one fast-path pass over encoded items gave, in item order."""
 
     scores: np.ndarray
-    """[n, L] float64 raw label scores (NaN rows for empty items)."""
+    """[n, L] float64 raw label scores (NaN rows for empty items); [n, 2L] branch scores of a multi-label task."""
     states: np.ndarray | None
     """[n, len(taps) * hidden] float32 hidden states at each item's last token (NaN rows for empty
     items) when scored with taps; None without."""
@@ -62,9 +63,14 @@ class Scorer:
     def build(cls, task: Task, tokenizer, config, settings: EngineSettings) -> Scorer:
         """The scorer of `task` for a model with this tokenizer and config (`config_check` limits)."""
         renderer = PromptRenderer(tokenizer, task)
-        label_tokens = label_sequences(tokenizer, renderer.tail, task.labels)
-        mode, sequences, mode_reason = resolve_mode(task.labels, label_tokens, task.mode, end_of_turn_id(tokenizer))
-        trie = build_trie(task.labels, sequences, mode)
+        # multi-label: two branches per label, `name: yes` and `name: no`, summed (`multilabel.py`)
+        names = branches(task.labels) if task.multi_label else task.labels
+        requested = "full" if task.multi_label else task.mode
+        label_tokens = label_sequences(tokenizer, renderer.tail, names)
+        mode, sequences, mode_reason = resolve_mode(names, label_tokens, requested, end_of_turn_id(tokenizer))
+        if task.multi_label:
+            mode_reason = "multi-label: each label's yes and no branches, full sequences"
+        trie = build_trie(names, sequences, mode)
         prefix_ids = choose_prefix(tokenizer, renderer.head) if settings.prefix_cache else []
         # The engine is exact up to this length (the model's context, or less: see config_check).
         max_prompt_tokens = context_limit(config) - max(len(s) for s in trie.sequences)
@@ -112,7 +118,7 @@ class Scorer:
         `taps` (layer numbers, see `Engine.score`): the hidden states of those layers from the same
         pass. `progress(n)` is called as each batch of n items finishes."""
         start = time.perf_counter()
-        scores = np.full((len(encoded), len(self.task.labels)), np.nan, dtype=np.float64)
+        scores = np.full((len(encoded), len(self.trie.labels)), np.nan, dtype=np.float64)
         states = np.full((len(encoded), len(taps) * self.hidden_size), np.nan, np.float32) if taps else None
         stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
         for batch in self.batches(encoded):

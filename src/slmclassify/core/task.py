@@ -8,6 +8,7 @@ It comes from CLI flags or a TOML task file (`Task.from_toml`); `build_task` mer
 from __future__ import annotations
 
 import csv
+import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 
 from ..errors import FieldError, TaskError
 
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
+MULTI_LABEL_INSTRUCTION = "You tag short texts with every label that applies to them."
 MODES = ("auto", "first", "full", "full-mean")
 
 
@@ -42,7 +45,8 @@ class Task:
     system: str | None = None
     """Replaces the whole system turn (instruction and label list) when set."""
     user_template: str = "{text}"
-    """Wraps each item in the last user turn; must contain `{text}` once."""
+    """Wraps each item in the last user turn: `{text}` once (the input's text column), or named
+    fields, e.g. `Subject: {subject}\n\n{body}`, each an input column (`fields`, `compose`)."""
     min_confidence: float = 0.5
     """Items whose top probability is below this get `needs_review = true`."""
     mode: str = "auto"
@@ -51,9 +55,17 @@ class Task:
     """Remove each label's prior, estimated from content-free inputs (contextual calibration)."""
     temperature: float = 1.0
     """Divide label scores by this before the softmax (fitted by `evaluate --fit-temperature`)."""
+    multi_label: bool = False
+    """Several labels per item: each label is a yes/no question, all answered in one pass
+    (`multilabel.py`); the result's labels are those whose P(yes) reaches their threshold."""
+    thresholds: tuple[float, ...] = ()
+    """Multi-label: P(yes) at or above which each label is chosen, one per label (empty: 0.5 each;
+    written by `evaluate`)."""
+    label_separator: str = ";"
+    """Multi-label: what joins the chosen labels in the output's `labels` column (and splits a gold column)."""
 
     def __post_init__(self) -> None:
-        for name in ("labels", "descriptions", "examples"):
+        for name in ("labels", "descriptions", "examples", "thresholds"):
             value = getattr(self, name)
             # A string is iterable: Task(labels="abc") would silently become labels a, b, c.
             if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
@@ -67,6 +79,9 @@ class Task:
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "descriptions", tuple(self.descriptions))
         object.__setattr__(self, "examples", tuple(self.examples))
+        object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
+        if self.multi_label and self.instruction == DEFAULT_INSTRUCTION:  # "exactly one category" would mislead
+            object.__setattr__(self, "instruction", MULTI_LABEL_INSTRUCTION)
         if len(labels) < 2:
             raise TaskError(f"a task needs at least two labels, got {len(labels)}: {list(labels)}")
         for label in labels:
@@ -86,8 +101,10 @@ class Task:
         for ex in self.examples:
             if ex.label not in seen:
                 raise TaskError(f"example {ex.text[:40]!r} has label {ex.label!r}, which is not in the label set")
-        if self.user_template.count("{text}") != 1:
-            raise FieldError("user_template", "{field} must contain '{{text}}' exactly once, got {value!r}",
+        names = _PLACEHOLDER.findall(self.user_template)
+        if not names or any(names.count(n) > 1 for n in names):
+            raise FieldError("user_template", "{field} must name the item once: '{{text}}' exactly once, or each "
+                             "field once (e.g. 'Subject: {{subject}}\\n\\n{{body}}'), got {value!r}",
                              value=self.user_template)
         if not 0.0 <= self.min_confidence <= 1.0:
             raise FieldError("min_confidence", "{field} must be between 0 and 1, got {value}",
@@ -97,18 +114,76 @@ class Task:
         if self.mode not in MODES:
             raise FieldError("mode", "{field} must be one of {choices}, got {value!r}",
                              choices=', '.join(MODES), value=self.mode)
+        if self.thresholds and not self.multi_label:
+            raise TaskError("thresholds are per-label thresholds of a multi-label task; set multi_label = true "
+                            "or use min_confidence")
+        if self.thresholds and len(self.thresholds) != len(labels):
+            raise TaskError(f"{len(self.thresholds)} thresholds for {len(labels)} labels; give one per label")
+        for t in self.thresholds:
+            if not 0.0 < t < 1.0:
+                raise TaskError(f"a label's threshold must be between 0 and 1 (exclusive), got {t}")
+        if self.multi_label:
+            if self.mode in ("first", "full-mean"):
+                raise FieldError("mode", "a multi-label task scores each label's yes and no after its name, "
+                                 "which needs {field} full or auto, got {value!r}", value=self.mode)
+            if self.examples:
+                raise TaskError("examples are not supported in multi-label tasks yet (an example's answer would be "
+                                "one label's yes or no); remove them or set multi_label = false")
+            if not self.label_separator or self.label_separator.isspace() or any(
+                    self.label_separator in label for label in labels):
+                raise FieldError("label_separator", "{field} {value!r} must be non-blank and appear in no label "
+                                 "name", value=self.label_separator)
+
+    @property
+    def label_thresholds(self) -> tuple[float, ...]:
+        """Multi-label: each label's threshold (0.5 where none is set)."""
+        return self.thresholds or (0.5,) * len(self.labels)
+
+    @property
+    def result_column(self) -> str:
+        """The output column of the predicted label(s): `labels` for a multi-label task, else `label`."""
+        return "labels" if self.multi_label else "label"
 
     def system_turn(self) -> str:
         """The system message: the override, or the instruction plus the label list."""
         if self.system is not None:
             return self.system
+        if self.multi_label:
+            lines = [f"- {label}: {desc}" if desc else f"- {label}" for label, desc in
+                     zip(self.labels, self.descriptions or ("",) * len(self.labels))]
+            return (f"{self.instruction}\nSeveral labels, or none, may apply. Asked about one label, answer with "
+                    "its name, a colon and yes if it applies or no if it does not (e.g. "
+                    f"\"{self.labels[0]}: yes\"). The labels:\n" + "\n".join(lines))
         if any(self.descriptions):
             lines = [f"- {label}: {desc}" if desc else f"- {label}" for label, desc in zip(self.labels, self.descriptions)]
             return f"{self.instruction}\nAnswer with exactly one of these labels:\n" + "\n".join(lines)
         return f"{self.instruction}\nAnswer with exactly one of: {', '.join(self.labels)}."
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The input columns the template names: ('text',) for the classic `{text}` (the input's text
+        column, whatever its name), else each `{name}` in order (columns of that name)."""
+        return tuple(_PLACEHOLDER.findall(self.user_template))
+
+    @property
+    def multi_field(self) -> bool:
+        """Whether items are records of several (or other) named fields rather than one text."""
+        return self.fields != ("text",)
+
+    def compose(self, record) -> str:
+        """A multi-field item's user turn from its fields ({name: text}); "" (an empty item) when
+        every field is empty. A missing field is a KeyError naming it."""
+        values = {name: record[name] for name in self.fields}
+        values = {name: "" if v is None else v for name, v in values.items()}
+        if not any(str(v).strip() for v in values.values()):
+            return ""
+        # one pass over the template: a field's text holding "{body}" is not substituted again
+        return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), self.user_template)
+
     def user_turn(self, text: str) -> str:
-        """The user message for one item."""
+        """The user message for one item (a multi-field item is composed already: `compose`)."""
+        if self.multi_field:
+            return text
         # str.replace rather than str.format: item texts may contain braces.
         return self.user_template.replace("{text}", text)
 
@@ -149,6 +224,9 @@ class Task:
             _check_keys(ex, ("text", "label"), source, "example ")
             examples.append(Example(str(ex["text"]), str(ex["label"])))
         kwargs = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)} - {"descriptions"}}
+        for t in data.get("thresholds", []):
+            if isinstance(t, bool) or not isinstance(t, (int, float)):
+                raise TaskError(f"{source}: 'thresholds' must be a list of numbers, got {data['thresholds']!r}")
         kwargs.update(
             labels=tuple(labels),
             descriptions=tuple(descriptions) if any(descriptions) else (),
@@ -158,12 +236,15 @@ class Task:
 
 
 _TOP_LEVEL = ("labels", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
-              "calibrate", "temperature", "token_budget", "max_rows", "device", "precision", "head")
+              "calibrate", "temperature", "multi_label", "thresholds", "label_separator", "token_budget", "max_rows",
+              "device", "precision", "head")
 _TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str, "calibrate": bool,
+          "multi_label": bool, "thresholds": list, "label_separator": str,
           "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int,
           "device": str, "precision": str,
           "head": str}  # head: a head file for classify/evaluate (`head/apply.py`), not part of the Task
-_KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false"}
+_KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false",
+               list: "a list of numbers"}
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -208,14 +289,14 @@ def parse_labels(spec: str) -> tuple[str, ...]:
 def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | None = None, *,
                instruction: str | None = None, system: str | None = None, user_template: str | None = None,
                mode: str | None = None, min_confidence: float | None = None, calibrate: bool | None = None,
-               default_instruction: str | None = None) -> Task:
+               multi_label: bool | None = None, default_instruction: str | None = None) -> Task:
     """The task from a task file and/or explicit values; given values (not None) win.
 
     `labels` replaces the file's labels (and drops its descriptions). `default_instruction` is
     used when neither the file nor `instruction` gives one (e.g. a BIG-bench task's own question).
     """
     overrides = dict(instruction=instruction, system=system, mode=mode, min_confidence=min_confidence,
-                     user_template=user_template, calibrate=calibrate)
+                     user_template=user_template, calibrate=calibrate, multi_label=multi_label)
     if labels is not None:
         labels = tuple(labels)
     if task_file:
@@ -224,7 +305,7 @@ def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | No
         if instruction is None and "instruction" not in data and default_instruction:
             overrides["instruction"] = default_instruction
         if labels:
-            overrides.update(labels=labels, descriptions=())
+            overrides.update(labels=labels, descriptions=(), thresholds=())
         return task.with_overrides(**overrides)
     if not labels:
         raise TaskError("give the labels with {labels} a,b,c or a {task} file",
@@ -240,4 +321,5 @@ def task_file_settings(path: str | Path) -> dict[str, Any]:
     return {k: data[k] for k in ("token_budget", "max_rows", "device", "precision") if k in data}
 
 
-__all__ = ["Task", "Example", "MODES", "build_task", "parse_labels", "DEFAULT_INSTRUCTION", "task_file_settings"]
+__all__ = ["Task", "Example", "MODES", "build_task", "parse_labels", "DEFAULT_INSTRUCTION", "MULTI_LABEL_INSTRUCTION",
+           "task_file_settings"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,9 @@ class Head:
                 arrays = {k: data[k].astype(np.float64) for k in ("mean", "scale", "coef", "intercept")}
         except FileNotFoundError:
             raise InputError(f"head file not found: {path}") from None
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"{path} is not a head file written by `slmclassify fit` ({exc})") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
+            raise InputError(f"{path} is not a head file written by `slmclassify fit` "
+                             f"({exc or 'it is empty'})") from None
         if meta.get("format") != FORMAT:
             raise InputError(f"{path}: unknown head format {meta.get('format')!r}; refit with `slmclassify fit`")
         return cls(labels=tuple(meta["labels"]), taps=tuple(meta["taps"]), use_scores=meta["use_scores"],

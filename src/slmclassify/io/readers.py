@@ -115,6 +115,10 @@ class TableReader:
     text_column: str
     id_column: str | None = None
     errors: str = "strict"
+    fields: tuple[str, ...] = ()
+    """Columns a multi-field template names (`Task.fields`); `compose` makes each row's item from them
+    (then `text_column` is not read)."""
+    compose: object = None
     columns: list[str] = field(default_factory=list)
     total_rows: int | None = None
     """Known up front for Parquet and JSONL files; None for CSV and stdin."""
@@ -185,7 +189,11 @@ class TableReader:
 
     def _check_columns(self) -> None:
         self._check_unique_columns()
-        if self.text_column not in self.columns:
+        missing = [f for f in self.fields if f not in self.columns]
+        if missing:
+            raise InputError(f"{self.name}: no column {missing[0]!r}, which the user template names as "
+                             f"{{{missing[0]}}}; columns are: {', '.join(map(str, self.columns)) or '(none)'}")
+        if not self.fields and self.text_column not in self.columns:
             cols = ", ".join(map(str, self.columns)) or "(none)"
             raise InputError("{name}: no column {column!r} (use {field}); columns are: {cols}",
                              names={"field": "text_column"}, name=self.name, column=self.text_column, cols=cols)
@@ -389,8 +397,13 @@ class TableReader:
     # ------------------------------------------------------------------ texts
 
     def texts(self, frame: pd.DataFrame) -> list[str]:
-        """The text column of a chunk as strings (see `texts_of`); bytes are decoded as UTF-8."""
-        return texts_of(frame, self.text_column, name=self.name, errors=self.errors, id_column=self.id_column)
+        """The text column of a chunk as strings (see `texts_of`); bytes are decoded as UTF-8. With
+        `fields`, each row's item composed from those columns (all empty: an empty item)."""
+        if not self.fields:
+            return texts_of(frame, self.text_column, name=self.name, errors=self.errors, id_column=self.id_column)
+        columns = {f: texts_of(frame, f, name=self.name, errors=self.errors, id_column=self.id_column)
+                   for f in self.fields}
+        return [self.compose({f: columns[f][k] for f in self.fields}) for k in range(len(frame))]
 
 
 def file_digest(path: str, length: int) -> str | None:
@@ -504,10 +517,11 @@ def texts_of(frame: pd.DataFrame, text_column: str, *, name: str = "input", erro
 
 
 def open_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",
-               id_column: str | None = None) -> TableReader:
-    """Open `path` for chunked reading; checks the file, its encoding and its columns."""
+               id_column: str | None = None, fields: tuple[str, ...] = (), compose=None) -> TableReader:
+    """Open `path` for chunked reading; checks the file, its encoding and its columns (`fields` and
+    `compose`: items of several columns, see `TableReader`)."""
     check_input_kind(path)
-    return TableReader(path, table_format(path, fmt), text_column, id_column, errors).open()
+    return TableReader(path, table_format(path, fmt), text_column, id_column, errors, tuple(fields), compose).open()
 
 
 def check_input_kind(path: str) -> None:
@@ -524,9 +538,10 @@ def check_input_kind(path: str) -> None:
 
 
 def read_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",
-               id_column: str | None = None) -> pd.DataFrame:
-    """The whole table at once (for small files: evaluate, verify, bench); same rules as the chunks."""
-    reader = open_table(path, text_column, fmt, errors, id_column)
+               id_column: str | None = None, fields: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The whole table at once (for small files: evaluate, verify, bench); same rules as the chunks
+    (`fields`: the columns a multi-field template names must exist, and are checked instead of `text_column`)."""
+    reader = open_table(path, text_column, fmt, errors, id_column, fields)
     try:
         frames = [frame for _, frame in reader.chunks(1 << 16)]
     finally:
@@ -535,5 +550,6 @@ def read_table(path: str, text_column: str, fmt: str | None = None, errors: str 
         return pd.DataFrame({c: pd.Series([], dtype=object) for c in reader.columns})
     frame = pd.concat(frames) if len(frames) > 1 else frames[0]
     if errors != "replace":
-        texts_of(frame, text_column, name=reader.name, id_column=id_column)
+        for column in fields or (text_column,):
+            texts_of(frame, column, name=reader.name, id_column=id_column)
     return frame.reset_index(drop=True)

@@ -29,7 +29,8 @@ import pandas as pd
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.labels import describe_labels
-from ..errors import FieldError, InputError
+from ..core.multilabel import canonical_labels, split_labels
+from ..errors import FieldError, InputError, TaskError
 from ..head.apply import HeadChoice
 from .meter import Meter, MeterFactory, no_meter
 from ..interrupts import handle_sigterm
@@ -153,9 +154,12 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
     # recorded: a resumed run computes with the same kernel (`_same_kernel`)
     identity["gemm"] = {"precision": classifier.loaded.backend.precision, "kernel": classifier.loaded.backend.gemm}
 
-    state = _RunState.restore(saved, task.labels, request.probes, len(classifier.prefix_ids))
-    schema = (parquet_schema(reader, result_arrow_fields(labels, request.result_prefix)) if out_fmt == "parquet"
-              else list(reader.columns) + result_columns(labels, request.result_prefix))
+    # the probes keep the raw scores of every scored sequence (a multi-label task's yes and no branches)
+    state = _RunState.restore(saved, classifier.trie.labels, request.probes, len(classifier.prefix_ids),
+                              task.label_separator if task.multi_label else None)
+    first = task.result_column
+    schema = (parquet_schema(reader, result_arrow_fields(labels, request.result_prefix, first)) if out_fmt == "parquet"
+              else list(reader.columns) + result_columns(labels, request.result_prefix, first))
     sink = open_sink(request.output_path, checkpoint, out_fmt, schema, saved, resumable, identity, request.errors)
     bar = meter(reader.total_rows, reader.total_bytes, state.rows)
     _stream(request, reader, chunks, classifier, choice, labels, state, sink, resumable, bar)
@@ -177,16 +181,20 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
     if request.resume and request.output_path == "-":
         raise InputError("{resume} needs an output file (stdout cannot be appended to)", names={"resume": "resume"})
     reader = open_table(request.input_path, request.text_column, fmt=request.fmt if request.input_path == "-" else None,
-                        errors=request.errors, id_column=request.id_column)
+                        errors=request.errors, id_column=request.id_column,
+                        fields=task.fields if task.multi_field else (), compose=task.compose)
     gold_column = request.gold_column
     if gold_column is not None and gold_column not in reader.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
     if choice.used:
         from ..head.apply import check_scorer
 
+        if task.multi_label:
+            raise TaskError("heads are single-label: a multi-label task is classified zero-shot (run it without "
+                            "{head})", names={"head": "head"})
         check_scorer(choice.head, task.labels, choice.scorer)
     labels = choice.labels(task)
-    clash = [c for c in result_columns(labels, request.result_prefix) if c in reader.columns]
+    clash = [c for c in result_columns(labels, request.result_prefix, task.result_column) if c in reader.columns]
     if clash:
         raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
                          "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
@@ -246,8 +254,12 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
                                                                             window))
             else:
                 window = classifier.score_window(texts, start)
-            results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index)
-            state.add(window, frame[gold_column].astype(str).tolist() if gold_column else None)
+            results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index,
+                                         first=classifier.task.result_column, lists=sink.fmt in ("jsonl", "parquet"))
+            gold = frame[gold_column].astype(str).tolist() if gold_column else None
+            if gold is not None and classifier.task.multi_label:  # compared as sets: the labels in task order
+                gold = [canonical_labels(g, classifier.task) for g in gold]
+            state.add(window, gold)
             sink.write(pd.concat([frame, results_frame], axis=1), state,
                        reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
@@ -272,7 +284,8 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
 def label_lines(classifier: Classifier) -> tuple[str, ...]:
     """Each label of the classifier's task and its tokens after the chat template, one line each."""
     return tuple(line.strip() for line in describe_labels(
-        classifier.loaded.tokenizer, classifier.task.labels, classifier.label_tokens))
+        classifier.loaded.tokenizer, classifier.trie.labels, classifier.label_tokens,
+        warn=not classifier.task.multi_label))
 
 
 def engine_line(loaded) -> str:
@@ -400,8 +413,8 @@ class _RunState:
     gold: GoldTally = None
 
     @classmethod
-    def restore(cls, saved, labels, probes, prefix_len) -> _RunState:
-        state = cls(tuple(labels), probes, prefix_len, gold=GoldTally())
+    def restore(cls, saved, labels, probes, prefix_len, separator: str | None = None) -> _RunState:
+        state = cls(tuple(labels), probes, prefix_len, gold=GoldTally(separator=separator))
         state.stats.prefix_tokens = prefix_len
         if saved:
             data = saved["state"]
@@ -456,6 +469,8 @@ class GoldTally:
     confident_correct: int = 0
     predicted: dict = dataclasses.field(default_factory=dict)
     gold: dict = dataclasses.field(default_factory=dict)
+    separator: str | None = None
+    """A multi-label task's label separator: gold cells and predictions are label sets (None: single labels)."""
 
     def add(self, gold: list[str], results) -> None:
         predicted, golds = Counter(self.predicted), Counter(self.gold)
@@ -472,5 +487,9 @@ class GoldTally:
         self.predicted, self.gold = dict(predicted), dict(golds)
 
     def unknown(self, labels) -> list[str]:
-        """Gold labels that are not among `labels`, sorted (rows with them count as wrong)."""
-        return sorted(set(self.gold) - set(labels))
+        """Gold labels that are not among `labels`, sorted (rows with them count as wrong); a multi-label
+        tally's gold cells hold label sets: its unknown cells are those naming a label not in `labels`
+        (the empty set is a label set)."""
+        if self.separator is None:
+            return sorted(set(self.gold) - set(labels))
+        return sorted(g for g in self.gold if set(split_labels(g, self.separator)) - set(labels))

@@ -15,7 +15,9 @@ from ..classifier import Classifier, EngineSettings
 from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..core.metrics import Evaluation, gold_indices, read_labelled, write_plots
+from ..core import multilabel
 from ..core.labels import build_trie, describe_labels
+from ..core.multilabel import split_labels
 from ..models.loading import LoadedModel, load_model
 from ..models.precision import auto_line, settled
 from ..core.results import softmax
@@ -62,9 +64,14 @@ def task_for_file(path: str, text_column: str = "text", label_column: str = "lab
     target_scores keys) or the sorted gold labels; a BIG-bench `task_prefix` is the instruction
     unless one is given (in `overrides` or the task file).
     """
+    if not path.endswith(".json") and (labels or task_file):  # the file adds nothing: its rows are read later
+        return build_task(task_file, labels, **overrides)
     data = read_labelled(path, text_column, label_column).head(limit)
     if labels is None and not task_file:
-        labels = data.labels or tuple(sorted({name for names in data.gold for name in names}))
+        names = {name for cell in data.gold for name in cell}
+        if overrides.get("multi_label"):  # each cell names several: `a;b`
+            names = {n for name in names for n in split_labels(name)}
+        labels = data.labels or tuple(sorted(names))
     return build_task(task_file, labels, default_instruction=data.instruction, **overrides)
 
 
@@ -79,7 +86,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     (`head/`) with scorer head or combined (`head.used`) is the main report (gold labels are then the head's).
     """
     settings = settings or EngineSettings()
-    data = read_labelled(path, text_column, label_column).head(limit)
+    data = read_labelled(path, text_column, label_column, task).head(limit)
     texts = data.texts
     use_head = head.used
     checked = head.labels(task)
@@ -146,10 +153,67 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     result = EvaluateSummary(
         model=loaded.name, items=len(texts), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
         precision_line=auto_line(loaded),
-        label_token_lines=tuple(describe_labels(loaded.tokenizer, task.labels, clf.label_tokens)),
+        label_token_lines=tuple(describe_labels(loaded.tokenizer, clf.trie.labels, clf.label_tokens,
+                                                 warn=not task.multi_label)),
         fitted_temperature=temperature if fit_temperature else None, main=main, head=head.head if use_head else None,
         modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary)
     return _write(result, plots_dir, task_file, json_path, temperature if fit_temperature else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiLabelSummary:
+    """What `evaluate_multilabel_file` measured and wrote, for the report."""
+
+    model: str
+    items: int
+    task: Task
+    label_token_lines: tuple[str, ...]
+    at_task: dict
+    """`multilabel.metrics` at the task's thresholds (0.5 where it sets none)."""
+    picked: tuple
+    """Per label the threshold picked on these items (None: none reaches the target, or no positive)."""
+    cross_fitted: dict
+    """`multilabel.cross_fitted`: the figures at thresholds picked on the other half of the items."""
+    target_precision: float | None
+    figures: dict
+    task_file: str | None = None
+    task_values: dict = dataclasses.field(default_factory=dict)
+    json_path: str | None = None
+
+
+def evaluate_multilabel_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
+                             label_column="label", model=None, target_precision: float | None = None,
+                             task_file=None, json_path=None, limit=None) -> MultiLabelSummary:
+    """Score a file with `;`-separated gold labels under a multi-label task: the figures at the
+    task's thresholds, per-label thresholds picked on these items (F1-optimal, or the lowest reaching
+    `target_precision`), and the figures at thresholds picked on the other half (cross-fitted, so
+    not measured where they were tuned). `task_file`: the picked thresholds are written into it."""
+    settings = settings or EngineSettings()
+    data = read_labelled(path, text_column, label_column, task).head(limit)
+    gold = multilabel.gold_matrix([cell[0] for cell in data.gold], task.labels, task.label_separator, path)
+    loaded = (settled(model, task, data.texts, settings) if isinstance(model, LoadedModel)
+              else load_model(model, settings.device, settings.precision, task=task, sample=data.texts,
+                              settings=settings))
+    clf = Classifier(task, model=loaded, settings=settings, precision_sample=data.texts)
+    scores = clf.score(clf.encode(data.texts)).scores
+    ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
+    probs, gold = multilabel.probabilities(clf.calibrated(scores[ok])), gold[ok]
+    at_task = multilabel.metrics(probs, gold, task.label_thresholds, task.labels)
+    picked = tuple(multilabel.pick_thresholds(probs, gold, target_precision))
+    honest = multilabel.cross_fitted(probs, gold, task.labels, target_precision)
+    figures = {"items": int(ok.sum()), "at_task_thresholds": at_task, "picked_thresholds": dict(zip(task.labels, picked)),
+               "cross_fitted": honest, "target_precision": target_precision}
+    values = {}
+    if task_file:
+        values["thresholds"] = [round(t, 4) if t is not None else old for t, old in zip(picked, task.label_thresholds)]
+        write_task_settings(task_file, **values)
+    if json_path:
+        Path(json_path).write_text(json.dumps(figures, indent=2))
+    return MultiLabelSummary(
+        model=loaded.name, items=int(ok.sum()), task=task,
+        label_token_lines=tuple(describe_labels(loaded.tokenizer, clf.trie.labels, clf.label_tokens, warn=False)),
+        at_task=at_task, picked=picked, cross_fitted=honest, target_precision=target_precision, figures=figures,
+        task_file=task_file, task_values=values, json_path=json_path)
 
 
 def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list[dict]:

@@ -47,7 +47,7 @@ def check_columns(names: list[str], task, text_column: str, result_prefix: str) 
 
     if text_column not in names:
         raise InputError(f"no text column {text_column!r}; columns are: {', '.join(names)}")
-    clash = [c for c in result_columns(task.labels, result_prefix) if c in names]
+    clash = [c for c in result_columns(task.labels, result_prefix, task.result_column) if c in names]
     if clash:
         raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
                          "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
@@ -134,7 +134,7 @@ class ClassifierActor:
         phases["classifier"] = time.time()
         self.pace = Pace()
         self.text_column, self.errors, self.board = text_column, errors, board
-        self.fields = result_arrow_fields(task.labels, result_prefix)
+        self.fields = result_arrow_fields(task.labels, result_prefix, task.result_column, lists=False)
         self.prefix = result_prefix
         self.total = RunStats(prefix_tokens=len(self.classifier.prefix_ids))
         self.key = f"{socket.gethostname()}:{os.getpid()}"
@@ -143,7 +143,7 @@ class ClassifierActor:
             "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
             "calibrated": c.bias is not None, "threads": threads,
             "load_seconds": time.perf_counter() - started, "phases": phases,
-            "labels": [line.strip() for line in describe_labels(loaded.tokenizer, task.labels, c.label_tokens)],
+            "labels": [line.strip() for line in describe_labels(loaded.tokenizer, c.trie.labels, c.label_tokens)],
         })
 
     def __call__(self, batch):
@@ -159,7 +159,8 @@ class ClassifierActor:
                          errors=self.errors)
         block = score_block(self.classifier, texts, self._exchange, self.pace)
         self.total.add(block.stats)
-        frame = result_frame(block.results, self.classifier.task.labels, self.prefix)
+        frame = result_frame(block.results, self.classifier.task.labels, self.prefix,
+                             first=self.classifier.task.result_column)  # joined labels: the blocks go to any format
         results = pa.Table.from_pandas(frame, schema=pa.schema(self.fields), preserve_index=False)
         for field, values in zip(self.fields, results.columns):
             batch = batch.append_column(field, values)

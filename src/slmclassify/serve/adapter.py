@@ -68,7 +68,8 @@ class TaskRunner:
         """The task as /v1/tasks lists it."""
         clf = self.classifier
         return {"name": self.name, "labels": list(self.labels), "mode": clf.mode,
-                "calibrated": clf.bias is not None, "min_confidence": clf.task.min_confidence}
+                "calibrated": clf.bias is not None, "min_confidence": clf.task.min_confidence,
+                "multi_label": clf.task.multi_label, "fields": list(clf.task.fields)}
 
     def encode(self, texts: list[str]) -> EncodedRequest:
         """Tokenize a request's texts (per-text token cap applied: status `truncated`)."""
@@ -88,13 +89,13 @@ class TaskRunner:
         return self.classifier.results(scores, list(status))
 
     def empty_scores(self, n: int) -> np.ndarray:
-        return np.full((n, len(self.labels)), np.nan, dtype=np.float64)
+        return np.full((n, len(self.classifier.trie.labels)), np.nan, dtype=np.float64)  # multi-label: 2 per label
 
 
 def result_json(result: Result) -> dict:
     """A Result as the API returns it."""
-    return {"label": result.label, "confidence": result.confidence, "needs_review": result.needs_review,
-            "probabilities": result.probabilities, "status": result.status}
+    return {"label": result.label, "labels": list(result.labels), "confidence": result.confidence,
+            "needs_review": result.needs_review, "probabilities": result.probabilities, "status": result.status}
 
 
 __all__ = ["BatchWork", "EMPTY", "EncodedRequest", "TaskRunner", "result_json"]

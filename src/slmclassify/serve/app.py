@@ -18,7 +18,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
+from ..classifier import item_text
 from ..core.encode import valid_unicode
+from ..errors import InputError
 from .adapter import TaskRunner, result_json
 from .guard import Guard
 from .metrics import Metrics
@@ -44,27 +46,36 @@ class ClassifyRequest(BaseModel):
     task: str = Field(description="A task name from GET /v1/tasks.")
     text: str | None = Field(default=None, description="One text.")
     texts: list[str] | None = Field(default=None, min_length=1, description="Several texts, answered in order.")
+    items: list[dict[str, str | None]] | None = Field(
+        default=None, min_length=1, description="Items of several fields, e.g. {\"subject\": ..., \"body\": ...}, "
+                                                "for a task whose user template names them; answered in order.")
 
-    @field_validator("text", "texts")
+    @field_validator("text", "texts", "items")
     @classmethod
     def _unicode(cls, value, info):
         """JSON may spell a lone surrogate (\\ud800), which no tokenizer takes (the Python API refuses it too)."""
         one = info.field_name == "text"
         for index, text in enumerate([value] if one else value or ()):
-            if text is not None and not valid_unicode(text):
-                where = "text" if one else f"texts[{index}]"
-                raise ValueError(f"{where} is not valid Unicode (it holds a lone surrogate)")
+            fields = text.items() if isinstance(text, dict) else [(None, text)]
+            for name, part in fields:
+                if part is not None and not valid_unicode(part):
+                    where = "text" if one else f"{info.field_name}[{index}]" + (f".{name}" if name else "")
+                    raise ValueError(f"{where} is not valid Unicode (it holds a lone surrogate)")
         return value
 
     @model_validator(mode="after")
     def _one_of(self):
-        if (self.text is None) == (self.texts is None):
-            raise ValueError("give exactly one of 'text' (a string) or 'texts' (a list of strings)")
+        if sum(x is not None for x in (self.text, self.texts, self.items)) != 1:
+            raise ValueError("give exactly one of 'text' (a string), 'texts' (a list of strings) or 'items' (a list "
+                             "of objects of fields)")
         return self
 
 
 class ClassifyResult(BaseModel):
-    label: str | None = Field(description="Predicted label (null for an empty text).")
+    label: str | None = Field(description="Predicted label (null for an empty text); a multi-label task's chosen "
+                                          "labels joined by its separator.")
+    labels: list[str] = Field(default_factory=list, description="The predicted labels: [label], or a multi-label "
+                                                                "task's labels at or above their thresholds.")
     confidence: float | None = Field(description="Probability of the predicted label.")
     needs_review: bool = Field(description="Confidence below the task's min_confidence, or no label.")
     probabilities: dict[str, float] = Field(description="Calibrated probability per label, summing to 1.")
@@ -146,13 +157,22 @@ def create_app(service: Service):
         runner = service.runners.get(body.task)
         if runner is None:
             raise ApiError(404, f"unknown task {body.task!r}; tasks are: {', '.join(sorted(service.runners))}")
-        texts = [body.text] if body.text is not None else body.texts
+        texts = [body.text] if body.text is not None else body.texts if body.texts is not None else body.items
+        task = runner.classifier.task
+        if (body.items is not None) != task.multi_field:
+            raise ApiError(422, f"task {runner.name!r} takes " + (
+                f"'items' with the fields {', '.join(task.fields)}" if task.multi_field else "'text' or 'texts'"))
         if len(texts) > settings.max_texts:
             raise ApiError(413, f"{len(texts)} texts in one request, over the limit of {settings.max_texts} "
                                 "(--max-texts); split the request")
         request.state.task, request.state.texts = runner.name, len(texts)
         if not scheduler.alive:
             raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
+        if body.items is not None:
+            try:
+                texts = [item_text(item, k, task) for k, item in enumerate(texts)]
+            except InputError as exc:
+                raise ApiError(422, str(exc).replace("texts[", "items[")) from None
         ticket = Ticket(runner, runner.encode(texts))
         if ticket.size:
             results = await _wait(ticket, request)

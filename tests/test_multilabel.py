@@ -1,0 +1,327 @@
+"""Multi-label tasks: every label a yes/no question answered in the item's one pass (`core/multilabel.py`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slmclassify import Classifier, EngineSettings, Task, TaskError
+from slmclassify.core import multilabel
+
+from test_engine import assert_matches_reference, random_texts
+
+LABELS = ("billing", "technical", "account", "shipping", "feedback")
+
+
+def test_one_pass_equals_the_per_label_reference(tiny_loaded):
+    """Both branches of every label, from the one pass, equal the reference's full prompts."""
+    task = Task(labels=LABELS, multi_label=True, user_template="Ticket: {text}")
+    clf = Classifier(task, model=tiny_loaded, settings=EngineSettings(token_budget=200, max_rows=4))
+    assert clf.trie.labels == multilabel.branches(LABELS) and clf.mode == "full"
+    scored = assert_matches_reference(clf, random_texts(11, seed=5))
+    assert scored.scores.shape == (11, 2 * len(LABELS))
+    # the name and colon are fed once per label and shared by its two answers: the trie has a node
+    # per label name token, not per branch
+    assert clf.trie.n_nodes < sum(len(s) - 1 for s in clf.trie.sequences)
+
+
+def test_results_are_per_label_probabilities_thresholds_and_review(tiny_loaded):
+    task = Task(labels=LABELS, multi_label=True, thresholds=(0.5, 0.01, 0.99, 0.5, 0.5), min_confidence=0.6)
+    clf = Classifier(task, model=tiny_loaded)
+    texts = random_texts(6, seed=2) + [""]
+    out = clf.classify(texts)
+    assert out[-1].status == "empty" and out[-1].label is None and out[-1].needs_review
+    encoded = clf.encode(texts)
+    p = multilabel.probabilities(clf.calibrated(clf.score(encoded).scores))
+    for r, row in zip(out[:-1], p[:-1]):
+        assert list(r.probabilities) == list(LABELS)
+        assert np.allclose([r.probabilities[name] for name in LABELS], row)
+        chosen = tuple(name for name, q, t in zip(LABELS, row, task.thresholds) if q >= t)
+        assert r.labels == chosen and r.label == ";".join(chosen)
+        assert r.confidence == pytest.approx(float(np.maximum(row, 1 - row).min()))
+        assert r.needs_review == (r.confidence < 0.6 or not chosen)
+        assert set(r.scores) == set(multilabel.branches(LABELS))
+
+
+def test_calibration_removes_each_labels_content_free_prior(tiny_loaded):
+    """With calibration the content-free inputs' mean P(yes) is 0.5 for every label, by construction
+    of the prior (log-odds of the mean), up to the mean of a sigmoid vs the sigmoid of a mean."""
+    task = Task(labels=LABELS, multi_label=True)
+    clf = Classifier(task, model=tiny_loaded)
+    raw = Classifier(Task(labels=LABELS, multi_label=True, calibrate=False), model=tiny_loaded)
+    assert clf.bias.shape == (len(LABELS),) and raw.bias is None
+    from slmclassify.core.calibration import CONTENT_FREE
+
+    encoded = clf.scorer.encode(list(CONTENT_FREE), score_empty=True)
+    scores = clf.score(encoded).scores
+    p = multilabel.probabilities(clf.calibrated(scores)).mean(axis=0)
+    p_raw = multilabel.probabilities(raw.calibrated(scores)).mean(axis=0)
+    assert np.allclose(multilabel.prior_log_odds(scores), clf.bias)
+    assert np.abs(p - 0.5).max() < np.abs(p_raw - 0.5).max() or np.allclose(p_raw, 0.5, atol=1e-3)
+
+
+def test_the_prompt_asks_for_every_label_and_says_how_to_answer():
+    task = Task(labels=("billing", "technical"), descriptions=("charges", ""), multi_label=True)
+    system = task.system_turn()
+    assert task.instruction.startswith("You tag short texts with every label")
+    assert "- billing: charges\n- technical" in system and '"billing: yes"' in system
+    assert Task(labels=("a", "b"), instruction="Mine.", multi_label=True).instruction == "Mine."
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "first"}, "mode"), ({"mode": "full-mean"}, "mode"),
+    ({"thresholds": (0.5,)}, "1 thresholds for 2 labels"), ({"thresholds": (0.5, 1.0)}, "between 0 and 1"),
+    ({"label_separator": " "}, "label_separator"), ({"label_separator": "b"}, "label_separator"),
+])
+def test_bad_multi_label_settings_are_refused(kwargs, message):
+    with pytest.raises(TaskError, match=message):
+        Task(labels=("a", "b"), multi_label=True, **kwargs)
+
+
+def test_thresholds_need_a_multi_label_task():
+    with pytest.raises(TaskError, match="multi_label"):
+        Task(labels=("a", "b"), thresholds=(0.5, 0.5))
+
+
+def test_task_file_reads_multi_label_keys(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text('labels = ["a", "b"]\nmulti_label = true\nthresholds = [0.3, 0.7]\nlabel_separator = "|"\n')
+    task = Task.from_toml(path)
+    assert task.multi_label and task.thresholds == (0.3, 0.7) and task.label_separator == "|"
+    path.write_text('labels = ["a", "b"]\nmulti_label = true\nthresholds = ["x", 0.7]\n')
+    with pytest.raises(TaskError, match="list of numbers"):
+        Task.from_toml(path)
+
+
+def write_tickets(path, rows):
+    import csv
+
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "text", "gold"])
+        writer.writerows(rows)
+
+
+def test_classify_writes_a_labels_column_and_probes_every_branch(tmp_path, llama_dir, run_main, one_torch_thread):
+    """`classify --multi-label`: one row per input row, in order, `labels` (chosen ones joined by ;),
+    a p_ column per label, the probes comparing every branch with the reference; the gold column is
+    compared as a set (`b;a` equals `a;b`)."""
+    import pandas as pd
+
+    texts = random_texts(9, seed=4) + [""]
+    gold = ["billing;technical", "account", "technical;billing", "", "shipping", "feedback", "billing", "account",
+            "technical", "billing"]
+    write_tickets(tmp_path / "in.csv", [(i, t, g) for i, (t, g) in enumerate(zip(texts, gold))])
+    code, out, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
+                              "--labels", ",".join(LABELS), "--multi-label", "--gold-column", "gold",
+                              "--probes", "4")
+    assert code == 0, err
+    frame = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
+    assert frame["id"].tolist() == list(range(10))
+    assert list(frame.columns) == ["id", "text", "gold", "labels", "confidence", "needs_review",
+                                   *(f"p_{name}" for name in LABELS), "status"]
+    assert frame["status"].tolist()[-1] == "empty"
+    for _, row in frame.iloc[:-1].iterrows():
+        chosen = [name for name in LABELS if float(row[f"p_{name}"]) >= 0.5]
+        assert row["labels"] == ";".join(chosen)
+    assert "verify: 4/4 probes agree with the per-item path" in err
+    assert "exact label sets (subset accuracy) vs gold" in err and "not a label of the task" not in err
+    assert "warning" not in err.split("labels:")[1].split("\n")[0]  # the single-label token warnings do not apply
+
+
+def test_a_head_with_a_multi_label_task_is_refused(tmp_path, llama_dir, run_main):
+    rows = [(i, f"{'card charged twice' if i % 2 else 'app crashes'} {i}", "a" if i % 2 else "b") for i in range(12)]
+    write_tickets(tmp_path / "in.csv", rows)
+    code, _, err = run_main("fit", tmp_path / "in.csv", "-o", tmp_path / "h.npz", "--model", llama_dir,
+                            "--labels", "a,b", "--gold-column", "gold", "--folds", "3", "--curve", "2")
+    assert code == 0, err
+    code, out, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
+                              "--labels", "a,b", "--multi-label", "--head", tmp_path / "h.npz")
+    assert code == 2 and "heads are single-label: a multi-label task is classified zero-shot" in err, err
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated"])
+def test_an_empty_or_broken_head_file_is_a_clear_error(tmp_path, llama_dir, run_main, content):
+    """Before: an empty head file's EOFError reached click, which says "interrupted" (exit 130)."""
+    write_tickets(tmp_path / "in.csv", [(0, "hello", "a")])
+    (tmp_path / "h.npz").write_bytes(content)
+    code, out, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
+                              "--labels", "a,b", "--head", tmp_path / "h.npz")
+    assert code == 2 and "is not a head file written by `slmclassify fit`" in err, err
+
+
+def test_metrics_by_hand():
+    probs = np.array([[0.9, 0.2], [0.6, 0.7], [0.1, 0.8], [0.4, 0.1]])
+    gold = np.array([[1, 0], [0, 1], [0, 1], [1, 0]], dtype=bool)
+    m = multilabel.metrics(probs, gold, [0.5, 0.5], ("a", "b"))
+    # a: predicted rows 0, 1; gold rows 0, 3 -> tp 1 fp 1 fn 1; b: predicted 1, 2 = gold: tp 2
+    assert m["per_label"]["a"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2, "threshold": 0.5}
+    assert m["per_label"]["b"]["f1"] == 1.0
+    assert m["macro_f1"] == pytest.approx(0.75) and m["micro_f1"] == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))
+    assert m["subset_accuracy"] == 0.5 and m["hamming_loss"] == pytest.approx(2 / 8)
+
+
+def test_thresholds_f1_optimal_and_for_a_target_precision():
+    p = np.array([[0.95], [0.9], [0.8], [0.7], [0.3], [0.2]])
+    g = np.array([[1], [1], [0], [1], [0], [0]], dtype=bool)
+    (t,) = multilabel.pick_thresholds(p, g)
+    assert 0.3 < t <= 0.7  # all three positives, one false positive: F1 6/7, the best
+    (t,) = multilabel.pick_thresholds(p, g, target_precision=1.0)
+    assert 0.8 < t <= 0.9  # only the two top items keep precision 1
+    assert multilabel.pick_thresholds(p, np.zeros_like(g)) == [None]
+    assert multilabel.pick_thresholds(np.array([[0.1], [0.9]]), np.array([[1], [0]], bool), 0.99) == [None]
+
+
+def test_gold_cells_name_their_row():
+    from slmclassify.errors import InputError
+
+    assert multilabel.gold_matrix(["a; b", "", "b"], ("a", "b")).tolist() == [[True, True], [False, False],
+                                                                               [False, True]]
+    with pytest.raises(InputError, match="row 2 has gold label 'c'"):
+        multilabel.gold_matrix(["a", "a;c"], ("a", "b"))
+
+
+def test_evaluate_reports_f1_subset_accuracy_and_writes_thresholds(tmp_path, llama_dir, run_main):
+    import json
+
+    texts = random_texts(24, seed=9)
+    cells = ["billing;technical" if i % 3 == 0 else ("account" if i % 3 == 1 else "") for i in range(24)]
+    write_tickets(tmp_path / "gold.csv", [(i, t, g) for i, (t, g) in enumerate(zip(texts, cells))])
+    task = tmp_path / "t.toml"
+    task.write_text('# my task\nlabels = ["billing", "technical", "account"]\nmulti_label = true\n')
+    code, out, err = run_main("evaluate", tmp_path / "gold.csv", "--gold-column", "gold", "--task", task,
+                              "--model", llama_dir, "--write-task", "--json", tmp_path / "e.json")
+    assert code == 0, err
+    assert "at the task's thresholds: micro-F1 " in out and "subset accuracy" in out and "Hamming loss" in out
+    assert "at thresholds picked on the other half (cross-fitted)" in out
+    figures = json.loads((tmp_path / "e.json").read_text())
+    assert figures["items"] == 24 and set(figures["at_task_thresholds"]["per_label"]) == {"billing", "technical",
+                                                                                          "account"}
+    assert figures["at_task_thresholds"]["per_label"]["account"]["support"] == 8
+    written = Task.from_toml(task)
+    assert written.multi_label and len(written.thresholds) == 3 and task.read_text().startswith("# my task")
+    # the picked thresholds are the F1-optimal ones on these items: at them F1 is no lower than at 0.5
+    code, out2, err = run_main("evaluate", tmp_path / "gold.csv", "--gold-column", "gold", "--task", task,
+                               "--model", llama_dir)
+    first = lambda text: float(text.split("at the task's thresholds: micro-F1 ")[1].split()[2])  # macro-F1
+    assert first(out2) >= first(out) - 1e-9
+
+
+def test_evaluate_multi_label_refusals(tmp_path, llama_dir, run_main):
+    write_tickets(tmp_path / "gold.csv", [(0, "a text", "billing;nope")])
+    code, _, err = run_main("evaluate", tmp_path / "gold.csv", "--gold-column", "gold", "--labels",
+                            "billing,technical", "--multi-label", "--model", llama_dir)
+    assert code == 2 and "row 1 has gold label 'nope'" in err, err
+    code, _, err = run_main("evaluate", tmp_path / "gold.csv", "--gold-column", "gold", "--labels",
+                            "billing,technical", "--target-precision", "0.9", "--model", llama_dir)
+    assert code == 2 and "--target-precision picks a multi-label task's thresholds" in err
+    code, _, err = run_main("evaluate", tmp_path / "gold.csv", "--gold-column", "gold", "--labels",
+                            "billing,technical", "--multi-label", "--compare-modes", "--model", llama_dir)
+    assert code == 2 and "--compare-modes is for single-label tasks" in err
+
+
+def test_items_of_several_fields(tmp_path, llama_dir, run_main, tiny_loaded):
+    """`user_template = "Subject: {subject}\\n\\n{body}"`: both columns read, one composed item per row;
+    an item whose fields are all empty is empty; a missing column is named before any work."""
+    import pandas as pd
+
+    task = Task(labels=("billing", "technical"), user_template="Subject: {subject}\n\n{body}")
+    assert task.fields == ("subject", "body") and task.multi_field
+    clf = Classifier(task, model=tiny_loaded)
+    plain = Classifier(Task(labels=("billing", "technical")), model=tiny_loaded)
+    out = clf.classify([{"subject": "Refund", "body": "charged twice"}, {"subject": "", "body": None},
+                        {"subject": "Crash", "body": ""}])
+    assert [r.status for r in out] == ["ok", "empty", "ok"]
+    same = plain.classify(["Subject: Refund\n\ncharged twice"])[0]
+    assert out[0].scores == pytest.approx(same.scores, abs=1e-4)
+    with pytest.raises(Exception, match="has no field 'body'"):
+        clf.classify([{"subject": "x"}])
+    with pytest.raises(Exception, match="pass a dict"):
+        clf.classify(["just a text"])
+
+    pd.DataFrame({"id": [1, 2, 3], "subject": ["Refund", "", "Crash"], "body": ["charged twice", "", "on start"]}
+                 ).to_csv(tmp_path / "in.csv", index=False)
+    args = ("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
+            "--labels", "billing,technical")
+    code, _, err = run_main(*args, "--user-template", "Subject: {subject}\\n\\n{body}")
+    assert code == 0, err
+    frame = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
+    assert frame["status"].tolist() == ["ok", "empty", "ok"] and frame["id"].tolist() == [1, 2, 3]
+    code, _, err = run_main(*args, "--user-template", "Subject: {subject}\\n\\n{message}")
+    assert code == 2 and "no column 'message', which the user template names as {message}" in err, err
+    assert "model:" not in err  # refused before the model loads
+
+
+def test_serve_answers_multi_label_and_multi_field_tasks(tiny_loaded):
+    """`serve`: a multi-label task's results carry `labels`, equal to offline classify; a task whose
+    template names fields takes `items` (and refuses `texts`)."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from test_serve import post, running
+    from slmclassify.serve.server import build_service
+
+    import test_serve
+
+    multi = Task(labels=LABELS, multi_label=True)
+    fields = Task(labels=("billing", "technical"), user_template="Subject: {subject}\n\n{body}")
+    texts = random_texts(5, seed=8) + [""]
+    want = Classifier(multi, model=tiny_loaded).classify(texts)
+    want_items = Classifier(fields, model=tiny_loaded).classify([{"subject": "Refund", "body": "twice"}])
+    original = test_serve.build_service
+    test_serve.build_service = lambda tasks, *a, **k: build_service({"multi": multi, "fields": fields}, *a, **k)
+    try:
+        with running(tiny_loaded) as (url, _):
+            got = post(url, {"task": "multi", "texts": texts}).json()["results"]
+            for g, w in zip(got, want):
+                assert g["labels"] == list(w.labels) and g["label"] == w.label and g["status"] == w.status
+                if w.probabilities:
+                    assert g["probabilities"] == pytest.approx(w.probabilities, abs=1e-4)
+            got = post(url, {"task": "fields", "items": [{"subject": "Refund", "body": "twice"}]}).json()["results"]
+            assert got[0]["label"] == want_items[0].label
+            assert got[0]["probabilities"] == pytest.approx(want_items[0].probabilities, abs=1e-4)
+            refused = post(url, {"task": "fields", "texts": ["a text"]})
+            assert refused.status_code == 422 and "'items' with the fields subject, body" in refused.text
+            refused = post(url, {"task": "fields", "items": [{"subject": "x"}]})
+            assert refused.status_code == 422 and "items[0] has no field 'body'" in refused.text
+            tasks = httpx.get(f"{url}/v1/tasks", timeout=30).json()
+            assert "multi_label" in json_text(tasks)
+    finally:
+        test_serve.build_service = original
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_jsonl_and_parquet_get_a_list_column(tmp_path, llama_dir, run_main, suffix):
+    import pandas as pd
+
+    write_tickets(tmp_path / "in.csv", [(i, t, "") for i, t in enumerate(random_texts(4, seed=1) + [""])])
+    out = tmp_path / f"out{suffix}"
+    code, _, err = run_main("classify", tmp_path / "in.csv", "-o", out, "--model", llama_dir, "--labels",
+                            ",".join(LABELS), "--multi-label", "--no-verify")
+    assert code == 0, err
+    frame = pd.read_json(out, lines=True) if suffix == ".jsonl" else pd.read_parquet(out)
+    for value, p in zip(frame["labels"][:-1], frame[[f"p_{n}" for n in LABELS]].to_numpy()[:-1]):
+        assert list(value) == [n for n, q in zip(LABELS, p) if q >= 0.5]
+    assert frame["labels"].iloc[-1] is None and frame["status"].iloc[-1] == "empty"
+
+
+def test_resume_with_a_multi_label_task_is_byte_identical(tmp_path, llama_dir, run_main, monkeypatch):
+    """Interrupted in its fourth window and resumed: the output equals an uninterrupted run's."""
+    from test_resume import interrupt_after
+
+    write_tickets(tmp_path / "in.csv", [(i, t, "") for i, t in enumerate(random_texts(40, seed=3))])
+    base = ["classify", tmp_path / "in.csv", "--model", llama_dir, "--labels", ",".join(LABELS), "--multi-label",
+            "--window", "8", "--quiet"]
+    code, _, err = run_main(*base, "-o", tmp_path / "whole.csv")
+    assert code == 0, err
+    with monkeypatch.context() as m:
+        interrupt_after(m, 3)
+        assert run_main(*base, "-o", tmp_path / "part.csv")[0] == 130
+    code, _, err = run_main(*base, "-o", tmp_path / "part.csv", "--resume")
+    assert code == 0, err
+    assert (tmp_path / "part.csv").read_bytes() == (tmp_path / "whole.csv").read_bytes()
