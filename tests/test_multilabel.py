@@ -325,3 +325,25 @@ def test_resume_with_a_multi_label_task_is_byte_identical(tmp_path, llama_dir, r
     code, _, err = run_main(*base, "-o", tmp_path / "part.csv", "--resume")
     assert code == 0, err
     assert (tmp_path / "part.csv").read_bytes() == (tmp_path / "whole.csv").read_bytes()
+
+
+def test_fit_and_label_refuse_a_multi_label_task_and_read_items_of_several_fields(tmp_path, llama_dir, run_main):
+    """Heads and the labelling page are single-label: a multi-label task is refused before any work.
+    A template naming columns is read from those columns by `fit` too (before: the text column was
+    read and the template ignored)."""
+    import pandas as pd
+
+    from slmclassify.label.session import LabelSession
+
+    rows = [(i, "Refund" if i % 2 else "Crash", f"{'card charged twice' if i % 2 else 'app crashes'} {i}",
+             "billing" if i % 2 else "technical") for i in range(12)]
+    pd.DataFrame(rows, columns=["id", "subject", "body", "gold"]).to_csv(tmp_path / "in.csv", index=False)
+    fit = ["fit", tmp_path / "in.csv", "-o", tmp_path / "h.npz", "--model", llama_dir, "--labels", "billing,technical",
+           "--gold-column", "gold", "--folds", "3", "--curve", "2", "--user-template", "Subject: {subject}\\n\\n{body}"]
+    code, _, err = run_main(*fit, "--multi-label")
+    assert code == 2 and "heads are single-label" in err, err
+    code, _, err = run_main(*fit)
+    assert code == 0, err
+    with pytest.raises(TaskError, match="one label per item"):
+        LabelSession.start(str(tmp_path / "in.csv"), Task(labels=("billing", "technical"), multi_label=True),
+                           model=str(llama_dir), store_path=tmp_path / "s.sqlite")

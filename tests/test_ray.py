@@ -422,3 +422,24 @@ def test_the_local_ray_has_no_autoscaler_monitor_nor_log_monitor_nor_api_server(
     assert "'gcs_server'" in processes and "'raylet'" in processes, processes
     assert "'monitor'" not in processes and "'log_monitor'" not in processes, processes
     assert "'dashboard'" not in processes, processes  # the API server
+
+
+def test_cli_ray_reads_items_of_several_fields_and_multi_label_like_one_process(local_ray, llama_dir, tmp_path):
+    """A template naming columns composes each row from them on the actors too, and a multi-label task's
+    labels column is the joined string; both as a single-process run writes them."""
+    texts = _texts(40, seed=5)
+    pd.DataFrame({"id": range(40), "subject": [t[:12] for t in texts], "body": texts}).to_csv(tmp_path / "in.csv",
+                                                                                             index=False)
+    common = ["--model", str(llama_dir), "--labels", ",".join(LABELS), "--multi-label", "--quiet",
+              "--user-template", "Subject: {subject}\\n\\n{body}"]
+    runner = CliRunner()
+    single = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "one.csv"),
+                                 "--no-verify", *common], catch_exceptions=False)
+    assert single.exit_code == 0, single.output
+    on_ray = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "ray.csv"), "--ray",
+                                 "--actors", "2", "--block-rows", "16", *common], catch_exceptions=False)
+    assert on_ray.exit_code == 0, on_ray.output
+    one, ray = (pd.read_csv(tmp_path / f, keep_default_na=False) for f in ("one.csv", "ray.csv"))
+    assert ray["id"].tolist() == list(range(40)) and ray["labels"].tolist() == one["labels"].tolist()
+    assert np.allclose(ray[[f"p_{n}" for n in LABELS]].to_numpy(float), one[[f"p_{n}" for n in LABELS]].to_numpy(float),
+                       atol=1e-4)

@@ -23,7 +23,7 @@ import numpy as np
 from .core.calibration import CONTENT_FREE, adjust, prior_from_scores
 from .core.encode import EncodedItems, valid_unicode
 from .core import multilabel
-from .core.labels import LabelTrie
+from .core.labels import LabelTrie, describe_labels
 from .core.reference import reference_scores
 from .core.results import Result, RunStats, make_results
 from .core.scoring import Scored, Scorer
@@ -64,27 +64,28 @@ UniqueRun = Callable[[EncodedItems, list[int], list[bytes]], Scored]
 all here (the Ray actors take items other actors ran from a shared board, `ray/sharing.py`)."""
 
 
-def item_text(text, index: int, task: Task | None = None) -> str:
+def item_text(text, index: int, task: Task | None = None, where: str = "texts") -> str:
     """An item text as the engine takes it: None → "" (status empty); anything else must be a str,
-    or for a task whose template names fields (`Task.fields`) a mapping of them, composed here."""
+    or for a task whose template names fields (`Task.fields`) a mapping of them, composed here.
+    Errors name the item as `where[index]`."""
     if text is None:
         return ""
     if task is not None and task.multi_field:
         if not isinstance(text, Mapping):
-            raise InputError(f"texts[{index}] is a {type(text).__name__}; this task's template names the fields "
+            raise InputError(f"{where}[{index}] is a {type(text).__name__}; this task's template names the fields "
                              f"{', '.join(task.fields)}: pass a dict of them for each item")
         missing = [name for name in task.fields if name not in text]
         if missing:
-            raise InputError(f"texts[{index}] has no field {missing[0]!r}; the template names "
+            raise InputError(f"{where}[{index}] has no field {missing[0]!r}; the template names "
                              f"{', '.join(task.fields)}")
         bad = next((name for name in task.fields if text[name] is not None and not isinstance(text[name], str)), None)
         if bad is not None:
-            raise InputError(f"texts[{index}], field {bad!r} is a {type(text[bad]).__name__}, not a str")
+            raise InputError(f"{where}[{index}], field {bad!r} is a {type(text[bad]).__name__}, not a str")
         text = task.compose(text)
     if not isinstance(text, str):
-        raise InputError(f"texts[{index}] is a {type(text).__name__}, not a str (None counts as empty)")
+        raise InputError(f"{where}[{index}] is a {type(text).__name__}, not a str (None counts as empty)")
     if not valid_unicode(text):
-        raise InputError(f"texts[{index}] is not valid Unicode (it holds a lone surrogate)")
+        raise InputError(f"{where}[{index}] is not valid Unicode (it holds a lone surrogate)")
     return text
 
 
@@ -134,6 +135,12 @@ class Classifier:
     @property
     def mode(self) -> str:
         return self.trie.mode
+
+    def label_token_lines(self) -> list[str]:
+        """Each scored label (a multi-label task's yes/no branches) and its tokens after the chat template,
+        with the warnings about misleading first tokens where they apply (single-label tasks)."""
+        return describe_labels(self.loaded.tokenizer, self.trie.labels, self.label_tokens,
+                               warn=not self.task.multi_label)
 
     def with_settings(self, settings: EngineSettings) -> Classifier:
         """This classifier with other batching, window or item cap (same model, prefix and calibration).

@@ -149,7 +149,7 @@ def gold_indices(data: Labelled, labels: tuple[str, ...]) -> tuple[np.ndarray, n
 def read_labelled(path: str, text_column: str, label_column: str, task=None) -> Labelled:
     """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table (a `task`
     whose template names fields: each row's item composed from those columns, `Task.compose`)."""
-    from ..io import read_table, texts_of
+    from ..io import item_texts, read_table
 
     if path.endswith(".json"):
         try:
@@ -180,10 +180,7 @@ def read_labelled(path: str, text_column: str, label_column: str, task=None) -> 
                          names={"field": "label_column"}, path=path, column=label_column,
                          columns=", ".join(map(str, frame.columns)))
     gold = [("" if v is None or v != v else str(v),) for v in frame[label_column]]  # an empty cell: no label
-    if fields:
-        columns = {f: texts_of(frame, f) for f in fields}
-        return Labelled([task.compose({f: columns[f][k] for f in fields}) for k in range(len(frame))], gold)
-    return Labelled(texts_of(frame, text_column), gold)
+    return Labelled(item_texts(frame, text_column, fields, task.compose if fields else None), gold)
 
 
 def format_report(ev: Evaluation) -> str:

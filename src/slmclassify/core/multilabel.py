@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InputError
 from .encode import EMPTY
 from .results import Result
 
@@ -64,7 +65,7 @@ def make_results(labels: tuple[str, ...], scores: np.ndarray, calibrated: np.nda
     labels of max(p, 1 - p)); `needs_review` when it is below `min_confidence` or no label is chosen."""
     probs = probabilities(np.nan_to_num(calibrated, nan=0.0))
     cut = np.asarray(thresholds, dtype=np.float64)
-    names = [f"{label}: {answer}" for label in labels for answer in ANSWERS]
+    names = branches(labels)
     results = []
     for i, st in enumerate(status):
         if st == EMPTY:
@@ -109,8 +110,6 @@ def gold_matrix(cells, labels: tuple[str, ...], separator: str = ";", source: st
     for row, cell in enumerate(cells, start=1):
         for name in split_labels(cell, separator):
             if name not in index:
-                from ..errors import InputError
-
                 raise InputError(f"{source}: row {row} has gold label {name!r}, which is not in the label set "
                                  f"{list(labels)} (labels are separated by {separator!r})")
             gold[row - 1, index[name]] = True
@@ -130,7 +129,14 @@ def _f1(tp, fp, fn) -> np.ndarray:
 def metrics(probs: np.ndarray, gold: np.ndarray, thresholds, labels: tuple[str, ...]) -> dict:
     """Micro and macro F1, per-label precision / recall / F1 / support, subset accuracy and Hamming
     loss of the predictions P(yes) >= threshold against [n, L] bool gold."""
-    pred = probs >= np.asarray(thresholds, dtype=np.float64)[None, :]
+    report = _report(probs >= np.asarray(thresholds, dtype=np.float64)[None, :], gold, labels)
+    for entry, t in zip(report["per_label"].values(), thresholds):
+        entry["threshold"] = float(t)
+    return report
+
+
+def _report(pred: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> dict:
+    """`metrics` of [n, L] bool predictions (without thresholds)."""
     tp, fp, fn = _counts(pred, gold)
     precision = np.divide(tp, tp + fp, out=np.zeros(len(labels)), where=(tp + fp) > 0)
     recall = np.divide(tp, tp + fn, out=np.zeros(len(labels)), where=(tp + fn) > 0)
@@ -139,9 +145,8 @@ def metrics(probs: np.ndarray, gold: np.ndarray, thresholds, labels: tuple[str, 
         "items": int(len(gold)), "micro_f1": float(_f1(tp.sum(), fp.sum(), fn.sum())), "macro_f1": float(f1.mean()),
         "subset_accuracy": float((pred == gold).all(axis=1).mean()) if len(gold) else 0.0,
         "hamming_loss": float((pred != gold).mean()) if len(gold) else 0.0,
-        "per_label": {label: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(s),
-                              "threshold": float(t)}
-                      for label, p, r, f, s, t in zip(labels, precision, recall, f1, gold.sum(0), thresholds)},
+        "per_label": {label: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
+                      for label, p, r, f, s in zip(labels, precision, recall, f1, gold.sum(0))},
     }
 
 
@@ -182,13 +187,8 @@ def cross_fitted(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...], t
     (seeded), each half predicted with the thresholds picked on the other half (`fallback` where a
     half picks none), so the figures are not measured on the data the thresholds were tuned on."""
     halves = np.random.default_rng(seed).permutation(len(gold)) % 2 == 0
-    pred_probs = np.zeros_like(probs)
-    for part in (halves, ~halves):
+    pred = np.zeros_like(gold, dtype=bool)
+    for part in (halves, ~halves):  # this half predicted at the other half's thresholds
         picked = pick_thresholds(probs[~part], gold[~part], target_precision)
-        cut = np.array([fallback if t is None else t for t in picked])
-        # predictions of this half at the other half's thresholds, folded into a 0.5 cut
-        pred_probs[part] = np.where(probs[part] >= cut[None, :], 1.0, 0.0)
-    result = metrics(pred_probs, gold, [0.5] * len(labels), labels)
-    for entry in result["per_label"].values():
-        entry.pop("threshold")
-    return result
+        pred[part] = probs[part] >= np.array([fallback if t is None else t for t in picked])[None, :]
+    return _report(pred, gold, labels)

@@ -149,15 +149,17 @@ class Task:
         if self.system is not None:
             return self.system
         if self.multi_label:
-            lines = [f"- {label}: {desc}" if desc else f"- {label}" for label, desc in
-                     zip(self.labels, self.descriptions or ("",) * len(self.labels))]
             return (f"{self.instruction}\nSeveral labels, or none, may apply. Asked about one label, answer with "
                     "its name, a colon and yes if it applies or no if it does not (e.g. "
-                    f"\"{self.labels[0]}: yes\"). The labels:\n" + "\n".join(lines))
+                    f"\"{self.labels[0]}: yes\"). The labels:\n" + self._label_list())
         if any(self.descriptions):
-            lines = [f"- {label}: {desc}" if desc else f"- {label}" for label, desc in zip(self.labels, self.descriptions)]
-            return f"{self.instruction}\nAnswer with exactly one of these labels:\n" + "\n".join(lines)
+            return f"{self.instruction}\nAnswer with exactly one of these labels:\n" + self._label_list()
         return f"{self.instruction}\nAnswer with exactly one of: {', '.join(self.labels)}."
+
+    def _label_list(self) -> str:
+        """One `- label: description` line per label (`- label` where it has none)."""
+        descriptions = self.descriptions or ("",) * len(self.labels)
+        return "\n".join(f"- {label}: {desc}" if desc else f"- {label}" for label, desc in zip(self.labels, descriptions))
 
     @property
     def fields(self) -> tuple[str, ...]:

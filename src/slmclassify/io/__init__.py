@@ -7,8 +7,8 @@ whole-table conveniences built on the same readers and writers.
 """
 
 from .formats import FORMATS, check_output, table_format
-from .readers import TableReader, open_table, read_table, texts_of
+from .readers import TableReader, item_texts, open_table, read_table, texts_of
 from .writers import ChunkWriter, write_table
 
 __all__ = ["FORMATS", "ChunkWriter", "TableReader", "check_output", "open_table", "read_table", "table_format",
-           "texts_of", "write_table"]
+           "texts_of", "item_texts", "write_table"]

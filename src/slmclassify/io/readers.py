@@ -399,11 +399,8 @@ class TableReader:
     def texts(self, frame: pd.DataFrame) -> list[str]:
         """The text column of a chunk as strings (see `texts_of`); bytes are decoded as UTF-8. With
         `fields`, each row's item composed from those columns (all empty: an empty item)."""
-        if not self.fields:
-            return texts_of(frame, self.text_column, name=self.name, errors=self.errors, id_column=self.id_column)
-        columns = {f: texts_of(frame, f, name=self.name, errors=self.errors, id_column=self.id_column)
-                   for f in self.fields}
-        return [self.compose({f: columns[f][k] for f in self.fields}) for k in range(len(frame))]
+        return item_texts(frame, self.text_column, self.fields, self.compose, name=self.name, errors=self.errors,
+                          id_column=self.id_column)
 
 
 def file_digest(path: str, length: int) -> str | None:
@@ -514,6 +511,16 @@ def texts_of(frame: pd.DataFrame, text_column: str, *, name: str = "input", erro
                              column=text_column)
         texts.append(text)
     return texts
+
+
+def item_texts(frame: pd.DataFrame, text_column: str, fields: tuple[str, ...] = (), compose=None, *,
+               name: str = "input", errors: str = "strict", id_column: str | None = None) -> list[str]:
+    """Each row's item: its text column (`texts_of`), or with `fields` (`Task.fields` of a multi-field
+    template) composed from those columns by `compose` (`Task.compose`; all empty: an empty item)."""
+    if not fields:
+        return texts_of(frame, text_column, name=name, errors=errors, id_column=id_column)
+    columns = {f: texts_of(frame, f, name=name, errors=errors, id_column=id_column) for f in fields}
+    return [compose({f: columns[f][k] for f in fields}) for k in range(len(frame))]
 
 
 def open_table(path: str, text_column: str, fmt: str | None = None, errors: str = "strict",

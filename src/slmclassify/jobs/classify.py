@@ -28,7 +28,6 @@ import pandas as pd
 
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
-from ..core.labels import describe_labels
 from ..core.multilabel import canonical_labels, split_labels
 from ..errors import FieldError, InputError, TaskError
 from ..head.apply import HeadChoice
@@ -283,9 +282,7 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
 
 def label_lines(classifier: Classifier) -> tuple[str, ...]:
     """Each label of the classifier's task and its tokens after the chat template, one line each."""
-    return tuple(line.strip() for line in describe_labels(
-        classifier.loaded.tokenizer, classifier.trie.labels, classifier.label_tokens,
-        warn=not classifier.task.multi_label))
+    return tuple(line.strip() for line in classifier.label_token_lines())
 
 
 def engine_line(loaded) -> str:

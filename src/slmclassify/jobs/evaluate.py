@@ -16,7 +16,7 @@ from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..core.metrics import Evaluation, gold_indices, read_labelled, write_plots
 from ..core import multilabel
-from ..core.labels import build_trie, describe_labels
+from ..core.labels import build_trie
 from ..core.multilabel import split_labels
 from ..models.loading import LoadedModel, load_model
 from ..models.precision import auto_line, settled
@@ -85,6 +85,9 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     `task_file`: write the threshold (and fitted temperature) into this task file. A head
     (`head/`) with scorer head or combined (`head.used`) is the main report (gold labels are then the head's).
     """
+    if task.multi_label:  # its scores are two per label: accuracy and the softmax do not apply
+        raise TaskError("a multi-label task is evaluated by evaluate_multilabel_file (F1, subset accuracy, "
+                        "Hamming loss, per-label thresholds)")
     settings = settings or EngineSettings()
     data = read_labelled(path, text_column, label_column, task).head(limit)
     texts = data.texts
@@ -153,8 +156,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     result = EvaluateSummary(
         model=loaded.name, items=len(texts), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
         precision_line=auto_line(loaded),
-        label_token_lines=tuple(describe_labels(loaded.tokenizer, clf.trie.labels, clf.label_tokens,
-                                                 warn=not task.multi_label)),
+        label_token_lines=tuple(clf.label_token_lines()),
         fitted_temperature=temperature if fit_temperature else None, main=main, head=head.head if use_head else None,
         modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary)
     return _write(result, plots_dir, task_file, json_path, temperature if fit_temperature else None)
@@ -211,7 +213,7 @@ def evaluate_multilabel_file(path: str, task: Task, settings: EngineSettings | N
         Path(json_path).write_text(json.dumps(figures, indent=2))
     return MultiLabelSummary(
         model=loaded.name, items=int(ok.sum()), task=task,
-        label_token_lines=tuple(describe_labels(loaded.tokenizer, clf.trie.labels, clf.label_tokens, warn=False)),
+        label_token_lines=tuple(clf.label_token_lines()),
         at_task=at_task, picked=picked, cross_fitted=honest, target_precision=target_precision, figures=figures,
         task_file=task_file, task_values=values, json_path=json_path)
 

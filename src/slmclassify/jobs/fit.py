@@ -12,7 +12,7 @@ import numpy as np
 
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import Evaluation, read_labelled
-from ..errors import FieldError, InputError
+from ..errors import FieldError, InputError, TaskError
 from ..models.loading import load_model
 from ..models.precision import auto_line
 from ..core.results import softmax
@@ -73,7 +73,9 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
              seed: int = 0) -> FitSummary:
     """Fit a head on a labelled file and save it (and the curve's PNG, the figures as JSON); returns
     the CV metrics, zero-shot alongside and the learning curve."""
-    data = read_labelled(path, text_column, label_column)
+    if task.multi_label:
+        raise TaskError("heads are single-label: `fit` needs a task with one label per item (multi_label = false)")
+    data = read_labelled(path, text_column, label_column, task)
     texts, gold = data.texts, [names[0] for names in data.gold]  # a head learns one label per item
     keep = [i for i, t in enumerate(texts) if t.strip()]
     skipped = len(texts) - len(keep)

@@ -83,10 +83,14 @@ class LabelSession:
             raise InputError("labelling fits a head, which needs scikit-learn: pip install 'slmclassify[head]'") from None
         if sample < 1 or first_slice < 1:
             raise TaskError(f"sample and first_slice must be positive, got {sample} and {first_slice}")
-        from ..io import read_table, texts_of
+        if task.multi_label:
+            raise TaskError("the labelling page takes one label per item: a multi-label task cannot be labelled "
+                            "here yet (set multi_label = false)")
+        from ..io import item_texts, read_table
 
-        frame = read_table(input_path, text_column)
-        texts_all = texts_of(frame, text_column, name=input_path)
+        fields = task.fields if task.multi_field else ()
+        frame = read_table(input_path, text_column, fields=fields)
+        texts_all = item_texts(frame, text_column, fields, task.compose, name=input_path)
         if id_column is not None and id_column not in frame.columns:
             raise InputError(f"{input_path} has no column {id_column!r} (--id-column); its columns: "
                              f"{', '.join(map(str, frame.columns))}")

@@ -41,12 +41,15 @@ def check_model(model) -> None:
 
 
 def check_columns(names: list[str], task, text_column: str, result_prefix: str) -> None:
-    """The input has the text column, and none that a result column would overwrite."""
+    """The input has the text column (or every column a multi-field template names), and none that a
+    result column would overwrite."""
     from ..errors import InputError
     from ..core.results import result_columns
 
-    if text_column not in names:
-        raise InputError(f"no text column {text_column!r}; columns are: {', '.join(names)}")
+    for column in task.fields if task.multi_field else (text_column,):
+        if column not in names:
+            raise InputError(f"no {'text column' if column == text_column else 'column'} {column!r}; columns are: "
+                             f"{', '.join(names)}")
     clash = [c for c in result_columns(task.labels, result_prefix, task.result_column) if c in names]
     if clash:
         raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
@@ -121,7 +124,6 @@ class ClassifierActor:
         import torch
 
         from ..classifier import Classifier
-        from ..core.labels import describe_labels
         from ..models.loading import load_model
         from ..core.results import RunStats, result_arrow_fields
 
@@ -143,20 +145,22 @@ class ClassifierActor:
             "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
             "calibrated": c.bias is not None, "threads": threads,
             "load_seconds": time.perf_counter() - started, "phases": phases,
-            "labels": [line.strip() for line in describe_labels(loaded.tokenizer, c.trie.labels, c.label_tokens)],
+            "labels": [line.strip() for line in c.label_token_lines()],
         })
 
     def __call__(self, batch):
         import pandas as pd
         import pyarrow as pa
 
-        from ..io.readers import texts_of
+        from ..io.readers import item_texts
         from ..core.results import result_frame
 
         began = time.time()
-        column = batch.column(self.text_column).to_pylist()
-        texts = texts_of(pd.DataFrame({self.text_column: column}, dtype=object), self.text_column,
-                         errors=self.errors)
+        task = self.classifier.task
+        fields = task.fields if task.multi_field else ()
+        columns = fields or (self.text_column,)
+        cells = pd.DataFrame({c: batch.column(c).to_pylist() for c in columns}, dtype=object)
+        texts = item_texts(cells, self.text_column, fields, task.compose, errors=self.errors)
         block = score_block(self.classifier, texts, self._exchange, self.pace)
         self.total.add(block.stats)
         frame = result_frame(block.results, self.classifier.task.labels, self.prefix,

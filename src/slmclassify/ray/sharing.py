@@ -153,7 +153,7 @@ def score_block(classifier, texts: list[str], exchange: Exchange, pace: Pace) ->
 
         keys = [digest(key) for key in item_keys]  # keys[j] is the board's key of unique[j]
         lengths = np.array([len(encoded.own(i)) for i in unique], dtype=np.int64)
-        unique_scores = np.full((len(unique), len(classifier.task.labels)), np.nan)
+        unique_scores = np.full((len(unique), len(classifier.trie.labels)), np.nan)
         remaining = [int(j) for j in np.argsort(-lengths, kind="stable")]  # longest first, as plan_batches
         ran, parts = 0, RunStats()
         publish: dict[bytes, np.ndarray] = {}

@@ -170,9 +170,9 @@ def create_app(service: Service):
             raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
         if body.items is not None:
             try:
-                texts = [item_text(item, k, task) for k, item in enumerate(texts)]
+                texts = [item_text(item, k, task, where="items") for k, item in enumerate(texts)]
             except InputError as exc:
-                raise ApiError(422, str(exc).replace("texts[", "items[")) from None
+                raise ApiError(422, str(exc)) from None
         ticket = Ticket(runner, runner.encode(texts))
         if ticket.size:
             results = await _wait(ticket, request)
