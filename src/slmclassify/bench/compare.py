@@ -46,7 +46,7 @@ from ..models.engines import with_backend
 from ..models.loading import LoadedModel
 from ..timing import Side, Stopwatch, interleave, json_line
 from .article import article_batched, article_loop, first_ids
-from .on_batches import against_base, against_base_encoded
+from .on_batches import against_base
 
 SCHEMA_VERSION = 1
 
@@ -407,11 +407,16 @@ def _multilabel_row(inputs: _Inputs, report: BenchReport, clf: Classifier, d: Be
     task = inputs.task.with_overrides(multi_label=True, mode="auto")
     multi = Classifier(task, model=inputs.loaded, settings=inputs.settings)
     items = multi.encode(inputs.texts)
-    ratio, scores = against_base_encoded(clf, inputs.encoded, multi, items, "m", inputs.device)
+    ratios, found = against_base(clf, {"m": lambda batch: multi.score(batch).scores}, inputs.encoded, inputs.device,
+                                 items={"m": items})
+    ratio, scores = ratios["m"], found["m"]
     scored = items.scored
     reference = np.full_like(scores, np.nan)
     reference[scored] = multi.reference(items, scored)
-    chosen = lambda s: multilabel.probabilities(multi.calibrated(s[scored])) >= np.array(task.label_thresholds)
+
+    def chosen(s):
+        return multilabel.probabilities(multi.calibrated(s[scored])) >= np.array(task.label_thresholds)
+
     seconds = d.seconds / ratio
     row = BenchRow(f"m ours multi-label ({len(task.labels)})",
                    f"each label's yes/no branch in d's pass; {1 / ratio:.2f}x d's cost, timed interleaved with d; "

@@ -16,37 +16,28 @@ BASE = "d"
 """The side name of the base scorer (ours, default settings: the bench's row d)."""
 
 
-def against_base(base: Classifier, others: dict[str, Callable], encoded, device: torch.device
-                 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """({name: items/s of others[name] over `base`}, {name: its [n, L] scores}), timed batch by batch.
+def against_base(base: Classifier, others: dict[str, Callable], encoded, device: torch.device,
+                 items: dict | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """({name: items/s of others[name] over `base`}, {name: its [n, L'] scores}), timed batch by batch.
 
-    `others`: name -> a scorer of `EncodedItems` ([b, L] scores, like `Classifier.score(items).scores`). The
+    `others`: name -> a scorer of `EncodedItems` ([b, L'] scores, like `Classifier.score(items).scores`). The
     units are the batches `base.score` makes (`Classifier.plan`), planned once; each is scored by
     `base` and by every other in turn (its items as one call; a Classifier plans them as the same
     single batch), the order rotating by one each batch, after one untimed call each on the last
-    batch. Items in no batch (not scored) keep NaN scores.
+    batch. `items`: {name: the same texts encoded for that other's own prompt} (another task's
+    prefix, e.g. the multi-label row), cut into the same batches. Items in no batch keep NaN scores.
     """
     batches = [rows for _, rows in base.plan(encoded)]  # input indices of each batch's items
-    sides = [Side(name, score) for name, score in others.items()] + [Side(BASE, base.score)]
-    timings = interleave(sides, units=[encoded.subset(rows) for rows in batches], rounds=1, sync=sync_of(device))
+    cut = {BASE: [encoded.subset(rows) for rows in batches]}
+    for name in others:
+        cut[name] = [items[name].subset(rows) for rows in batches] if items and name in items else cut[BASE]
+    sides = [Side(name, lambda k, score=score, units=cut[name]: score(units[k])) for name, score in others.items()]
+    sides.append(Side(BASE, lambda k: base.score(cut[BASE][k])))
+    timings = interleave(sides, units=list(range(len(batches))), rounds=1, sync=sync_of(device))
     scores = {}
     for name in others:
-        scores[name] = np.full((len(encoded), len(base.task.labels)), np.nan)
-        for rows, batch_scores in zip(batches, timings.last(name)):
+        parts = timings.last(name)
+        scores[name] = np.full((len(encoded), parts[0].shape[1] if parts else len(base.task.labels)), np.nan)
+        for rows, batch_scores in zip(batches, parts):
             scores[name][rows] = batch_scores
     return {name: timings.speedup(BASE, name) for name in others}, scores
-
-
-def against_base_encoded(base: Classifier, base_items, other: Classifier, other_items, name: str,
-                         device: torch.device) -> tuple[float, np.ndarray]:
-    """(items/s of `other` over `base`, its [n, L'] scores): as `against_base`, for a scorer whose
-    items are encoded for another prompt (another task's prefix: `other_items`, the same texts in the
-    same order); each batch of `base.plan` is scored by both, in turns."""
-    batches = [rows for _, rows in base.plan(base_items)]
-    sides = [Side(name, lambda rows: other.score(other_items.subset(rows)).scores),
-             Side(BASE, lambda rows: base.score(base_items.subset(rows)).scores)]
-    timings = interleave(sides, units=batches, rounds=1, sync=sync_of(device))
-    scores = np.full((len(other_items), len(other.trie.labels)), np.nan)
-    for rows, batch_scores in zip(batches, timings.last(name)):
-        scores[rows] = batch_scores
-    return timings.speedup(BASE, name), scores
