@@ -129,7 +129,73 @@ def test_classify_writes_a_labels_column_and_probes_every_branch(tmp_path, llama
     assert "warning" not in err.split("labels:")[1].split("\n")[0]  # the single-label token warnings do not apply
 
 
-def test_a_head_with_a_multi_label_task_is_refused(tmp_path, llama_dir, run_main):
+def _multilabel_rows(n, seed=0):
+    """Tickets whose words decide their labels (1-2 of billing / technical / account each)."""
+    rng = np.random.default_rng(seed)
+    words = {"billing": "card charged twice refund", "technical": "app crashes error screen",
+             "account": "password login locked"}
+    rows = []
+    for i in range(n):
+        chosen = [lab for lab in words if rng.random() < 0.45] or [list(words)[i % 3]]
+        rows.append((i, " and ".join(words[lab] for lab in chosen) + f" {i}", ";".join(chosen)))
+    return rows
+
+
+def test_one_vs_rest_head_fits_classifies_and_evaluates(tmp_path, llama_dir, run_main):
+    """`fit` on a multi-label task trains one head per label; `classify --head` chooses the labels
+    at the head's own thresholds; `evaluate --head` reports the head with zero-shot alongside and
+    warns on the items that fitted it."""
+    import json
+
+    import pandas as pd
+
+    from slmclassify.head.model import Head
+
+    rows = _multilabel_rows(48)
+    write_tickets(tmp_path / "fit.csv", rows[:30])
+    write_tickets(tmp_path / "held.csv", rows[30:])
+    task = tmp_path / "t.toml"
+    task.write_text('labels = ["billing", "technical", "account"]\nmulti_label = true\n')
+    code, out, err = run_main("fit", tmp_path / "fit.csv", "-o", tmp_path / "h.npz", "--model", llama_dir,
+                              "--task", task, "--gold-column", "gold", "--folds", "3", "--json", tmp_path / "f.json")
+    assert code == 0, err
+    assert "one-vs-rest heads" in out and "zero-shot" in out and "head (3-fold CV)" in out, out
+    head = Head.load(tmp_path / "h.npz")
+    assert head.multi_label and head.labels == ("billing", "technical", "account") and len(head.thresholds) == 3
+    assert head.coef.shape[0] == 3 and json.loads((tmp_path / "f.json").read_text())["per_label"]["billing"] > 0
+
+    code, out, err = run_main("classify", tmp_path / "held.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
+                              "--head", tmp_path / "h.npz", "--probes", "2")
+    assert code == 0, err
+    frame = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
+    assert frame["id"].tolist() == list(range(30, 48))
+    for _, row in frame.iterrows():  # the head's thresholds, not 0.5
+        chosen = [lab for lab, t in zip(head.labels, head.thresholds) if float(row[f"p_{lab}"]) >= t]
+        assert row["labels"] == ";".join(chosen)
+    # the probabilities are the head's: sigmoid of its log-odds on the fast path's states
+    from slmclassify import Classifier, load_model
+    from slmclassify.core.task import Task
+
+    clf = Classifier(Task.from_toml(task), model=load_model(str(llama_dir)))
+    scored = clf.score(clf.encode([r[1] for r in rows[30:]]), taps=head.taps)
+    z = head.log_odds(head.features(scored.states, clf.calibrated(scored.scores)))
+    np.testing.assert_allclose(frame[[f"p_{lab}" for lab in head.labels]].to_numpy(float), 1 / (1 + np.exp(-z)),
+                               atol=1e-5)
+
+    code, out, err = run_main("evaluate", tmp_path / "held.csv", "--gold-column", "gold", "--model", llama_dir,
+                              "--head", tmp_path / "h.npz")
+    assert code == 0, err
+    assert "scorer: head" in out and "at the head's thresholds" in out and "zero-shot, at thresholds" in out, out
+    assert "fitted the head" not in out
+    code, out, err = run_main("evaluate", tmp_path / "fit.csv", "--gold-column", "gold", "--model", llama_dir,
+                              "--head", tmp_path / "h.npz")
+    assert code == 0 and "warning: 30 of these 30 items fitted the head" in out, out
+    code, _, err = run_main("evaluate", tmp_path / "held.csv", "--gold-column", "gold", "--model", llama_dir,
+                            "--head", tmp_path / "h.npz", "--task", task, "--write-task")
+    assert code == 2 and "keeps its own thresholds" in err, err
+
+
+def test_heads_and_tasks_of_the_other_kind_are_refused(tmp_path, llama_dir, run_main):
     rows = [(i, f"{'card charged twice' if i % 2 else 'app crashes'} {i}", "a" if i % 2 else "b") for i in range(12)]
     write_tickets(tmp_path / "in.csv", rows)
     code, _, err = run_main("fit", tmp_path / "in.csv", "-o", tmp_path / "h.npz", "--model", llama_dir,
@@ -137,7 +203,27 @@ def test_a_head_with_a_multi_label_task_is_refused(tmp_path, llama_dir, run_main
     assert code == 0, err
     code, out, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--model", llama_dir,
                               "--labels", "a,b", "--multi-label", "--head", tmp_path / "h.npz")
-    assert code == 2 and "heads are single-label: a multi-label task is classified zero-shot" in err, err
+    assert code == 2 and "fitted for another task" in err and "multi_label" in err, err
+    # a label on fewer items than the folds: named, before the model loads
+    code, _, err = run_main("fit", tmp_path / "in.csv", "-o", tmp_path / "h2.npz", "--model", llama_dir,
+                            "--labels", "a,b,c", "--multi-label", "--gold-column", "gold", "--folds", "3")
+    assert code == 2 and "label 'c' is on 0 of 12 items" in err and "--folds" in err, err
+
+
+def test_one_vs_rest_equals_a_binary_logistic_regression_per_label():
+    from sklearn.linear_model import LogisticRegression
+
+    from slmclassify.head.one_vs_rest import fit_one_vs_rest
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 5))
+    gold = np.stack([X[:, 0] + 0.3 * rng.normal(size=60) > 0, X[:, 1] - X[:, 2] > 0.5], axis=1)
+    fitted = fit_one_vs_rest(X, gold, ("p", "q"), folds=3)
+    Z = (X - X.mean(0)) / X.std(0)
+    for j in range(2):
+        ref = LogisticRegression(C=fitted.C[j], max_iter=1000).fit(Z, gold[:, j])
+        np.testing.assert_allclose(((X - fitted.mean) / fitted.scale) @ fitted.coef[j] + fitted.intercept[j],
+                                   ref.decision_function(Z), atol=2e-2)  # LogisticRegressionCV's refit: its own tolerance
 
 
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04 truncated"])
@@ -340,10 +426,9 @@ def test_fit_and_label_refuse_a_multi_label_task_and_read_items_of_several_field
     pd.DataFrame(rows, columns=["id", "subject", "body", "gold"]).to_csv(tmp_path / "in.csv", index=False)
     fit = ["fit", tmp_path / "in.csv", "-o", tmp_path / "h.npz", "--model", llama_dir, "--labels", "billing,technical",
            "--gold-column", "gold", "--folds", "3", "--curve", "2", "--user-template", "Subject: {subject}\\n\\n{body}"]
-    code, _, err = run_main(*fit, "--multi-label")
-    assert code == 2 and "heads are single-label" in err, err
-    code, _, err = run_main(*fit)
-    assert code == 0, err
+    for multi in ((), ("--multi-label",)):
+        code, _, err = run_main(*fit, *multi)
+        assert code == 0, err
     with pytest.raises(TaskError, match="one label per item"):
         LabelSession.start(str(tmp_path / "in.csv"), Task(labels=("billing", "technical"), multi_label=True),
                            model=str(llama_dir), store_path=tmp_path / "s.sqlite")

@@ -367,14 +367,14 @@ def evaluate(input_path, text_column, gold_column, old_gold_column, compare_mode
 
         given = [flag for flag, value in (("--compare-modes", compare_modes), ("--fit-temperature", fit_temperature),
                                           ("--target-accuracy", target_accuracy), ("--fewshot-cost", fewshot_cost),
-                                          ("--plots", plots_dir), ("--head", choice.head)) if value]
+                                          ("--plots", plots_dir)) if value]
         if given:
             raise TaskError(f"{given[0]} is for single-label tasks; a multi-label evaluation reports F1, subset "
                             "accuracy and Hamming loss, and picks thresholds (--target-precision)")
         summaries.print_multilabel_evaluate(evaluate_multilabel_file(
             input_path, task, opts.settings(), text_column=text_column, label_column=label_column, model=opts.model,
             target_precision=target_precision, task_file=opts.task_file if write_task else None, json_path=json_path,
-            limit=limit))
+            limit=limit, head=choice))
         return
     summary = evaluate_file(
         input_path, task, opts.settings(), text_column=text_column, label_column=label_column, model=opts.model,

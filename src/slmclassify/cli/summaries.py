@@ -138,8 +138,16 @@ def print_multilabel_evaluate(summary) -> None:
     _out("branch tokens (after the chat template):")
     for line in summary.label_token_lines:
         _out(line)
-    rows = (("at the task's thresholds", summary.at_task),
-            ("at thresholds picked on the other half (cross-fitted)", summary.cross_fitted))
+    if summary.scorer != "zero-shot":
+        _out(f"scorer: {summary.scorer} (a one-vs-rest head); zero-shot alongside")
+        if summary.items_used_to_fit:
+            _out(f"warning: {summary.items_used_to_fit} of these {summary.items} items fitted the head: its figures "
+                 "on them are optimistic; evaluate on items it was not fitted on")
+    ours = "the head's" if summary.scorer != "zero-shot" else "the task's"
+    rows = [(f"at {ours} thresholds", summary.at_task),
+            ("at thresholds picked on the other half (cross-fitted)", summary.cross_fitted)]
+    if summary.zero_shot is not None:
+        rows.append(("zero-shot, at thresholds picked on the other half (cross-fitted)", summary.zero_shot))
     for title, m in rows:
         _out(f"\n{title}: micro-F1 {m['micro_f1']:.3f}   macro-F1 {m['macro_f1']:.3f}   "
              f"subset accuracy {m['subset_accuracy']:.3f}   Hamming loss {m['hamming_loss']:.3f}   ({m['items']} items)")
@@ -217,6 +225,9 @@ def print_fit(summary) -> None:
     _out(f"model: {summary.model}; {summary.items} items, {len(summary.counts)} labels {summary.counts}")
     _out(f"features: layers {list(summary.taps)} at the last token ({summary.feature_values} values)"
          f"{' + calibrated label scores' if summary.use_scores else ''}; one fast-path pass in {summary.seconds:.1f} s")
+    if summary.multi_label_rows:
+        _print_multilabel_fit(summary)
+        return
     if not summary.zero_shot_comparable:
         _out("zero-shot: not comparable (the gold labels are not all in the task's label set)")
     _out(f"\n{'scorer':<18} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7}")
@@ -232,5 +243,21 @@ def print_fit(summary) -> None:
         _out(f"\nlearning curve: none (its smallest size, {min(summary.curve_sizes)} per label, needs more than the "
              f"{summary.smallest_fold} per label a training fold holds here)")
     _out(f"C = {summary.C:g} (chosen by {summary.folds}-fold CV on all items); wrote {summary.output}")
+    if summary.json_path:
+        _out(f"wrote {summary.json_path}")
+
+
+def _print_multilabel_fit(summary) -> None:
+    """The rest of `fit`'s report for one-vs-rest heads."""
+    _out("\none-vs-rest heads; figures at thresholds picked on the other half of the items (cross-fitted):")
+    _out(f"{'scorer':<18} {'micro-F1':>9} {'macro-F1':>9} {'subset acc':>11} {'Hamming':>8}")
+    for name, m in summary.multi_label_rows:
+        _out(f"{name:<18} {m['micro_f1']:>9.3f} {m['macro_f1']:>9.3f} {m['subset_accuracy']:>11.3f} "
+             f"{m['hamming_loss']:>8.3f}")
+    head = summary.head
+    picked = ", ".join(f"{label} {t:.3f}" for label, t in zip(head.labels, head.thresholds))
+    _out(f"thresholds (F1-optimal on the out-of-fold probabilities, kept in the head): {picked}")
+    _out(f"C per label: {', '.join(f'{c:g}' for c in head.info['C'])} (chosen by {summary.folds}-fold CV); "
+         f"wrote {summary.output}")
     if summary.json_path:
         _out(f"wrote {summary.json_path}")

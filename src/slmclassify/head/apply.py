@@ -77,8 +77,15 @@ def check_scorer(head: Head, task_labels, scorer: str) -> None:
 
 
 def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarray, task_labels, scorer: str) -> np.ndarray:
-    """[n, K] log-probabilities of the head's labels under `scorer` (head or combined)."""
+    """[n, K] log-probabilities of the head's labels under `scorer` (head or combined); a multi-label
+    head's: [n, L] each label's log-odds (combined adds zero-shot's calibrated log-odds: the product
+    of the two odds, as combined multiplies the two distributions of a single-label head)."""
     check_scorer(head, task_labels, scorer)
+    if head.multi_label:
+        z = head.log_odds(head.features(states, calibrated))
+        if scorer == "combined":
+            z = z + calibrated[:, [list(task_labels).index(lab) for lab in head.labels]]
+        return z
     logp = head.log_probabilities(head.features(states, calibrated))
     if scorer == "combined":
         order = [list(task_labels).index(lab) for lab in head.labels]
@@ -99,9 +106,15 @@ def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None)
 
 def window_results(head: Head, scorer: str, classifier, window) -> list[Result]:
     """One Result per item of a `ScoredItems` (scored with the head's taps), over the head's labels."""
+    task = classifier.task
     calibrated = classifier.calibrated(window.scores)
-    logp = head_log_probabilities(head, calibrated, window.states, classifier.task.labels, scorer)
-    return make_results(head.labels, logp, logp, window.encoded.status, classifier.task.min_confidence)
+    logp = head_log_probabilities(head, calibrated, window.states, task.labels, scorer)
+    if head.multi_label:
+        from ..core import multilabel
+
+        return multilabel.make_results(head.labels, window.scores, logp, window.encoded.status, head.thresholds,
+                                       task.min_confidence, task.label_separator)
+    return make_results(head.labels, logp, logp, window.encoded.status, task.min_confidence)
 
 
 def file_digest(path: str) -> str:
@@ -121,7 +134,7 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
     calibrated = classifier.calibrated(scores)
     probs = np.exp(head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer))
     extra = {"scorer": scorer, "layers": list(head.taps), "items_per_s": len(texts) / seconds}
-    used = _items_used(head, texts)
+    used = items_used_to_fit(head, texts)
     if used:
         extra["items_used_to_fit"] = used
     if set(head.labels) == set(classifier.task.labels):
@@ -137,6 +150,6 @@ def text_hashes(texts) -> list[str]:
     return [hashlib.sha256(t.encode()).hexdigest()[:12] for t in texts]
 
 
-def _items_used(head: Head, texts) -> int:
+def items_used_to_fit(head: Head, texts) -> int:
     seen = set(head.info.get("item_hashes", ()))
     return sum(h in seen for h in text_hashes(texts))

@@ -1,4 +1,5 @@
-"""A learned head: multinomial logistic regression on hidden states read from the fast path.
+"""A learned head: multinomial logistic regression on hidden states read from the fast path (or,
+for a multi-label task, one logistic regression per label: `one_vs_rest.py`).
 
 The head is plain numbers (standardisation, weights, biases) plus what it was fitted for: the
 model's fingerprint, the task's prompt and the layers it reads. Saved as one `.npz` file without
@@ -45,6 +46,10 @@ class Head:
     """The task the features came from (`task_record`): prompt, labels, scoring."""
     info: dict
     """How it was fitted: C, items per label, cross-validated metrics."""
+    multi_label: bool = False
+    """One-vs-rest: coef row j gives label j's log-odds of applying (`log_odds`), not a softmax logit."""
+    thresholds: tuple[float, ...] = ()
+    """Multi-label: per label the P(yes) at or above which it is chosen (F1-optimal out of fold)."""
 
     def features(self, states: np.ndarray, calibrated: np.ndarray) -> np.ndarray:
         """[n, F] features from [n, taps*hidden] states and [n, L] calibrated label scores."""
@@ -55,11 +60,20 @@ class Head:
 
     def log_probabilities(self, features: np.ndarray) -> np.ndarray:
         """[n, K] log-probabilities of the head's labels (NaN rows stay NaN)."""
+        if self.multi_label:
+            raise TaskError("a multi-label head gives each label's log-odds (Head.log_odds), not one distribution")
         return linear_log_probabilities(features, self.mean, self.scale, self.coef, self.intercept)
+
+    def log_odds(self, features: np.ndarray) -> np.ndarray:
+        """Multi-label: [n, L] each label's log-odds of applying (NaN rows stay NaN)."""
+        from .one_vs_rest import log_odds
+
+        return log_odds(features, self.mean, self.scale, self.coef, self.intercept)
 
     def save(self, path: str | Path) -> Path:
         meta = {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps),
-                "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info}
+                "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info,
+                "multi_label": self.multi_label, "thresholds": list(self.thresholds)}
         path = Path(path)
         with path.open("wb") as f:  # np.savez would append .npz to a name without it
             np.savez(f, meta=np.array(json.dumps(meta)), mean=self.mean, scale=self.scale,
@@ -80,7 +94,8 @@ class Head:
         if meta.get("format") != FORMAT:
             raise InputError(f"{path}: unknown head format {meta.get('format')!r}; refit with `slmclassify fit`")
         return cls(labels=tuple(meta["labels"]), taps=tuple(meta["taps"]), use_scores=meta["use_scores"],
-                   model=meta["model"], task=meta["task"], info=meta["info"], **arrays)
+                   model=meta["model"], task=meta["task"], info=meta["info"], multi_label=meta.get("multi_label", False),
+                   thresholds=tuple(meta.get("thresholds", ())), **arrays)
 
     def check(self, fingerprint: dict, task: Task, source: str = "the head") -> None:
         """Refuse features from another model or task, naming what differs."""
@@ -91,7 +106,7 @@ class Head:
                             f"({', '.join(differs)} differ); refit it with `slmclassify fit --model ...`")
         record = task_record(task)
         if record != self.task:
-            differs = [k for k in self.task if record.get(k) != self.task.get(k)]
+            differs = [k for k in dict.fromkeys([*self.task, *record]) if record.get(k) != self.task.get(k)]
             detail = "; ".join(f"{k}: {_short(self.task.get(k))} in the head, {_short(record.get(k))} here" for k in differs)
             raise TaskError(f"{source} was fitted for another task ({detail}); use the task it was fitted "
                             f"with or refit it with `slmclassify fit`")
@@ -109,7 +124,8 @@ def task_record(task: Task) -> dict:
     return {"labels": list(task.labels), "descriptions": list(task.descriptions), "instruction": task.instruction,
             "system": task.system, "user_template": task.user_template,
             "examples": [[ex.text, ex.label] for ex in task.examples], "mode": task.mode,
-            "calibrate": task.calibrate, "temperature": task.temperature}
+            "calibrate": task.calibrate, "temperature": task.temperature,
+            **({"multi_label": True} if task.multi_label else {})}  # absent: the heads and label stores of before
 
 
 def task_from_record(record: dict, min_confidence: float | None = None) -> Task:

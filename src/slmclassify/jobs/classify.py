@@ -188,9 +188,6 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
     if choice.used:
         from ..head.apply import check_scorer
 
-        if task.multi_label:
-            raise TaskError("heads are single-label: a multi-label task is classified zero-shot (run it without "
-                            "{head})", names={"head": "head"})
         check_scorer(choice.head, task.labels, choice.scorer)
     labels = choice.labels(task)
     clash = [c for c in result_columns(labels, request.result_prefix, task.result_column) if c in reader.columns]

@@ -92,6 +92,9 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     data = read_labelled(path, text_column, label_column, task).head(limit)
     texts = data.texts
     use_head = head.used
+    if use_head and head.head.multi_label:
+        raise TaskError("the head is one-vs-rest, fitted on a multi-label task; evaluate it with that task "
+                        "(multi_label = true), or without task options to use the task it was fitted with")
     checked = head.labels(task)
     for row, names in enumerate(data.gold, start=1):
         missing = [name for name in names if name not in checked]
@@ -181,30 +184,61 @@ class MultiLabelSummary:
     task_file: str | None = None
     task_values: dict = dataclasses.field(default_factory=dict)
     json_path: str | None = None
+    scorer: str = "zero-shot"
+    """Whose probabilities the figures are of: zero-shot, or a one-vs-rest head (head, combined)."""
+    zero_shot: dict | None = None
+    """With a head: zero-shot's cross-fitted figures on the same items, for comparison."""
+    items_used_to_fit: int = 0
+    """With a head: how many of these items fitted it (its figures on them are optimistic)."""
 
 
 def evaluate_multilabel_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
                              label_column="label", model=None, target_precision: float | None = None,
-                             task_file=None, json_path=None, limit=None) -> MultiLabelSummary:
+                             task_file=None, json_path=None, limit=None,
+                             head: HeadChoice = HeadChoice()) -> MultiLabelSummary:
     """Score a file with `;`-separated gold labels under a multi-label task: the figures at the
     task's thresholds, per-label thresholds picked on these items (F1-optimal, or the lowest reaching
     `target_precision`), and the figures at thresholds picked on the other half (cross-fitted, so
-    not measured where they were tuned). `task_file`: the picked thresholds are written into it."""
+    not measured where they were tuned). `task_file`: the picked thresholds are written into it.
+    With a one-vs-rest head (`head.used`) the figures are the head's, at the head's own thresholds,
+    with zero-shot's cross-fitted figures alongside."""
     settings = settings or EngineSettings()
+    if head.used and not head.head.multi_label:
+        raise TaskError("the head is single-label; a multi-label task needs a head fitted on it "
+                        "(`slmclassify fit` with multi_label = true)")
+    if head.used and task_file:
+        raise TaskError("a multi-label head keeps its own thresholds (picked when it was fitted): evaluate it "
+                        "without {write}, or refit it", names={"write": "write_task"})
     data = read_labelled(path, text_column, label_column, task).head(limit)
     gold = multilabel.gold_matrix([cell[0] for cell in data.gold], task.labels, task.label_separator, path)
     loaded = (settled(model, task, data.texts, settings) if isinstance(model, LoadedModel)
               else load_model(model, settings.device, settings.precision, task=task, sample=data.texts,
                               settings=settings))
     clf = Classifier(task, model=loaded, settings=settings, precision_sample=data.texts)
-    scores = clf.score(clf.encode(data.texts)).scores
-    ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
-    probs, gold = multilabel.probabilities(clf.calibrated(scores[ok])), gold[ok]
-    at_task = multilabel.metrics(probs, gold, task.label_thresholds, task.labels)
+    extra = {}
+    if head.used:
+        from ..head.apply import check, head_log_probabilities, items_used_to_fit
+
+        check(head.head, clf, head.source or "the head")
+        scored = clf.score(clf.encode(data.texts), taps=head.head.taps)
+        ok = ~np.isnan(scored.scores).any(axis=1)  # empty items have no scores
+        calibrated, gold = clf.calibrated(scored.scores[ok]), gold[ok]
+        zero = multilabel.probabilities(calibrated)
+        probs = multilabel.probabilities(head_log_probabilities(head.head, calibrated, scored.states[ok], task.labels,
+                                                                head.scorer))
+        thresholds = head.head.thresholds
+        extra = {"scorer": head.scorer, "zero_shot": multilabel.cross_fitted(zero, gold, task.labels, target_precision),
+                 "items_used_to_fit": items_used_to_fit(head.head, [t for t, keep in zip(data.texts, ok) if keep])}
+    else:
+        scores = clf.score(clf.encode(data.texts)).scores
+        ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
+        probs, gold = multilabel.probabilities(clf.calibrated(scores[ok])), gold[ok]
+        thresholds = task.label_thresholds
+    at_task = multilabel.metrics(probs, gold, thresholds, task.labels)
     picked = tuple(multilabel.pick_thresholds(probs, gold, target_precision))
     honest = multilabel.cross_fitted(probs, gold, task.labels, target_precision)
     figures = {"items": int(ok.sum()), "at_task_thresholds": at_task, "picked_thresholds": dict(zip(task.labels, picked)),
-               "cross_fitted": honest, "target_precision": target_precision}
+               "cross_fitted": honest, "target_precision": target_precision, **extra}
     values = {}
     if task_file:
         values["thresholds"] = [round(t, 4) if t is not None else old for t, old in zip(picked, task.label_thresholds)]
@@ -215,7 +249,7 @@ def evaluate_multilabel_file(path: str, task: Task, settings: EngineSettings | N
         model=loaded.name, items=int(ok.sum()), task=task,
         label_token_lines=tuple(clf.label_token_lines()),
         at_task=at_task, picked=picked, cross_fitted=honest, target_precision=target_precision, figures=figures,
-        task_file=task_file, task_values=values, json_path=json_path)
+        task_file=task_file, task_values=values, json_path=json_path, **extra)
 
 
 def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list[dict]:

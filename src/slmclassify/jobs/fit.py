@@ -12,7 +12,7 @@ import numpy as np
 
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import Evaluation, read_labelled
-from ..errors import FieldError, InputError, TaskError
+from ..errors import FieldError, InputError
 from ..models.loading import load_model
 from ..models.precision import auto_line
 from ..core.results import softmax
@@ -65,6 +65,9 @@ class FitSummary:
     plot_path: str | None
     """The learning-curve PNG written (None: no curve)."""
     json_path: str | None
+    multi_label_rows: tuple[tuple[str, dict], ...] = ()
+    """A multi-label head: (scorer, `multilabel` metrics at thresholds picked on the other half) for
+    zero-shot and the head's out-of-fold probabilities; `rows` and the curve are then empty."""
 
 
 def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",
@@ -73,9 +76,10 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
              seed: int = 0) -> FitSummary:
     """Fit a head on a labelled file and save it (and the curve's PNG, the figures as JSON); returns
     the CV metrics, zero-shot alongside and the learning curve."""
-    if task.multi_label:
-        raise TaskError("heads are single-label: `fit` needs a task with one label per item (multi_label = false)")
     data = read_labelled(path, text_column, label_column, task)
+    if task.multi_label:
+        return _fit_multilabel(path, output, task, settings, data, model=model, folds=folds, taps=taps,
+                               use_scores=use_scores, json_path=json_path, seed=seed)
     texts, gold = data.texts, [names[0] for names in data.gold]  # a head learns one label per item
     keep = [i for i, t in enumerate(texts) if t.strip()]
     skipped = len(texts) - len(keep)
@@ -89,17 +93,7 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
                          "{folds} per label (or pass {folds_field})", names={"folds_field": "folds"}, path=path,
                          label=min(counts, key=counts.get), items=min(counts.values()), folds=folds)
 
-    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
-    clf = Classifier(task, model=loaded, settings=settings)
-    layers = loaded.model.config.num_hidden_layers
-    taps = taps or default_taps(layers)
-    bad = [t for t in taps if not 1 <= t <= layers]
-    if bad:
-        raise FieldError("taps", "{field} {value} out of range: the model has layers 1..{layers}", value=bad,
-                         layers=layers)
-    start = time.perf_counter()
-    scores, calibrated, states = collect(clf, clf.encode(texts), taps)
-    seconds = time.perf_counter() - start
+    loaded, taps, scores, calibrated, states, seconds = _features(model, task, settings, texts, taps)
 
     parts = [states.astype(np.float64)] + ([calibrated] if use_scores else [])
     X = np.concatenate(parts, axis=1)
@@ -142,6 +136,60 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
         curve=tuple((int(n), float(acc)) for n, acc in curve), curve_sizes=tuple(curve_sizes),
         smallest_fold=min(counts.values()) * (folds - 1) // folds, C=final.C, head=head, output=output,
         plot_path=plot_path, json_path=json_path)
+
+
+def _features(model, task: Task, settings: EngineSettings, texts, taps):
+    """(loaded model, taps, raw scores, calibrated scores, states, seconds) of one fast-path pass."""
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
+    clf = Classifier(task, model=loaded, settings=settings)
+    layers = loaded.model.config.num_hidden_layers
+    taps = taps or default_taps(layers)
+    bad = [t for t in taps if not 1 <= t <= layers]
+    if bad:
+        raise FieldError("taps", "{field} {value} out of range: the model has layers 1..{layers}", value=bad,
+                         layers=layers)
+    start = time.perf_counter()
+    scores, calibrated, states = collect(clf, clf.encode(texts), taps)
+    return loaded, tuple(taps), scores, calibrated, states, time.perf_counter() - start
+
+
+def _fit_multilabel(path, output, task: Task, settings, data, *, model, folds, taps, use_scores, json_path,
+                    seed) -> FitSummary:
+    """One-vs-rest heads (`head/one_vs_rest.py`) on `;`-separated gold labels: each label's
+    thresholds F1-optimal on its out-of-fold probabilities, figures at thresholds picked on the
+    other half of the items (zero-shot's and the head's alike)."""
+    from ..core import multilabel
+    from ..head.one_vs_rest import check_counts, cross_validated_one_vs_rest, fit_one_vs_rest
+
+    keep = [i for i, t in enumerate(data.texts) if t.strip()]
+    texts = [data.texts[i] for i in keep]
+    gold = multilabel.gold_matrix([data.gold[i][0] for i in keep], task.labels, task.label_separator, path)
+    check_counts(gold, task.labels, folds, path)
+    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, texts, taps)
+    X = np.concatenate([states.astype(np.float64)] + ([calibrated] if use_scores else []), axis=1)
+    oof = cross_validated_one_vs_rest(X, gold, folds=folds, seed=seed)
+    zero = multilabel.probabilities(calibrated)
+    rows = (("zero-shot", multilabel.cross_fitted(zero, gold, task.labels, seed=seed)),
+            (f"head ({folds}-fold CV)", multilabel.cross_fitted(oof, gold, task.labels, seed=seed)))
+    thresholds = tuple(0.5 if t is None else t for t in multilabel.pick_thresholds(oof, gold))
+    final = fit_one_vs_rest(X, gold, task.labels, seed=seed, folds=folds)
+    counts = {label: int(n) for label, n in zip(task.labels, gold.sum(0))}
+    brief = lambda m: {k: m[k] for k in ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")}  # noqa: E731
+    info = {"C": list(final.C), "items": len(texts), "per_label": counts, "folds": folds, "source": str(path),
+            "cv": brief(rows[1][1]), "zero_shot": brief(rows[0][1]), "thresholds": list(thresholds),
+            "item_hashes": text_hashes(texts)}
+    head = Head(labels=task.labels, taps=taps, use_scores=use_scores, mean=final.mean, scale=final.scale,
+                coef=final.coef, intercept=final.intercept, model=model_fingerprint(loaded), task=task_record(task),
+                info=info, multi_label=True, thresholds=thresholds)
+    head.save(output)
+    if json_path:
+        Path(json_path).write_text(json.dumps({k: v for k, v in info.items() if k != "item_hashes"}, indent=2))
+    return FitSummary(
+        model=loaded.name, skipped=len(data.texts) - len(texts), items=len(texts), counts=counts, taps=taps,
+        feature_values=int(states.shape[1]), use_scores=use_scores, seconds=seconds,
+        precision_line=auto_line(loaded), rows=(), zero_shot_comparable=True, folds=folds, curve=(),
+        curve_sizes=(), smallest_fold=0, C=float(np.median(final.C)), head=head, output=output,
+        plot_path=None, json_path=json_path, multi_label_rows=rows)
 
 
 def plot_curve(curve, full_accuracy: float, zero_shot: float | None, full_per_label: int, path: str) -> None:
