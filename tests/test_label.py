@@ -295,7 +295,7 @@ def _offered_accuracy(learnable: bool, seed: int, target: float = 0.9, n: int = 
     picked = rng.permutation(n)[:answers]
     fair = np.ones(answers, bool)
     est = refit.estimate(X[picked], y[picked], labels, seed, fair)
-    threshold = refit.auto_threshold(est, y[picked], target)
+    threshold = refit.auto_threshold(est, target)
     if threshold is None:
         return None
     rest = np.setdiff1d(np.arange(n), picked)
@@ -386,13 +386,14 @@ def test_the_automatic_share_is_where_the_lower_bound_reaches_the_target_or_none
     unsure = np.array([[0.6, 0.4]] * 10)  # 10 at 0.6, half of them wrong
     oof = np.concatenate([confident, unsure])
     y = np.array([0] * 40 + [0, 1] * 5)
-    est = Estimate(0.9, 0.8, 0.95, 50, "random picks", np.arange(50), oof)
-    threshold = auto_threshold(est, y, 0.9)
+    est = Estimate(0.9, 0.8, 0.95, 50, "random picks", np.arange(50), oof, oof.max(1), oof.argmax(1) == y)
+    threshold = auto_threshold(est, 0.9)
     assert threshold is not None and 0.95 < threshold <= 0.99  # the unsure ones are left to a person
-    assert auto_threshold(est, y, 0.99) is None  # 40 of 40 right: lower bound 0.91 < 0.99
-    assert auto_threshold(est, y, None) is None and auto_threshold(None, y, 0.9) is None
-    few = Estimate(1.0, 0.7, 1.0, MIN_AUTO - 1, "random picks", np.arange(MIN_AUTO - 1), confident[: MIN_AUTO - 1])
-    assert auto_threshold(few, y[: MIN_AUTO - 1], 0.5) is None
+    assert auto_threshold(est, 0.99) is None  # 40 of 40 right: lower bound 0.91 < 0.99
+    assert auto_threshold(est, None) is None and auto_threshold(None, 0.9) is None
+    few = Estimate(1.0, 0.7, 1.0, MIN_AUTO - 1, "random picks", np.arange(MIN_AUTO - 1), confident[: MIN_AUTO - 1],
+                   confident[: MIN_AUTO - 1].max(1), np.ones(MIN_AUTO - 1, bool))
+    assert auto_threshold(few, 0.5) is None
 
 
 def test_store_versions_refuse_a_stale_answer_and_an_empty_file(tmp_path):

@@ -223,3 +223,59 @@ def test_more_than_nine_labels_have_keys_and_a_hint_that_matches(tmp_path, llama
         driver.quit()
         page.kill()
     assert exported(tmp_path / "tickets.labelled.csv") == expected
+
+
+def test_multi_label_page_toggles_labels_and_submits_sets(tmp_path, llama_dir):
+    """A multi-label task: each item appears with its guess toggled on; number keys toggle labels,
+    Enter submits the set (an empty one too). 10 items labelled with several labels each; the
+    export's gold column holds each set in the task's order, and Fit writes one-vs-rest heads."""
+    from slmclassify.head.model import Head
+
+    input_path, task, store = tmp_path / "tickets.csv", tmp_path / "multi.toml", tmp_path / "tickets.labels.sqlite"
+    write_input(input_path, n=30)
+    task.write_text('labels = ["billing", "technical", "account"]\nmulti_label = true\nuser_template = "Ticket: {text}"\n')
+    page = Page([str(input_path), "--task", str(task), "--store", str(store), "--model", str(llama_dir),
+                 "--port", "0", "--seed", "2"])
+    driver = chromium()
+    on = "return [...document.querySelectorAll('#labels button.on')].map((b) => b.dataset.label)"
+    # 10 answers, most of several labels, each label with 2+ answers that have it and 2+ without
+    targets = [{"billing", "technical"}, {"account"}, {"billing", "account"}, {"technical", "account"},
+               {"billing", "technical", "account"}, set(), {"billing"}, {"technical", "billing"},
+               {"account", "technical"}, {"billing", "account"}]
+    expected = {}
+    try:
+        driver.get(page.url)
+        shown = wait_for_item(driver)
+        assert "toggle a label" in driver.find_element(By.ID, "keys").text
+        for target in targets:
+            row = shown["row"]
+            # the guess and the labels toggled on, read at once (a refit may change the guess meanwhile)
+            toggled, guess = driver.execute_script(on.replace("return ", "return [") +
+                                                   ", document.querySelector('#guess b').textContent]")
+            toggled = set(toggled)
+            assert toggled == (set() if guess == "none of them" else set(guess.split(", "))), (toggled, guess)
+            # a toggle there and back: the selection is the person's now, a refit no longer moves it
+            driver.find_element(By.TAG_NAME, "body").send_keys("1", "1")
+            toggled = set(driver.execute_script(on))
+            for i, label in enumerate(LABELS):  # toggle what differs from the pre-selected guess
+                if (label in target) != (label in toggled):
+                    driver.find_element(By.TAG_NAME, "body").send_keys(str(i + 1))
+            assert set(driver.execute_script(on)) == target
+            shown = press(driver, Keys.ENTER)
+            names = [label for label in LABELS if label in target]
+            assert shown["status"] == f"row {row}: {', '.join(names) or 'none of them'}", shown["status"]
+            expected[row] = ";".join(names)
+            assert shown["row"] not in expected
+        counts = {label: sum(label in t for t in targets) for label in LABELS}
+        assert page_state(driver)["counts"] == counts
+        driver.find_element(By.ID, "export").click()
+        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
+        driver.find_element(By.ID, "fit").click()
+        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].endswith(".npz") or page_state(d)["error"])
+        assert page_state(driver)["status"] == f"wrote {tmp_path / 'tickets.head.npz'}"
+    finally:
+        driver.quit()
+        page.kill()
+    assert exported(tmp_path / "tickets.labelled.csv") == expected
+    head = Head.load(tmp_path / "tickets.head.npz")
+    assert head.multi_label and head.labels == LABELS

@@ -9,6 +9,7 @@ from slmclassify import Classifier, EngineSettings, Task, TaskError
 from slmclassify.core import multilabel
 
 from test_engine import assert_matches_reference, random_texts
+from test_label import wait_for
 
 LABELS = ("billing", "technical", "account", "shipping", "feedback")
 
@@ -429,6 +430,91 @@ def test_fit_and_label_refuse_a_multi_label_task_and_read_items_of_several_field
     for multi in ((), ("--multi-label",)):
         code, _, err = run_main(*fit, *multi)
         assert code == 0, err
-    with pytest.raises(TaskError, match="one label per item"):
-        LabelSession.start(str(tmp_path / "in.csv"), Task(labels=("billing", "technical"), multi_label=True),
-                           model=str(llama_dir), store_path=tmp_path / "s.sqlite")
+    session = LabelSession.start(str(tmp_path / "in.csv"), Task(labels=("billing", "technical"), multi_label=True,
+                                                                user_template="Subject: {subject}\n\n{body}"),
+                                 model=str(llama_dir), store_path=tmp_path / "s.sqlite", first_slice=12)
+    try:
+        assert session.wait_ready(120)
+        assert session.state()["item"]["text"].startswith("Subject: ")
+    finally:
+        session.close()
+
+
+def test_label_session_takes_label_sets(tmp_path, llama_dir, one_torch_thread):
+    """A multi-label task on the labelling loop: answers are lists (maybe empty), the guess a list
+    at the task's thresholds with each label's P(yes), counts per label, the loop's one-vs-rest heads
+    refitted, the export's gold joined by the separator, Fit a
+    one-vs-rest head; the answers survive a restart, and a single label is refused."""
+    import pandas as pd
+
+    from slmclassify.head.model import Head
+    from slmclassify.label.session import LabelSession
+
+    rows = _multilabel_rows(30, seed=1)
+    write_tickets(tmp_path / "in.csv", rows)
+    gold = {text: cell.split(";") for _, text, cell in rows}
+    task = Task(labels=("billing", "technical", "account"), multi_label=True, label_separator="|")
+    start = dict(model=str(llama_dir), store_path=tmp_path / "s.sqlite", first_slice=30, seed=3)
+    session = LabelSession.start(str(tmp_path / "in.csv"), task, **start)
+    given = {}
+    try:
+        assert session.wait_ready(120)
+        item = session.state()["item"]
+        assert session.state()["multi_label"] and isinstance(item["guess"], list)
+        assert set(item["probabilities"]) == set(task.labels)
+        assert item["guess"] == [lab for lab in task.labels if item["probabilities"][lab] >= 0.5]
+        with pytest.raises(TaskError, match="a multi-label task's answer is a list"):
+            session.answer(item["row"], "billing")
+        with pytest.raises(TaskError, match="'nope' is not one of the task's labels"):
+            session.answer(item["row"], ["billing", "nope"])
+        session.answer(item["row"], [])  # none applies
+        given[item["row"]] = []
+        for _ in range(11):
+            item = session.state()["item"]
+            session.answer(item["row"], gold[item["text"]][::-1])  # any order: kept in the task's
+            given[item["row"]] = gold[item["text"]]
+        wait_for(lambda: session.head is not None and not session.state()["fitting"])
+        state = session.state()
+        assert state["counts"] == {lab: sum(lab in v for v in given.values()) for lab in task.labels}
+        assert state["history"][-1]["label"] == "none of them"
+        session.export(str(tmp_path / "out.csv"))
+        out = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
+        order = {lab: i for i, lab in enumerate(task.labels)}
+        assert list(out["gold"]) == ["|".join(sorted(given[r], key=order.get)) for r in sorted(given)]
+        head = session.fit(str(tmp_path / "h.npz"))
+        assert head.multi_label and Head.load(tmp_path / "h.npz").thresholds == (0.5, 0.5, 0.5)
+    finally:
+        session.close()
+    again = LabelSession.start(str(tmp_path / "in.csv"), task, **start)
+    try:
+        assert again.state()["labelled"] == len(given)
+    finally:
+        again.close()
+
+
+def test_loop_heads_estimate_and_picks_for_label_sets():
+    """`refit.estimate_multi` is None below the random picks it needs, then the out-of-fold share
+    of exact label sets; the picker's uncertain pick is the item with a label nearest 0.5."""
+    from slmclassify.label import refit
+    from slmclassify.label.strategy import Picker, PoolView
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 6))
+    Y = np.stack([X[:, 0] > 0, X[:, 1] > 0.3], axis=1)
+    fair = np.zeros(80, bool)
+    fair[: refit.MIN_FAIR - 1] = True
+    assert refit.estimate_multi(X, Y, 0, fair) is None
+    fair[:60] = True
+    est = refit.estimate_multi(X, Y, 0, fair)
+    assert est is not None and est.n == 60 and est.mean > 0.7 and est.low <= est.mean <= est.high
+    assert np.array_equal(est.correct, ((est.out_of_fold >= 0.5) == Y[est.tested]).all(1))
+    head = refit.fit_multi_head(X, np.stack([Y[:, 0], np.zeros(80, bool)], axis=1))
+    assert head.fitted[1] is None and np.allclose(head.probabilities(X[:3])[:, 1], 1 / 82)  # (0 + 1) / (80 + 2)
+
+    probs = np.full((50, 2), 0.95)
+    probs[17] = [0.05, 0.52]  # its second label is the least sure of the pool
+    pool = PoolView(zero_shot=probs, features=rng.normal(size=(50, 4)).astype(np.float32), scored=np.ones(50, bool),
+                    head=probs, labels=("a", "b"), multi_label=True)
+    picker = Picker(2, seed=0, random_share=0.0, cold_per_label=0)
+    pick = picker.pick(pool, {0: (0, 1), 1: (1,), 2: ()}, set())
+    assert pick.row == 17 and pick.reason == "the model is unsure whether b applies (P 0.52)"

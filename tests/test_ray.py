@@ -426,7 +426,8 @@ def test_the_local_ray_has_no_autoscaler_monitor_nor_log_monitor_nor_api_server(
 
 def test_cli_ray_reads_items_of_several_fields_and_multi_label_like_one_process(local_ray, llama_dir, tmp_path):
     """A template naming columns composes each row from them on the actors too, and a multi-label task's
-    labels column is the joined string; both as a single-process run writes them."""
+    labels column is the joined string in CSV and a list in JSONL and Parquet; all as a single-process
+    run writes them."""
     texts = _texts(40, seed=5)
     pd.DataFrame({"id": range(40), "subject": [t[:12] for t in texts], "body": texts}).to_csv(tmp_path / "in.csv",
                                                                                              index=False)
@@ -443,3 +444,11 @@ def test_cli_ray_reads_items_of_several_fields_and_multi_label_like_one_process(
     assert ray["id"].tolist() == list(range(40)) and ray["labels"].tolist() == one["labels"].tolist()
     assert np.allclose(ray[[f"p_{n}" for n in LABELS]].to_numpy(float), one[[f"p_{n}" for n in LABELS]].to_numpy(float),
                        atol=1e-4)
+    joined = one["labels"].tolist()
+    for fmt in ("jsonl", "parquet"):
+        out = tmp_path / f"ray.{fmt}"
+        on_ray = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(out), "--ray", "--actors", "2",
+                                     "--block-rows", "16", *common], catch_exceptions=False)
+        assert on_ray.exit_code == 0, on_ray.output
+        frame = pd.read_json(out, lines=True) if fmt == "jsonl" else pd.read_parquet(out)
+        assert [";".join(v) for v in frame["labels"]] == joined, fmt  # lists of the labels, in task order

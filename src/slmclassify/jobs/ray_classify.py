@@ -147,7 +147,8 @@ def _on_pool(fmt: str, path: str, output_path: str, out_fmt: str, folder_out: bo
     meter.close()
     if order is not None:
         table = restore(table, order)
-    rows = _write_part(table, output_path) if folder_out else _write_file([table], output_path, out_fmt)
+    rows = _write_part(table, output_path) if folder_out else _write_file([table], output_path, out_fmt,
+                                                                          _joined(how))
     return handed, rows, pool.figures()
 
 
@@ -166,7 +167,7 @@ def _on_dataset(fmt: str, files: list[str], output_path: str, out_fmt: str, fold
             rows = sum(pq_rows(p) for p in sorted(Path(output_path).glob("*.parquet")))
         else:
             batches = run.dataset.iter_batches(batch_size=None, batch_format="pyarrow")
-            rows = _write_file(batches, output_path, out_fmt)
+            rows = _write_file(batches, output_path, out_fmt, _joined(how))
     return handed, rows, run.figures()
 
 
@@ -226,8 +227,19 @@ def _write_part(table, folder: str) -> int:
     return table.num_rows
 
 
-def _write_file(tables, output_path: str, fmt: str) -> int:
-    """Write the rows in order into OUTPUT.partial, then rename it; returns the rows written."""
+def _joined(how: dict) -> tuple[str, str] | None:
+    """(column, separator) of a multi-label task's list column of labels, which a CSV or TSV output joins."""
+    from ..core.results import result_columns
+
+    task = how["task"]
+    if not task.multi_label:
+        return None
+    return result_columns(task.labels, how["result_prefix"], task.result_column)[0], task.label_separator
+
+
+def _write_file(tables, output_path: str, fmt: str, joined: tuple[str, str] | None = None) -> int:
+    """Write the rows in order into OUTPUT.partial, then rename it; returns the rows written.
+    `joined`: (column, separator) of a list column written joined in the text formats (CSV, TSV)."""
     from ..io.writers import ChunkWriter, atomic_output
 
     rows = 0
@@ -237,7 +249,11 @@ def _write_file(tables, output_path: str, fmt: str) -> int:
             if writer is None:
                 schema = batch.schema if fmt == "parquet" else list(batch.column_names)
                 writer = ChunkWriter(fh, fmt, schema, name=output_path)
-            writer.write(batch.to_pandas())
+            frame = batch.to_pandas()
+            if joined is not None and fmt == "csv":
+                column, separator = joined
+                frame[column] = [None if v is None else separator.join(v) for v in frame[column]]
+            writer.write(frame)
             rows += batch.num_rows
         if writer is None:
             raise InputError("the input has no rows")

@@ -4,7 +4,8 @@ Routes (every one behind the token, see `TokenGuard`):
   GET  /             the page (page.html, plain HTML + inline JS/CSS)
   GET  /api/state    the session's state (current item, counts, estimates) + where export/fit write
   POST /api/answer   {"row": int, "label": str}  (Enter on the page sends the guess it shows: a
-                                                 refit may have changed the session's guess since)
+                                                 refit may have changed the session's guess since;
+                                                 multi-label: "label": [str, ...], the labels toggled on)
   POST /api/skip     {"row": int}
   POST /api/undo     {}
   POST /api/export   {}                         writes the fixed export path given at start
@@ -61,7 +62,8 @@ class Versioned(Row):
 
 
 class Answer(Versioned):
-    label: str
+    label: str | list[str]
+    """A label; in a multi-label task the list of labels that apply (maybe empty)."""
 
 
 class Empty(BaseModel):

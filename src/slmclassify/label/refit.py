@@ -88,7 +88,11 @@ class Estimate:
     tested: np.ndarray
     """[n] indices (into the answers) of the out-of-fold predictions."""
     out_of_fold: np.ndarray
-    """[n, L] their out-of-fold probabilities, for the auto-labelling threshold."""
+    """[n, L] their out-of-fold probabilities (multi-label: each label's P(yes))."""
+    confidence: np.ndarray
+    """[n] each one's confidence (`confidence_of`), for the auto-labelling threshold."""
+    correct: np.ndarray
+    """[n] bool: its out-of-fold prediction is its answer (multi-label: the whole label set)."""
 
     def as_dict(self) -> dict:
         return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n, "on": self.on}
@@ -119,9 +123,12 @@ def estimate(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0,
         if len(np.unique(y[train])) < 2:
             continue  # a fold whose training part has one label: its items count as wrong
         probs[test] = fit_head(X[train], y[train], n_labels, seed).probabilities(X[tested[test]])
-    correct = int((probs.argmax(1) == y[tested]).sum())
-    low, high = wilson(correct, len(tested))
-    return Estimate(correct / len(tested), low, high, len(tested), "random picks", tested, probs)
+    return _estimate(tested, probs, probs.argmax(1) == y[tested], probs.max(1))
+
+
+def _estimate(tested: np.ndarray, probs: np.ndarray, correct: np.ndarray, confidence: np.ndarray) -> Estimate:
+    low, high = wilson(int(correct.sum()), len(tested))
+    return Estimate(float(correct.mean()), low, high, len(tested), "random picks", tested, probs, confidence, correct)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -134,17 +141,79 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def auto_threshold(est: Estimate | None, y: np.ndarray, target: float | None) -> float | None:
+def auto_threshold(est: Estimate | None, target: float | None) -> float | None:
     """The confidence at or above which the head labels on its own: the lowest threshold at which at
     least `MIN_AUTO` held-out random picks have a 95% Wilson LOWER bound of their accuracy at or
     above `target`; None without an estimate, a target, or such a threshold ("none yet")."""
     if est is None or target is None:
         return None
-    confidence = est.out_of_fold.max(1)  # [n]
-    correct = est.out_of_fold.argmax(1) == y[est.tested]
+    confidence, correct = est.confidence, est.correct
     best = None
     for threshold in np.unique(confidence)[::-1]:  # from the most confident down
         above = confidence >= threshold
         if int(above.sum()) >= MIN_AUTO and wilson(int(correct[above].sum()), int(above.sum()))[0] >= target:
             best = float(threshold)
     return best
+
+
+# ----- multi-label tasks: one binary head per label, answers as [m, L] bool label sets
+
+@dataclass(frozen=True)
+class MultiLoopHead:
+    """One-vs-rest heads as [n, L] P(yes): a label with too few answers of either kind to fit gets
+    its smoothed share of yes answers, (yes + 1) / (answers + 2), for every item."""
+
+    fitted: tuple
+    """Per label its `Fitted` binary head (classes "False", "True"), or None."""
+    rates: np.ndarray
+    """[L] the smoothed share of yes answers (used where `fitted` is None)."""
+
+    def probabilities(self, X: np.ndarray) -> np.ndarray:
+        out = np.tile(self.rates, (len(X), 1))
+        for j, head in enumerate(self.fitted):
+            if head is not None:
+                out[:, j] = np.exp(head.log_probabilities(X.astype(np.float64))[:, head.labels.index("True")])
+        return out
+
+
+def _fittable(Y: np.ndarray) -> np.ndarray:
+    """[L] bool: labels with `MIN_PER_LABEL` yes answers and as many no answers."""
+    yes = Y.sum(0)
+    return (yes >= MIN_PER_LABEL) & (len(Y) - yes >= MIN_PER_LABEL)
+
+
+def can_fit_multi(Y: np.ndarray) -> bool:
+    """At least one label with `MIN_PER_LABEL` answers of each kind."""
+    return bool(len(Y)) and bool(_fittable(Y).any())
+
+
+def fit_multi_head(X: np.ndarray, Y: np.ndarray, seed: int = 0) -> MultiLoopHead:
+    """The loop's one-vs-rest heads on [m, d] features and [m, L] bool answers (C fixed at `LOOP_C`)."""
+    fittable = _fittable(Y)
+    fitted = tuple(fit(X.astype(np.float64), Y[:, j].astype(str), seed=seed, Cs=(LOOP_C,)) if fittable[j] else None
+                   for j in range(Y.shape[1]))
+    return MultiLoopHead(fitted, (Y.sum(0) + 1.0) / (len(Y) + 2.0))
+
+
+def multi_confidence(probs: np.ndarray) -> np.ndarray:
+    """[n, L] P(yes) → [n] the least sure decision of each item: min over labels of max(p, 1 - p)."""
+    return np.maximum(probs, 1 - probs).min(axis=1)
+
+
+def estimate_multi(X: np.ndarray, Y: np.ndarray, seed: int = 0,
+                   representative: np.ndarray | None = None) -> Estimate | None:
+    """As `estimate` for [m, L] bool answers: out-of-fold exact label sets (each label at P(yes) ≥
+    0.5) on the random picks, the other answers always trained on; None below `MIN_FAIR` of them or
+    while no label can be fitted."""
+    from sklearn.model_selection import KFold
+
+    if representative is None or int(representative.sum()) < MIN_FAIR or not can_fit_multi(Y):
+        return None
+    tested = np.flatnonzero(representative)
+    always = np.flatnonzero(~representative)
+    probs = np.zeros((len(tested), Y.shape[1]))
+    for train, test in KFold(min(FOLDS, len(tested) // 2), shuffle=True, random_state=seed).split(tested):
+        train = np.concatenate([always, tested[train]])
+        probs[test] = fit_multi_head(X[train], Y[train], seed).probabilities(X[tested[test]])
+    correct = ((probs >= 0.5) == Y[tested]).all(axis=1)
+    return _estimate(tested, probs, correct, multi_confidence(probs))

@@ -15,6 +15,11 @@ started for another input, task, model, sample or seed is refused, naming what d
 whose text changed since it was answered is refused too. A failure in a background thread is
 raised by the next `ready()` or `state()` call.
 
+A multi-label task (`multi_label = true`) is labelled with label sets: an answer is a list of the
+task's labels (maybe empty: none applies), kept in the store as a JSON list; the guess is the set at
+or above the thresholds (the task's for zero-shot, 0.5 for the loop's one-vs-rest heads), the next
+item comes from per-label uncertainty, and the estimate is of exact label sets (`refit.estimate_multi`).
+
 Beyond the page's calls: `start(..., target_accuracy=None, random_share=0.3)`; `wait_ready(timeout)`;
 `state()` has `ready`, `labels`, `done` (no item left and everything scored; `item` is None when
 nothing is left), `auto_threshold`, `fair_answers` / `fair_needed` (random picks so far and the
@@ -26,6 +31,7 @@ and its `Pick` has a `kind`; `LabelStore.answer(..., kind="")` records that kind
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -33,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..classifier import Classifier, EngineSettings
+from ..core import multilabel
 from ..core.results import softmax
 from ..core.task import Task
 from ..errors import InputError, SlmClassifyError, TaskError
@@ -42,7 +49,7 @@ from ..head.model import Head, model_fingerprint, task_hash, task_record
 from ..models.loading import LoadedModel, load_model
 from . import refit
 from .store import LabelStore
-from .strategy import Picker, PoolView, describe
+from .strategy import Picker, PoolView, describe, label_counts
 
 SLICE = 256
 """Items scored per slice after the first (the scorer publishes its work a slice at a time)."""
@@ -83,9 +90,6 @@ class LabelSession:
             raise InputError("labelling fits a head, which needs scikit-learn: pip install 'slmclassify[head]'") from None
         if sample < 1 or first_slice < 1:
             raise TaskError(f"sample and first_slice must be positive, got {sample} and {first_slice}")
-        if task.multi_label:
-            raise TaskError("the labelling page takes one label per item: a multi-label task cannot be labelled "
-                            "here yet (set multi_label = false)")
         from ..io import item_texts, read_table
 
         fields = task.fields if task.multi_field else ()
@@ -120,6 +124,7 @@ class LabelSession:
         self.input_path, self.frame, self.clf, self.store = input_path, frame, clf, store
         self.task = clf.task
         self.labels = self.task.labels
+        self.multi = self.task.multi_label
         self.seed, self.target_accuracy = seed, target_accuracy
         n_total = len(texts_all)
         rng = np.random.default_rng(seed)
@@ -138,7 +143,7 @@ class LabelSession:
         self.scored = np.zeros(n, bool)  # [n] scored and not empty
         self.visited = np.zeros(n, bool)  # [n] scored, empty or not
         self.head_probs: np.ndarray | None = None  # [n, L]
-        self.head: refit.LoopHead | None = None
+        self.head: refit.LoopHead | refit.MultiLoopHead | None = None
         self.priority = priority[self.rows] if priority is not None else None
         self.picker = Picker(L, seed, random_share=random_share)
 
@@ -148,7 +153,7 @@ class LabelSession:
                 raise TaskError(f"row {row} of {input_path} is not the text that was answered in {store.path}; "
                                 "use the input the store was started with, or another store")
         for row, (label, _, _) in store.latest().items():
-            if label is not None and label not in self.labels:
+            if label is not None and self._decode(label) is None:
                 raise TaskError(f"{store.path} holds label {label!r} for row {row}, which is not in the task's "
                                 f"labels {list(self.labels)}")
         self._reload()
@@ -199,20 +204,23 @@ class LabelSession:
         """Everything the page shows, JSON-able."""
         self._raise()
         with self._lock:
-            counts = np.bincount(list(self.answers.values()), minlength=len(self.labels)) if self.answers else \
-                np.zeros(len(self.labels), int)
+            counts = label_counts(self.answers, len(self.labels))
             item = None
             if self._current is not None:
                 pos, detail, kind = self._current
                 label, confidence = self._guess(pos)
-                reason = describe(kind, detail, self._probs(pos), self.labels, counts)  # from the guess shown
+                probs = self._probs(pos)
+                reason = describe(kind, detail, probs, self.labels, counts, self.multi)  # from the guess shown
                 item = {"row": int(self.rows[pos]), "id": None if self.ids is None else self.ids[pos],
                         "text": self.texts[pos], "guess": label,
                         "confidence": confidence, "reason": reason,
                         "version": self._versions.get(pos, 0)}
+                if self.multi:  # each label's P(yes), shown on its button
+                    item["probabilities"] = (None if np.isnan(probs).any()
+                                             else {lab: float(p) for lab, p in zip(self.labels, probs)})
             est = self._estimate
             return {
-                "ready": self._ready.is_set(), "item": item, "labels": list(self.labels),
+                "ready": self._ready.is_set(), "item": item, "labels": list(self.labels), "multi_label": self.multi,
                 "counts": {lab: int(c) for lab, c in zip(self.labels, counts)},
                 "labelled": len(self.answers), "skipped": len(self.skips), "pool": len(self.rows),
                 "scored": int(self.visited.sum()), "sample_note": self.sample_note,
@@ -229,16 +237,16 @@ class LabelSession:
     # and skips read back from it under the session's lock, so that the page's counts, the refits,
     # Export and Fit see exactly what the store holds, whatever the clients do at once.
 
-    def answer(self, row: int, label: str, version: int | None = None) -> None:
-        """Record `label` for input row `row` (durable on return) and move on if it was the current item.
+    def answer(self, row: int, label: str | list[str], version: int | None = None) -> None:
+        """Record `label` for input row `row` (durable on return) and move on if it was the current item;
+        in a multi-label task `label` is the list of labels that apply (maybe empty).
         `version`: the row's version the page showed (`state()["item"]["version"]`); `StaleAnswer`
         when the row was answered, skipped or undone since."""
         pos = self._position(row)
-        if label not in self.labels:
-            raise TaskError(f"label {label!r} is not one of the task's labels {list(self.labels)}")
+        stored = self._encode(label)
         with self._lock:
             kind = self._current[2] if self._current is not None and self._current[0] == pos else "chosen"
-            self.store.answer(int(row), self.hashes[pos], label, kind, version)
+            self.store.answer(int(row), self.hashes[pos], stored, kind, version)
             self._reload()
             self._moved(pos)
 
@@ -256,8 +264,8 @@ class LabelSession:
         """(items of the first slice scored so far, its size)."""
         return min(self._slice_done, self._first_slice), min(self._first_slice, len(self.rows))
 
-    def accept(self, row: int) -> str:
-        """Answer `row` with the current guess; returns that label."""
+    def accept(self, row: int) -> str | list[str]:
+        """Answer `row` with the current guess; returns that label (multi-label: that list of labels)."""
         pos = self._position(row)
         with self._lock:
             label, _ = self._guess(pos)
@@ -292,7 +300,9 @@ class LabelSession:
         """The answers, kinds, skips, versions and history as the store holds them (lock held, or in
         `__init__`): two queries per change, none per poll of the page."""
         latest = {self.index[row]: event for row, event in self.store.latest().items()}  # pos → (label, kind, seq)
-        self.answers: dict[int, int] = {p: self.labels.index(lab) for p, (lab, _, _) in latest.items() if lab is not None}
+        # pos → label index, or (multi-label) tuple of label indices
+        self.answers: dict[int, int | tuple[int, ...]] = {p: self._decode(lab) for p, (lab, _, _) in latest.items()
+                                                          if lab is not None}
         # pool position → why it was offered (`Pick.kind`), for the estimate
         self.kinds: dict[int, str] = {p: kind for p, (lab, kind, _) in latest.items() if lab is not None}
         self.skips: set[int] = {p for p, (lab, _, _) in latest.items() if lab is None}
@@ -306,7 +316,7 @@ class LabelSession:
 
         with self._lock:
             rows = sorted(int(self.rows[pos]) for pos in self.answers)
-            gold = {int(self.rows[pos]): self.labels[lab] for pos, lab in self.answers.items()}
+            gold = {int(self.rows[pos]): self._gold(value) for pos, value in self.answers.items()}
         out = self.frame.iloc[rows].copy()
         out["gold"] = [gold[r] for r in rows]
         write_table(out.reset_index(drop=True), str(path))
@@ -317,6 +327,8 @@ class LabelSession:
         and save it where `classify --head` reads it."""
         from ..head.fitting import fit
 
+        if self.multi:
+            return self._fit_multi(path)
         with self._lock:
             pos = np.array([p for p in self.answers if self.scored[p]], dtype=np.int64)
             y = np.array([self.labels[self.answers[p]] for p in pos])
@@ -334,6 +346,32 @@ class LabelSession:
         head = Head(labels=final.labels, taps=tuple(self.taps), use_scores=False, mean=final.mean, scale=final.scale,
                     coef=final.coef, intercept=final.intercept, model=self.store.fingerprint["model"],
                     task=task_record(self.task), info=info)
+        head.save(path)
+        return head
+
+    def _fit_multi(self, path: str) -> Head:
+        """`fit` for a multi-label task: one-vs-rest heads (`head/one_vs_rest.py`), thresholds 0.5."""
+        from ..head.one_vs_rest import fit_one_vs_rest
+
+        with self._lock:
+            pos = np.array([p for p in self.answers if self.scored[p]], dtype=np.int64)
+            Y = self._answer_matrix(pos)
+            X = self.features[pos].astype(np.float64)
+            est = self._estimate
+        for j, label in enumerate(self.labels):
+            yes = int(Y[:, j].sum())
+            if min(yes, len(Y) - yes) < refit.MIN_PER_LABEL:
+                raise TaskError(f"a head needs at least {refit.MIN_PER_LABEL} answers with and {refit.MIN_PER_LABEL} "
+                                f"without each label; {label} is in {yes} of the {len(Y)} answers so far")
+        folds = min(5, int(np.minimum(Y.sum(0), len(Y) - Y.sum(0)).min()))
+        final = fit_one_vs_rest(X, Y, self.labels, seed=self.seed, folds=folds)
+        info = {"C": list(final.C), "items": int(len(Y)), "per_label": dict(zip(self.labels, map(int, Y.sum(0)))),
+                "folds": folds, "source": str(self.input_path), "labelled_by": "slmclassify label",
+                "cv": ({"subset_accuracy": est.mean, "low": est.low, "high": est.high} if est is not None else None),
+                "thresholds": "0.5 (the loop's)", "item_hashes": [self.hashes[p] for p in pos]}
+        head = Head(labels=self.labels, taps=tuple(self.taps), use_scores=False, mean=final.mean, scale=final.scale,
+                    coef=final.coef, intercept=final.intercept, model=self.store.fingerprint["model"],
+                    task=task_record(self.task), info=info, multi_label=True, thresholds=(0.5,) * len(self.labels))
         head.save(path)
         return head
 
@@ -359,10 +397,17 @@ class LabelSession:
         """The one set of scores shown for an item: the head's once it exists, else zero-shot."""
         return self.head_probs[pos] if self.head_probs is not None and self.scored[pos] else self.zero_shot[pos]
 
-    def _guess(self, pos: int) -> tuple[str | None, float | None]:
+    def _guess(self, pos: int) -> tuple[str | list[str] | None, float | None]:
+        """(the guess, its confidence); multi-label: (the labels at or above their thresholds, the
+        least sure decision)."""
         probs = self._probs(pos)
         if np.isnan(probs).any():
             return None, None
+        if self.multi:
+            from_head = self.head_probs is not None and self.scored[pos]  # as `_probs` chose
+            cut = np.full(len(self.labels), 0.5) if from_head else np.asarray(self.task.label_thresholds)
+            chosen = [lab for lab, p, t in zip(self.labels, probs, cut) if p >= t]
+            return chosen, float(refit.multi_confidence(probs[None, :])[0])
         top = int(probs.argmax())
         return self.labels[top], float(probs[top])
 
@@ -377,7 +422,7 @@ class LabelSession:
             self._current = None
             return
         pool = PoolView(zero_shot=self.zero_shot, features=self.features, scored=self.scored, head=self.head_probs,
-                        labels=self.labels, priority=self.priority)
+                        labels=self.labels, priority=self.priority, multi_label=self.multi)
         pick = self.picker.pick(pool, self.answers, self.skips)
         self._current = None if pick is None else (pick.row, pick.detail or pick.reason, pick.kind)
 
@@ -388,8 +433,52 @@ class LabelSession:
 
     def _history(self) -> list[dict]:
         """The latest answers and skips, newest first (lock held)."""
-        return [{**self._snippet(p), "label": self.labels[self.answers[p]] if p in self.answers else None}
+        return [{**self._snippet(p), "label": self._shown(self.answers[p]) if p in self.answers else None}
                 for p in self._recent]
+
+    # how an answer is stored, shown and exported (label index, or a multi-label task's tuple of them)
+
+    def _encode(self, label) -> str:
+        """The store's text of an answer given by a caller (validated)."""
+        if not self.multi:
+            if not isinstance(label, str) or label not in self.labels:
+                raise TaskError(f"label {label!r} is not one of the task's labels {list(self.labels)}")
+            return label
+        if isinstance(label, str) or not all(isinstance(name, str) for name in label):
+            raise TaskError(f"a multi-label task's answer is a list of its labels {list(self.labels)}, got {label!r}")
+        unknown = [name for name in label if name not in self.labels]
+        if unknown:
+            raise TaskError(f"label {unknown[0]!r} is not one of the task's labels {list(self.labels)}")
+        return json.dumps([name for name in self.labels if name in label])
+
+    def _decode(self, text: str):
+        """The answer a store text holds (None: not one of this task's)."""
+        if not self.multi:
+            return self.labels.index(text) if text in self.labels else None
+        try:
+            names = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(names, list) or not all(name in self.labels for name in names):
+            return None
+        return tuple(sorted({self.labels.index(name) for name in names}))
+
+    def _shown(self, value) -> str:
+        """An answer as the page's history lists it."""
+        if not self.multi:
+            return self.labels[value]
+        return ", ".join(self.labels[i] for i in value) or "none of them"
+
+    def _gold(self, value) -> str:
+        """An answer in an exported gold column (multi-label: joined by the task's separator)."""
+        return self.labels[value] if not self.multi else self.task.label_separator.join(self.labels[i] for i in value)
+
+    def _answer_matrix(self, pos: np.ndarray) -> np.ndarray:
+        """[m, L] bool label sets of the answers at pool positions `pos` (multi-label)."""
+        Y = np.zeros((len(pos), len(self.labels)), bool)
+        for k, p in enumerate(pos):
+            Y[k, list(self.answers[int(p)])] = True
+        return Y
 
     def _skipped_rows(self, n: int = 50) -> list[dict]:
         return [self._snippet(pos) for pos in sorted(self.skips)[:n]]
@@ -412,7 +501,9 @@ class LabelSession:
         open_[list(self.answers)] = False
         if not open_.any():
             return None
-        return float((self.head_probs[open_].max(axis=1) >= self._threshold).mean())
+        probs = self.head_probs[open_]
+        confidence = refit.multi_confidence(probs) if self.multi else probs.max(axis=1)
+        return float((confidence >= self._threshold).mean())
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -439,7 +530,8 @@ class LabelSession:
                                                taps=self.taps)
             except _Closing:
                 return
-            probs = softmax(self.clf.calibrated(window.scores))  # NaN rows for empty items
+            calibrated = self.clf.calibrated(window.scores)  # NaN rows for empty items
+            probs = multilabel.probabilities(calibrated) if self.multi else softmax(calibrated)
             ok = ~np.isnan(window.scores).any(axis=1)
             with self._lock:
                 self.zero_shot[part] = probs
@@ -476,16 +568,25 @@ class LabelSession:
                     return
                 fitted_version = self._version
                 pos = np.array([p for p in self.answers if self.scored[p]], dtype=np.int64)
-                y = np.array([self.answers[p] for p in pos], dtype=np.int64)
                 fair = np.array([self.kinds.get(p, "") in refit.REPRESENTATIVE for p in pos], dtype=bool)
-                if not refit.can_fit(y, len(self.labels)):
-                    continue
+                if self.multi:
+                    y = self._answer_matrix(pos)
+                    if not refit.can_fit_multi(y):
+                        continue
+                else:
+                    y = np.array([self.answers[p] for p in pos], dtype=np.int64)
+                    if not refit.can_fit(y, len(self.labels)):
+                        continue
                 X = self.features[pos].copy()
                 self._fitting = True
             try:
-                head = refit.fit_head(X, y, len(self.labels), self.seed)
-                est = refit.estimate(X, y, len(self.labels), self.seed, fair)
-                threshold = refit.auto_threshold(est, y, self.target_accuracy)
+                if self.multi:
+                    head = refit.fit_multi_head(X, y, self.seed)
+                    est = refit.estimate_multi(X, y, self.seed, fair)
+                else:
+                    head = refit.fit_head(X, y, len(self.labels), self.seed)
+                    est = refit.estimate(X, y, len(self.labels), self.seed, fair)
+                threshold = refit.auto_threshold(est, self.target_accuracy)
                 with self._lock:
                     scored = np.flatnonzero(self.scored)
                     feats = self.features[scored]

@@ -9,9 +9,13 @@ Two phases:
           scorer guesses as the label with the fewest answers, nearest the cluster's centre. So the
           person does not label ten near-duplicates, and every label gets its first examples early.
     warm  (a head): the head's uncertainty mixed with diversity: among the `candidates` items of
-          smallest margin (top-1 minus top-2 probability), the one from the cluster with the
-          fewest answers for its size; and with probability `random_share` a uniform random item,
-          so a share of the answers is an unbiased sample of the pool (an honest accuracy check).
+          smallest margin (top-1 minus top-2 probability; in a multi-label task the label whose
+          P(yes) is nearest 0.5, |2p - 1|), the one from the cluster with the fewest answers for
+          its size; and with probability `random_share` a uniform random item, so a share of the
+          answers is an unbiased sample of the pool (an honest accuracy check).
+
+In a multi-label task an answer is a set of labels (a tuple of label indices, maybe empty); a
+label's count is the answers that include it.
 
 Invariants: a pick never returns a labelled, excluded or unscored row; `pick` is a pure function
 of its arguments and the seed (its random draws are seeded by the seed and the number of answers
@@ -52,6 +56,8 @@ class PoolView:
     """Label names for the reasons (default: label 1, label 2, ...)."""
     priority: np.ndarray | None = None
     """[n] bool: rows offered before any other while some are left (a classify output's needs_review)."""
+    multi_label: bool = False
+    """Columns are each label's P(yes) (independent), not one distribution."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,16 @@ class Pick:
     completes it from the scores shown next to it."""
 
 
-def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str, ...], counts: np.ndarray) -> str:
+def label_counts(labelled: dict, n_labels: int) -> np.ndarray:
+    """[L] answers per label: values are label indices, or (multi-label) tuples of them."""
+    counts = np.zeros(n_labels, np.int64)
+    for value in labelled.values():
+        counts[list(value) if isinstance(value, tuple) else value] += 1
+    return counts
+
+
+def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str, ...], counts: np.ndarray,
+             multi_label: bool = False) -> str:
     """The reason line of a pick from the scores on screen now (`probs` [L], the head's once it
     exists): so the guess it names is the guess shown, after a refit too."""
     if probs is None or np.isnan(probs).any():
@@ -77,7 +92,11 @@ def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str
         return detail
     if kind == "cold":
         top = int(order[0])
-        return f"{detail}; its guess, {labels[top]}, has {int(counts[top])} answers so far"
+        what = "its likeliest label" if multi_label else "its guess"
+        return f"{detail}; {what}, {labels[top]}, has {int(counts[top])} answers so far"
+    if kind == "uncertain" and multi_label:
+        j = int(np.argmin(np.abs(2 * probs - 1)))
+        return f"the model is unsure whether {labels[j]} applies (P {probs[j]:.2f})"
     if kind == "uncertain" and len(order) > 1:
         a, b = int(order[0]), int(order[1])
         return f"the model is unsure between {labels[a]} and {labels[b]} (margin {probs[a] - probs[b]:.2f})"
@@ -191,8 +210,7 @@ class Picker:
             row = int(np.flatnonzero(open_ & pool.priority)[0])
             why = "flagged for review by the classify run this session started from"
             return Pick(row, why, "priority", why)
-        counts = np.bincount(np.fromiter(labelled.values(), np.int64, len(labelled)), minlength=self.n_labels) \
-            if labelled else np.zeros(self.n_labels, np.int64)
+        counts = label_counts(labelled, self.n_labels)
         cold = pool.head is None or (counts.min() < self.cold_per_label and len(labelled) < self.cold_limit)
         if not cold and rng.random() < self.random_share:
             row = int(rng.choice(np.flatnonzero(open_)))
@@ -233,14 +251,26 @@ class Picker:
     def _uncertain(self, pool, open_, per_cluster, size, names) -> Pick:
         rows = np.flatnonzero(open_)
         probs = np.nan_to_num(pool.head[rows], nan=0.0)
+        if pool.multi_label:  # the label nearest 0.5 decides how unsure an item is
+            closeness = np.abs(2 * probs - 1)  # [m, L]
+            which, margin = closeness.argmin(axis=1), closeness.min(axis=1)
+            best = self._least_sure(rows, margin, per_cluster, size)
+            j = int(which[best])
+            reason = f"the model is unsure whether {names[j]} applies (P {probs[best, j]:.2f})"
+            return Pick(int(rows[best]), reason, "uncertain", reason)
         top2 = np.argpartition(-probs, 1, axis=1)[:, :2]  # [m, 2] the two most probable labels (unordered)
         p2 = np.take_along_axis(probs, top2, axis=1)
         margin = np.abs(p2[:, 0] - p2[:, 1])
+        best = self._least_sure(rows, margin, per_cluster, size)
+        a, b = top2[best][np.argsort(-p2[best])]
+        reason = f"the model is unsure between {names[a]} and {names[b]} (margin {margin[best]:.2f})"
+        return Pick(int(rows[best]), reason, "uncertain", reason)
+
+    def _least_sure(self, rows, margin, per_cluster, size) -> int:
+        """Among the `candidates` rows of smallest margin, the one from the cluster with the fewest
+        answers for its size (ties: the smaller margin, then the lower row); its index into `rows`."""
         m = min(self.candidates, len(rows))
         near = np.argpartition(margin, m - 1)[:m] if m < len(rows) else np.arange(len(rows))
         clusters = self.clusters.assign[rows[near]]
         share = per_cluster[clusters] / np.maximum(size[clusters], 1)
-        best = near[np.lexsort((rows[near], margin[near], share))[0]]
-        a, b = top2[best][np.argsort(-p2[best])]
-        reason = f"the model is unsure between {names[a]} and {names[b]} (margin {margin[best]:.2f})"
-        return Pick(int(rows[best]), reason, "uncertain", reason)
+        return int(near[np.lexsort((rows[near], margin[near], share))[0]])

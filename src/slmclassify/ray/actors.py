@@ -136,7 +136,7 @@ class ClassifierActor:
         phases["classifier"] = time.time()
         self.pace = Pace()
         self.text_column, self.errors, self.board = text_column, errors, board
-        self.fields = result_arrow_fields(task.labels, result_prefix, task.result_column, lists=False)
+        self.fields = result_arrow_fields(task.labels, result_prefix, task.result_column)
         self.prefix = result_prefix
         self.total = RunStats(prefix_tokens=len(self.classifier.prefix_ids))
         self.key = f"{socket.gethostname()}:{os.getpid()}"
@@ -163,8 +163,9 @@ class ClassifierActor:
         texts = item_texts(cells, self.text_column, fields, task.compose, errors=self.errors)
         block = score_block(self.classifier, texts, self._exchange, self.pace)
         self.total.add(block.stats)
+        # a multi-label task's labels as a list column; a CSV or TSV output joins them (`jobs/ray_classify.py`)
         frame = result_frame(block.results, self.classifier.task.labels, self.prefix,
-                             first=self.classifier.task.result_column)  # joined labels: the blocks go to any format
+                             first=self.classifier.task.result_column, lists=True)
         results = pa.Table.from_pandas(frame, schema=pa.schema(self.fields), preserve_index=False)
         for field, values in zip(self.fields, results.columns):
             batch = batch.append_column(field, values)
