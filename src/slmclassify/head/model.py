@@ -66,9 +66,7 @@ class Head:
 
     def log_odds(self, features: np.ndarray) -> np.ndarray:
         """Multi-label: [n, L] each label's log-odds of applying (NaN rows stay NaN)."""
-        from .one_vs_rest import log_odds
-
-        return log_odds(features, self.mean, self.scale, self.coef, self.intercept)
+        return linear_log_odds(features, self.mean, self.scale, self.coef, self.intercept)
 
     def save(self, path: str | Path) -> Path:
         meta = {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps),
@@ -117,6 +115,11 @@ def linear_log_probabilities(X, mean, scale, coef, intercept) -> np.ndarray:
     logits = ((X - mean) / scale) @ coef.T + intercept
     top = logits.max(axis=1, keepdims=True)
     return logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+
+
+def linear_log_odds(X, mean, scale, coef, intercept) -> np.ndarray:
+    """((X - mean) / scale) @ coef.T + intercept: [n, F] → [n, L], each row of coef one label's log-odds."""
+    return ((X - mean) / scale) @ coef.T + intercept
 
 
 def task_record(task: Task) -> dict:

@@ -61,7 +61,3 @@ def cross_validated_one_vs_rest(X: np.ndarray, gold: np.ndarray, *, folds: int =
     return np.stack([cross_validated(X, np.where(gold[:, j], "yes", "no"), NO_YES, folds=folds, seed=seed)[:, 1]
                      for j in range(gold.shape[1])], axis=1)
 
-
-def log_odds(X: np.ndarray, mean, scale, coef, intercept) -> np.ndarray:
-    """[n, F] features → [n, L] log-odds of each label (NaN rows stay NaN)."""
-    return ((X - mean) / scale) @ coef.T + intercept
