@@ -3,8 +3,20 @@ Qwen2 models saved as local folders. Nothing here touches the network."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
+
+# The suite's own cache folder (GEMM and schedule choices, conversions, compiled kernels), set
+# before anything reads it and inherited by the commands and Ray workers the tests start: the
+# choices a test run times on a busy machine never reach the user's cache.
+_CACHE = tempfile.mkdtemp(prefix="slmclassify-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 CHATML = (
     "{% for message in messages %}"

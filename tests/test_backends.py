@@ -205,6 +205,8 @@ def test_rates_measured_on_a_busy_machine_are_measured_again_when_quiet(llama_di
     assert busy["cached"] is False and busy["provisional"] is True and busy["load_per_core"] == 3.0
     assert load_model(str(llama_dir), device="cpu").gemm_rates["cached"] is True  # still busy: reused
     monkeypatch.setattr(choice, "machine_load", lambda: 0.5)
+    assert load_model(str(llama_dir), device="cpu").gemm_rates["cached"] is True  # this process measured it
+    monkeypatch.setattr(choice, "_MEASURED_HERE", set())  # a later start
     quiet = load_model(str(llama_dir), device="cpu").gemm_rates
     assert quiet["cached"] is False and "provisional" not in quiet
     stored = json.loads((cache_root() / CACHE_FILE).read_text())

@@ -115,6 +115,10 @@ class Classifier:
         else:
             self.loaded = load_model(model, settings.device, settings.precision, task=task,
                                      sample=precision_sample, settings=settings)
+        self.schedule = self._measured_schedule(settings)
+        """The measured schedule this classifier's `AUTO` settings took (`backends/schedule.py`), or None."""
+        if self.schedule is not None:
+            settings = dataclasses.replace(settings, **{name: self.schedule[name] for name in settings.measured})
         self.scorer = Scorer.build(task, self.loaded.tokenizer, self.loaded.model.config, settings)
         self.prefix = self.scorer.prefill(self.engine)
         """The engine's keys and values of the shared prefix (None without one)."""
@@ -143,14 +147,28 @@ class Classifier:
                                warn=not self.task.multi_label)
 
     def with_settings(self, settings: EngineSettings) -> Classifier:
-        """This classifier with other batching, window or item cap (same model, prefix and calibration).
-        The device, precision and prefix cache are the model's and the prefix's: they cannot change here."""
+        """This classifier with other batching, window or item cap (same model, prefix and calibration);
+        `AUTO` fields keep this classifier's values. The device, precision and prefix cache are the
+        model's and the prefix's: they cannot change here."""
         fixed = ("device", "precision", "prefix_cache")
         changed = [f for f in fixed if getattr(settings, f) != getattr(self.settings, f)]
         if changed:
             raise TaskError(f"with_settings changes batching, window and item cap only, not {', '.join(changed)}: "
                             "build a new Classifier for those")
-        return self._variant(scorer=dataclasses.replace(self.scorer, settings=settings))
+        settings = dataclasses.replace(settings, **{name: getattr(self.settings, name) for name in settings.measured})
+        schedule = self.schedule if all(getattr(settings, k) == getattr(self.settings, k)
+                                        for k in ("token_budget", "max_rows")) else None
+        return self._variant(scorer=dataclasses.replace(self.scorer, settings=settings), schedule=schedule)
+
+    def _measured_schedule(self, settings: EngineSettings) -> dict | None:
+        """The schedule measured for this machine, model and precision (cached; `backends/schedule.py`)
+        when `settings` leave a schedule field to it; None when they give both."""
+        if not settings.measured:
+            return None
+        from .backends.schedule import measured_schedule
+        from .cache import cache_root
+
+        return {**measured_schedule(self.loaded, cache_root()), "took": settings.measured}
 
     def with_trie(self, trie: LabelTrie) -> Classifier:
         """This classifier scoring the task's labels with another label trie (same labels, in order),

@@ -10,12 +10,17 @@ int8-maddubs (this package's own GEMM), and keeps the fastest. The same measurem
 low precision's speed over float32, which `models/precision.py` needs before it checks agreement. Results are kept in
 `<cache>/backends.json` under a key naming the machine (CPU, threads, torch) and the model's
 shapes, so later runs reuse them without timing anything. A measurement taken while other work
-kept the machine busy (load average above `BUSY_LOAD_PER_CORE` per core) is kept as provisional:
-it is used, and measured again by the next run that finds the machine quiet.
+kept the machine busy (load average above `BUSY_LOAD_PER_CORE` per core, or rounds of one kernel
+that differ by more than `UNSTEADY`) is kept as provisional: it is used, and measured again by the
+next run that finds the machine quiet. Measurements are serialised across processes (`measuring`:
+a lock file in the cache folder), so two runs starting at once never time each other's work; the
+second reads what the first measured. The batch schedule is measured and cached the same way
+(`schedule.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,6 +37,10 @@ from .device import DTYPES, Backend, cpu_native
 CACHE_FILE = "backends.json"
 MEASURE_SECONDS = 2.0
 BUSY_LOAD_PER_CORE = 1.5
+UNSTEADY = 0.25
+"""Rounds of one kernel that differ by more than this share mark the measurement provisional."""
+MEASURE_LOCK_S = 120.0
+"""How long a process waits for another one's measurement before measuring anyway."""
 MIN_COPY_SPEEDUP = 1.1
 """How much faster than `mm` a float32 kernel that copies the weights must be to be chosen."""
 
@@ -116,14 +125,30 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     Read from the cache when this machine and model were measured before.
     """
     key = f"{machine_key(device)}|{model_key(config)}"
-    cache = _read(cache_dir)
+    entry = _usable(cache_dir, key, device)
+    if entry is not None:
+        return {**entry, "cached": True}
+    with measuring(cache_dir):
+        entry = _usable(cache_dir, key, device)  # another process may have measured it meanwhile
+        if entry is not None:
+            return {**entry, "cached": True}
+        entry = _measure_gemm(config, device, log)
+        store_entry(cache_dir, key, entry)
+    return {**entry, "cached": False}
+
+
+def _usable(cache_dir: Path | None, key: str, device: torch.device) -> dict | None:
+    """The cached GEMM measurement, unless it misses a kernel that runs here now (int8-fused,
+    int8-maddubs: measured before one existed) or is provisional and the machine is quiet."""
+    entry = cached_entry(cache_dir, key)
+    stale = (entry is not None and device.type == "cpu" and cpu_native("int8")
+             and not set(int8_candidates()) <= set(entry.get("rates", {})))
+    return None if stale else entry
+
+
+def _measure_gemm(config, device: torch.device, log=None) -> dict:
     load = machine_load()
     busy = device.type == "cpu" and load > BUSY_LOAD_PER_CORE
-    # measured before a kernel that would run here existed (int8-fused, int8-maddubs)
-    timed = set(cache.get(key, {}).get("rates", {}))
-    stale = device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= timed
-    if key in cache and not (_provisional(cache[key]) and not busy) and not stale:
-        return {**cache[key], "cached": True}
     kernels = gemm.fp32_kernels(device)
     if device.type == "cpu":
         kernels += [k for k in ("bf16", "fp16") if cpu_native(k)]
@@ -134,21 +159,83 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     weights = [torch.randn(i, o, device=device) * 0.02 for i, o in gemm_shapes(config)]
     rows = 1024 if device.type == "cpu" else 8192
     started = time.perf_counter()
-    rates = gemm.time_kernels(kernels, weights, _dtype_of, rows=rows, budget_s=MEASURE_SECONDS,
-                              smoothed=(True, False, True, False))  # qkv, gate_up divide their input (int8)
+    rates, spread = gemm.time_kernels(kernels, weights, _dtype_of, rows=rows, budget_s=MEASURE_SECONDS,
+                                      smoothed=(True, False, True, False))  # qkv, gate_up divide their input (int8)
     fp32 = fp32_choice(rates, device)
     entry = {"gemm": fp32, "int8": int8_choice(rates), "rates": {k: round(v, 1) for k, v in rates.items()},
              "measured": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.perf_counter() - started, 2),
-             "load_per_core": round(load, 2)}
-    if busy:
+             "load_per_core": round(load, 2), "spread": round(spread, 3)}
+    if busy or spread > UNSTEADY:
         entry["provisional"] = True
     if log:
         log(f"GEMM kernels on this model's shapes: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
             + f" GFLOP/s; float32 uses {fp32}" + (f", int8 {entry['int8']}" if entry["int8"] else "")
-            + (f" (machine busy, load {load:.1f} per core: measured again next run)" if busy else ""))
+            + (f" ({provisional_reason(entry)}: measured again next run)" if entry.get("provisional") else ""))
+    return entry
+
+
+def provisional_reason(entry: dict) -> str:
+    """Why a measurement is provisional, in words."""
+    if entry.get("load_per_core", 0.0) > BUSY_LOAD_PER_CORE:
+        return f"machine busy, load {entry['load_per_core']:.1f} per core"
+    if "spread" in entry:
+        return f"its repeated rounds differed by {100 * entry['spread']:.0f}%"
+    return "measured by a version that did not record how busy the machine was"
+
+
+_MEASURED_HERE: set[str] = set()
+"""Keys this process measured: a provisional one is measured again at a later start, not at every
+classifier a long-lived process (the service, a test session) builds."""
+
+
+def cached_entry(cache_dir: Path | None, key: str) -> dict | None:
+    """The cached measurement under `key`, or None when there is none or it is provisional, the
+    machine is quiet now and this process has not measured it yet (so it is measured again)."""
+    entry = _read(cache_dir).get(key)
+    if entry is None or (_provisional(entry) and key not in _MEASURED_HERE
+                         and machine_load() <= BUSY_LOAD_PER_CORE):
+        return None
+    return entry
+
+
+def store_entry(cache_dir: Path | None, key: str, entry: dict) -> None:
+    """Keep `entry` under `key` (read again first: another process may have written other keys)."""
+    _MEASURED_HERE.add(key)
+    cache = _read(cache_dir)
     cache[key] = entry
     _write(cache_dir, cache)
-    return {**entry, "cached": False}
+
+
+@contextlib.contextmanager
+def measuring(cache_dir: Path | None, timeout_s: float = MEASURE_LOCK_S):
+    """Hold the cache folder's measurement lock (`flock` on `.measure.lock`), so that no two processes
+    time kernels or schedules at once; after `timeout_s` of waiting, measure anyway."""
+    if cache_dir is None:
+        yield
+        return
+    try:
+        import fcntl
+
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        fh = open(Path(cache_dir) / ".measure.lock", "a")
+    except (ImportError, OSError):  # no flock (Windows) or a read-only cache: measure unserialised
+        yield
+        return
+    with fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _provisional(entry: dict) -> bool:

@@ -5,8 +5,11 @@ Configurations (same model, same threads, same items):
      (timed interleaved with d, batch by batch, so that a drifting machine speed hits both alike)
   b  the article's fixed batches of 32, arbitrary order (HF forward, left padding)
   c  the article's fixed batches of 32, sorted by length
-  d  ours, default settings (prefix cache, sorted token-budget batches)
-  e  ablations of ours, one change each: no prefix cache; fixed batches of 32; unsorted
+  d  ours, default settings (prefix cache, sorted token-budget batches, the schedule measured here)
+  e  ablations of ours, one change each: no prefix cache; fixed batches of 32; unsorted. Each is
+     a whole run (its classifier built inside the clock), timed interleaved with a whole run of (d)
+     round by round (`E_ROUNDS`, the order rotating), so that its ratio to (d) is not a drift of the
+     machine's speed between rows; its seconds are d's seconds x (e over d)
   f  llama.cpp on the same GGUF, item by item with its prompt prefix reused (if llama-cpp-python
      is importable and the model is a GGUF)
   g  ours in the other precisions this machine runs natively (CPU: int8, bf16 where native;
@@ -72,7 +75,8 @@ class BenchRow:
     roofline: float | None = None
     """Achieved share of the measured float32 matmul rate (ours only)."""
     vs_d: float | None = None
-    """items/s over (d), timed interleaved with it batch by batch on the same batches (g rows)."""
+    """items/s over (d), timed interleaved with it: batch by batch on the same batches (g, i, m
+    rows), or whole run by whole run (e rows)."""
     peak_rss_mb: float | None = None
 
     @property
@@ -285,7 +289,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     inputs = _prepare(loaded, texts, task, settings, precision_sample, report, log)
     rows = _Rows(report, inputs, log)
     clf, d = _article_and_ours(inputs, rows, report)
-    _ablations(inputs, rows, report)
+    _ablations(inputs, rows, report, d)
     _other_precisions_rows(inputs, rows, report, clf, d)
     _multilabel_row(inputs, report, clf, d)
     _ctranslate2_rows(inputs, rows, report, clf, d, log, with_ctranslate2)
@@ -304,7 +308,8 @@ def _prepare(loaded, texts, task, settings, precision_sample, report: BenchRepor
     hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
     probe = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
     loaded = probe.loaded  # with --precision auto decided, if it was not yet: every row below uses it
-    report.engine = engine_line(loaded)
+    settings = probe.settings  # the schedule measured here (or given): (d) runs it, each (e) row changes one thing
+    report.engine = engine_line(probe)
     log(f"engine: {report.engine}")
     encoded = probe.encode(texts)
     lengths = np.array([len(ids) for ids in encoded.ids])
@@ -370,19 +375,34 @@ def _article_and_ours(inputs: _Inputs, rows: _Rows, report: BenchReport) -> tupl
     return clf, d
 
 
-def _ablations(inputs: _Inputs, rows: _Rows, report: BenchReport) -> None:
-    """Rows (e): ours with one change each, a whole run each (its classifier built inside the clock)."""
+E_ROUNDS = 2
+"""Whole runs of each (e) row and of (d) in the interleaved timing of the ablations."""
+
+
+def _ablations(inputs: _Inputs, rows: _Rows, report: BenchReport, d: BenchRow) -> None:
+    """Rows (e): ours with one change each, whole runs (each classifier built inside the clock)
+    interleaved with whole runs of (d), round by round; each row's ratio to (d) is the median of its
+    rounds', its seconds d's seconds over that ratio (the machine speed of the (d) run)."""
     settings = inputs.settings
-    for name, description, changed in (
-            ("e ours - no prefix cache", "sorted token-budget batches only", replace(settings, prefix_cache=False)),
-            ("e ours - fixed 32 rows", "prefix cache, sorted, 32 rows per batch",
-             replace(settings, token_budget=None, max_rows=32)),
-            ("e ours - unsorted", "prefix cache, token budget, input order", replace(settings, sort=False))):
-        with Stopwatch(sync=sync_of(inputs.device)) as watch:
+    variants = (("e ours - no prefix cache", "sorted token-budget batches only", replace(settings, prefix_cache=False)),
+                ("e ours - fixed 32 rows", "prefix cache, sorted, 32 rows per batch",
+                 replace(settings, token_budget=None, max_rows=32)),
+                ("e ours - unsorted", "prefix cache, token budget, input order", replace(settings, sort=False)))
+
+    def whole(changed: EngineSettings):
+        def run(_):
             clf = Classifier(inputs.task, model=inputs.loaded, settings=changed)
-            scored = clf.score(clf.encode(inputs.texts))
-        rows.add(name, description, watch.seconds, scored.scores, padding=scored.stats.padding_share,
-                 roofline=report.roofline_of(watch.seconds))
+            return clf.score(clf.encode(inputs.texts))
+        return run
+
+    timings = interleave([Side("d", whole(settings)), *(Side(name, whole(changed)) for name, _, changed in variants)],
+                         rounds=E_ROUNDS, warmup=0, sync=sync_of(inputs.device))
+    for name, description, _ in variants:
+        ratio = timings.speedup("d", name)  # d's seconds over e's, round by round: e's speed over d's
+        scored = timings.last(name)[0]
+        seconds = d.seconds / ratio
+        rows.add(name, f"{description}; {ratio:.2f}x d, whole runs interleaved with d", seconds, scored.scores,
+                 padding=scored.stats.padding_share, roofline=report.roofline_of(seconds), vs_d=ratio)
 
 
 def _other_precisions_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow) -> None:

@@ -45,6 +45,10 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
                      precision_sample=precision_sample)
     if line := auto_line(clf.loaded):
         log(line)
+    from ..jobs.verify import engine_line
+
+    # the cached choices this sweep is compared with (provisional ones say so)
+    log(f"engine: {engine_line(clf)}")
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
     variants = {(budget, rows): clf.with_settings(EngineSettings(token_budget=budget, max_rows=rows,

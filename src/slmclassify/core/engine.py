@@ -262,6 +262,8 @@ class Engine:
         self.rotary_dim = self._rotary_dim()
         self.conv_taps = int(cfg.conv_L_cache) if any(k.mixer == "conv" for k in self.kinds) else 0
         self.windows = sorted({k.window for k in self.kinds if k.window})
+        self.linear_params = sum(m.weight.numel() for layer in base.layers for m in layer.modules()
+                                 if isinstance(m, torch.nn.Linear))
         probe = torch.arange(min(8, cfg.vocab_size))[None]  # [1, 8] any ids: the function must not change
         with torch.inference_mode():
             before = model(input_ids=probe, logits_to_keep=1).logits
@@ -296,6 +298,13 @@ class Engine:
         else:
             heads, kv, dim = self.n_heads, self.n_kv, self.head_dim
         return plan_layer(ranges, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0], heads, kv, dim)
+
+    def weight_copy_bytes(self) -> int:
+        """Memory the GEMM kernel keeps beside the float32 weights the model's modules share: oneDNN's
+        blocked float32 copy, or the low-precision copy a bf16, fp16 or int8 engine computes with."""
+        gemm = self.backend.gemm
+        per = 4 if gemm == "onednn" else 2 if gemm in ("bf16", "fp16") else 1 if gemm.startswith("int8") else 0
+        return per * self.linear_params
 
     def exact(self) -> Engine:
         """This engine computing in float32 with the exact `mm` kernel, on the same weights (no copy):

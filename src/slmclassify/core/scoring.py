@@ -61,7 +61,9 @@ class Scorer:
 
     @classmethod
     def build(cls, task: Task, tokenizer, config, settings: EngineSettings) -> Scorer:
-        """The scorer of `task` for a model with this tokenizer and config (`config_check` limits)."""
+        """The scorer of `task` for a model with this tokenizer and config (`config_check` limits);
+        a schedule left to the measurement (`AUTO`) and not measured takes the built-in defaults."""
+        settings = settings.with_defaults()
         renderer = PromptRenderer(tokenizer, task)
         # multi-label: two branches per label, `name: yes` and `name: no`, summed (`multilabel.py`)
         names = branches(task.labels) if task.multi_label else task.labels

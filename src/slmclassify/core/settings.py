@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from ..errors import FieldError
 from ..backends.names import DEVICES, PRECISIONS
 
+AUTO = "auto"
+"""`token_budget` / `max_rows` not given: measured where the engine runs (`backends/schedule.py`)."""
 DEFAULT_TOKEN_BUDGET = 2048
 DEFAULT_MAX_ROWS = 128
+"""What a schedule that cannot be measured (no engine: the reference path alone) falls back to."""
 DEFAULT_MAX_TEXT_TOKENS = 512
 """Default cap on an item's text tokens: one very long text would otherwise dominate a run
 (attention is quadratic in its length) while the label rarely needs more (docs/bad-input.md, *Long texts*)."""
@@ -20,12 +23,14 @@ DEFAULT_WINDOW = 1024
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How the fast path schedules work. The defaults are the fastest measured on a 2-core CPU."""
+    """How the fast path schedules work. `token_budget` and `max_rows` default to `AUTO`: the
+    schedule measured for this machine, model and precision on first use (`backends/schedule.py`),
+    which a `Classifier` puts in its settings; a value given here wins."""
 
-    token_budget: int | None = DEFAULT_TOKEN_BUDGET
-    """Max rows × padded length per batch; None means fixed batches of `max_rows`."""
-    max_rows: int = DEFAULT_MAX_ROWS
-    """Max rows per batch."""
+    token_budget: int | None | str = AUTO
+    """Max rows × padded length per batch; None means fixed batches of `max_rows`; `AUTO`: measured."""
+    max_rows: int | str = AUTO
+    """Max rows per batch; `AUTO`: measured."""
     prefix_cache: bool = True
     """Run the shared prefix once and reuse its keys/values (off only for ablations)."""
     sort: bool = True
@@ -40,13 +45,27 @@ class EngineSettings:
     """None: fp32 on CPU, bf16 on CUDA; fp32, bf16, fp16, int8; auto: a low precision only if it is
     faster here and agrees with fp32 (see `models/precision.py`)."""
 
+    def with_defaults(self) -> EngineSettings:
+        """These settings with `AUTO` fields at the built-in defaults (for work that is not a
+        classifier's run: a `Classifier` puts the measured schedule there instead)."""
+        from dataclasses import replace
+
+        defaults = {"token_budget": DEFAULT_TOKEN_BUDGET, "max_rows": DEFAULT_MAX_ROWS}
+        return replace(self, **{name: defaults[name] for name in self.measured})
+
+    @property
+    def measured(self) -> tuple[str, ...]:
+        """The schedule fields left to the measurement (`AUTO`)."""
+        return tuple(name for name in ("token_budget", "max_rows") if getattr(self, name) == AUTO)
+
     def __post_init__(self) -> None:
         if self.window < 1:
             raise FieldError("window", "{field} must be positive, got {value}", value=self.window)
-        if self.token_budget is not None and self.token_budget < 1:
-            raise FieldError("token_budget", "{field} must be positive, got {value}", value=self.token_budget)
-        if self.max_rows < 1:
-            raise FieldError("max_rows", "{field} must be positive, got {value}", value=self.max_rows)
+        if self.token_budget not in (None, AUTO) and not (isinstance(self.token_budget, int) and self.token_budget >= 1):
+            raise FieldError("token_budget", "{field} must be a positive number (or auto), got {value}",
+                             value=self.token_budget)
+        if self.max_rows != AUTO and not (isinstance(self.max_rows, int) and self.max_rows >= 1):
+            raise FieldError("max_rows", "{field} must be a positive number (or auto), got {value}", value=self.max_rows)
         if self.max_text_tokens is not None and self.max_text_tokens < 1:
             raise FieldError("max_text_tokens", "{field} must be positive, got {value}", value=self.max_text_tokens)
         if self.device is not None and self.device not in DEVICES and not self.device.startswith("cuda:"):

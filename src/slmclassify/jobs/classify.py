@@ -143,7 +143,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
             from ..head.apply import check
 
             check(choice.head, classifier, choice.source or "the head")
-        classifier = _same_kernel(saved, classifier, task, settings)
+        classifier = _same_schedule(saved, _same_kernel(saved, classifier, task, settings))
         if on_loaded is not None:
             on_loaded(classifier)
         _same_model(saved, identity, classifier, checkpoint)
@@ -152,6 +152,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         raise
     # recorded: a resumed run computes with the same kernel (`_same_kernel`)
     identity["gemm"] = {"precision": classifier.loaded.backend.precision, "kernel": classifier.loaded.backend.gemm}
+    identity["schedule"] = {"token_budget": classifier.settings.token_budget, "max_rows": classifier.settings.max_rows}
 
     # the probes keep the raw scores of every scored sequence (a multi-label task's yes and no branches)
     state = _RunState.restore(saved, classifier.trie.labels, request.probes, len(classifier.prefix_ids),
@@ -168,7 +169,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         model=classifier.loaded.name, load_seconds=load_seconds, mode=classifier.mode,
         mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
         label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
-        engine=engine_line(classifier.loaded), report=report, output=request.output_path,
+        engine=engine_line(classifier), report=report, output=request.output_path,
         resumed_at=state.resumed_at,
         gold=state.gold if request.gold_column is not None else None, labels=tuple(labels))
 
@@ -282,18 +283,27 @@ def label_lines(classifier: Classifier) -> tuple[str, ...]:
     return tuple(line.strip() for line in classifier.label_token_lines())
 
 
-def engine_line(loaded) -> str:
-    """Device, precision, GEMM kernel and the measurement behind the choice, for summaries."""
+def engine_line(classifier: Classifier) -> str:
+    """Device, precision, GEMM kernel, the measurement behind the choice and what it costs in memory,
+    and the batch schedule and where it came from, for summaries."""
+    from ..backends.choice import provisional_reason
+    from ..backends.schedule import describe
     from ..models.precision import auto_line
 
+    loaded = classifier.loaded
     line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
     rates = loaded.gemm_rates or {}
     if rates.get("rates"):
         measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
-        line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({'cached' if rates.get('cached') else 'measured now'})"
+        when = "cached" if rates.get("cached") else "measured now"
+        if rates.get("provisional"):
+            when += f", provisional: {provisional_reason(rates)}; measured again at a later start"
+        line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({when})"
+    if loaded.engine is not None and (extra := loaded.engine.weight_copy_bytes()):
+        line += f"; memory: the kernel's own copy of the linear weights, +{extra / 2**20:.0f} MiB"
     if auto := auto_line(loaded):
         line += f"; {auto}"
-    return line
+    return line + f"; schedule: {describe(classifier.settings, classifier.schedule)}"
 
 
 def _read_ahead(reader, window: int, skip_rows: int):
@@ -370,6 +380,20 @@ def _same_kernel(saved: dict | None, classifier: Classifier, task: Task, setting
         return classifier
     backend = Backend(device=loaded.backend.device, precision=loaded.backend.precision, gemm=kernel)
     return Classifier(task, model=with_backend(loaded, backend), settings=settings)
+
+
+def _same_schedule(saved: dict | None, classifier: Classifier) -> Classifier:
+    """The classifier of a resumed run on the batch schedule the run started with: a schedule measured
+    again between the sessions (a provisional one) changes the batches, and float32 sums in another
+    batch composition differ in the last digits. (A schedule given in the options is in the
+    settings' digest: another one is refused before this.)"""
+    recorded = (saved or {}).get("schedule")
+    if not isinstance(recorded, dict):
+        return classifier
+    now = {"token_budget": classifier.settings.token_budget, "max_rows": classifier.settings.max_rows}
+    if recorded == now:
+        return classifier
+    return classifier.with_settings(dataclasses.replace(classifier.settings, **recorded))
 
 
 def _task_shown(task: Task) -> dict:

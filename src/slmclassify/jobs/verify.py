@@ -45,5 +45,5 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     return VerifySummary(
         model=classifier.loaded.name, mode=classifier.mode, mode_reason=classifier.mode_reason,
         calibrated=classifier.bias is not None, label_lines=label_lines(classifier),
-        probe_lengths=tuple(len(encoded.ids[i]) for i in indices), engine=engine_line(classifier.loaded),
+        probe_lengths=tuple(len(encoded.ids[i]) for i in indices), engine=engine_line(classifier),
         report=report)

@@ -1,0 +1,141 @@
+"""The fast path's batch schedule measured where it runs: the token budget and row cap.
+
+Which budget is fastest depends on the CPU: a float32 GEMM that is slow at few rows (an AMD Zen 4
+here) wants bigger batches than one that is not (an Intel Xeon). So on first use per machine, model
+and precision (keyed like the GEMM choice, `choice.machine_key`, cached beside it in
+`backends.json`), the engine's own layers are timed on synthetic batches, interleaved round by round:
+
+    phase 1  items of `ITEM_TOKENS` tokens after a `PREFIX_TOKENS`-token cached prefix, one batch
+             per budget in `BUDGETS` (rows = budget / item length): items per second of each
+    phase 2  items of `SHORT_TOKENS` tokens at the chosen budget, rows capped at each of `ROW_CAPS`
+             (a cap binds only for short items): items per second of each
+
+Each phase takes the smallest setting within `WITHIN` of its fastest (smaller batches hold less
+memory). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
+read positions only): per-layer cost is what the budget changes, and the probe stays at a few
+seconds (~1.5 s for SmolLM2-135M on 2 cores). Sorting by length is not measured: it only ever
+removes padding (docs/performance.md, *The schedule*).
+
+A measurement is provisional, used and measured again at a later start, when the machine was busy
+(load average above `choice.BUSY_LOAD_PER_CORE` per core) or its repeated rounds disagree by more
+than `choice.UNSTEADY` (another process computing at the same time); measurements in progress are
+serialised across processes (`choice.measuring`), so two runs starting at once do not time each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..timing import Side, interleave
+from . import choice
+from .gemm import sync_of
+
+BUDGETS = {"cpu": (1024, 2048, 4096, 8192), "cuda": (8192, 16384, 32768, 65536)}
+ROW_CAPS = (64, 128, 256, 512)
+ITEM_TOKENS = 64
+SHORT_TOKENS = 16
+PREFIX_TOKENS = 128
+PROBE_LAYERS = 2
+ROUNDS = 2
+SHORT_ROUNDS_S = 0.2
+"""Rounds go on past `ROUNDS` until this many seconds have passed (at most `MAX_ROUNDS`)."""
+MAX_ROUNDS = 20
+WITHIN = 0.03
+"""A smaller budget (row cap) is taken when it is within this share of the fastest."""
+VERSION = 1
+"""Bumped when the probe changes, so that schedules measured by another probe are measured again."""
+
+
+def schedule_key(loaded) -> str:
+    backend = loaded.backend
+    return (f"{choice.machine_key(backend.device)}|{choice.model_key(loaded.model.config)}|schedule v{VERSION}|"
+            f"{backend.precision} {backend.gemm}")
+
+
+def measured_schedule(loaded, cache_dir: Path | None) -> dict:
+    """{"token_budget", "max_rows", "reason", "rates", ...} for this machine, model and precision:
+    cached, or measured now (and cached) when there is none or it was provisional and the machine is quiet."""
+    key = schedule_key(loaded)
+    entry = choice.cached_entry(cache_dir, key)
+    if entry is not None:
+        return {**entry, "cached": True}
+    with choice.measuring(cache_dir):
+        entry = choice.cached_entry(cache_dir, key)  # another process may have measured it meanwhile
+        if entry is not None:
+            return {**entry, "cached": True}
+        load = choice.machine_load()
+        entry = measure(loaded.engine, loaded.model.config.vocab_size, loaded.backend.device)
+        entry["load_per_core"] = round(load, 2)
+        busy = loaded.backend.device.type == "cpu" and load > choice.BUSY_LOAD_PER_CORE
+        if busy or entry["spread"] > choice.UNSTEADY:
+            entry["provisional"] = True
+        choice.store_entry(cache_dir, key, entry)
+    return {**entry, "cached": False}
+
+
+def measure(engine, vocab_size: int, device: torch.device) -> dict:
+    """Time the probe (see the module docstring); the chosen budget and row cap and the rates behind them."""
+    from ..core.batching import collate
+    from ..core.labels import build_trie
+
+    started = time.perf_counter()
+    probe = copy.copy(engine)
+    probe.layers = engine.layers[:PROBE_LAYERS]
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(10, max(11, vocab_size), (n,), generator=g).tolist()  # noqa: E731
+    prefix = probe.prefill(ids(PREFIX_TOKENS))
+    trie = build_trie(("a", "b", "c"), [tuple(ids(2)) for _ in range(3)], "full")
+    sync = sync_of(device)
+
+    def rates(shapes: dict[int, tuple[int, int]]) -> tuple[dict[int, float], float]:
+        """{setting: items/s} of one batch of (rows, length) per setting, and the rounds' largest spread."""
+        batches = {k: collate([ids(n) for _ in range(rows)], torch.arange(rows).numpy(), 0, cached=True)
+                   for k, (rows, n) in shapes.items()}
+        probe.score(batches[min(batches)], prefix, trie)  # first calls allocate
+        # at least ROUNDS rounds; more while they are short (a small model's sub-millisecond batches)
+        timings = interleave([Side(str(k), lambda _, b=b: probe.score(b, prefix, trie)) for k, b in batches.items()],
+                             rounds=ROUNDS, warmup=0, sync=sync, deadline=time.perf_counter() + SHORT_ROUNDS_S,
+                             max_rounds=MAX_ROUNDS)
+        # a setting's second-best round over its best: a busy machine makes repeated rounds disagree
+        spread = max(float(np.sort(timings.per_round(str(k)))[1] / timings.best_round(str(k)) - 1) for k in batches)
+        return {k: shapes[k][0] / timings.best_round(str(k)) for k in batches}, spread
+
+    budgets = BUDGETS.get(device.type, BUDGETS["cpu"])
+    by_budget, spread = rates({b: (b // ITEM_TOKENS, ITEM_TOKENS) for b in budgets})
+    budget = _smallest_near_best(by_budget)
+    caps = sorted({min(cap, budget // SHORT_TOKENS) for cap in ROW_CAPS})
+    if len(caps) > 1:
+        by_cap, spread2 = rates({cap: (cap, SHORT_TOKENS) for cap in caps})
+        max_rows, spread = _smallest_near_best(by_cap), max(spread, spread2)
+    else:
+        by_cap, max_rows = {}, max(caps[0], ROW_CAPS[0])
+    return {"token_budget": int(budget), "max_rows": int(max_rows),
+            "rates": {str(k): round(v, 1) for k, v in by_budget.items()},
+            "row_cap_rates": {str(k): round(v, 1) for k, v in by_cap.items()},
+            "spread": round(spread, 3), "measured": time.strftime("%Y-%m-%d %H:%M"),
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _smallest_near_best(rates: dict[int, float]) -> int:
+    best = max(rates.values())
+    return min(k for k, v in rates.items() if v >= (1 - WITHIN) * best)
+
+
+def describe(settings, schedule: dict | None) -> str:
+    """The schedule a classifier runs with and where it came from, for the `engine:` line:
+    `settings` its resolved settings, `schedule` the measurement its `AUTO` fields took (or None)."""
+    values = f"token budget {settings.token_budget}, max rows {settings.max_rows}"
+    if schedule is None:
+        return f"{values} (given)"
+    rates = ", ".join(f"{k} {v:.0f}" for k, v in schedule["rates"].items())
+    when = "cached" if schedule.get("cached") else "measured now"
+    if schedule.get("provisional"):
+        when += f", provisional: {choice.provisional_reason(schedule)}; measured again at a later start"
+    given = [name.replace("_", " ") for name in ("token_budget", "max_rows") if name not in schedule.get("took", ())]
+    return (f"{values} ({' and '.join(given) + ' given; ' if given else ''}measured here: the fastest of a probe's "
+            f"items/s by budget, {rates}; {when})")

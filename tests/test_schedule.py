@@ -1,0 +1,157 @@
+"""The batch schedule measured where it runs (`backends/schedule.py`): measured on first use, cached
+beside the GEMM choice, given values win, provisional measurements (a busy machine, rounds that
+disagree) are measured again, measurements are serialised across processes, a resumed run keeps
+the schedule it started with, and the suite keeps its choices out of the user's cache."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slmclassify import Classifier, EngineSettings, Task
+from slmclassify.backends import choice, schedule
+from slmclassify.models.loading import load_model
+
+from test_engine import random_texts
+
+TASK = Task(labels=("billing", "technical", "account"), user_template="Ticket: {text}")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(choice, "machine_load", lambda: 0.0)
+    # the tiny models' sub-millisecond batches jitter from round to round on a shared machine: only
+    # the tests of unsteady rounds below (which plant a spread) mark a measurement provisional by it
+    monkeypatch.setattr(choice, "UNSTEADY", 1e9)
+
+
+def _stored(tmp_path) -> dict:
+    return json.loads((tmp_path / "cache" / "slmclassify" / choice.CACHE_FILE).read_text())
+
+
+def test_the_schedule_is_measured_once_cached_and_given_values_win(tmp_path, llama_dir, one_torch_thread):
+    from slmclassify.jobs.classify import engine_line
+
+    loaded = load_model(str(llama_dir), device="cpu")
+    clf = Classifier(TASK, model=loaded)
+    measured = clf.schedule
+    assert measured["cached"] is False and measured["took"] == ("token_budget", "max_rows")
+    assert clf.settings.token_budget == measured["token_budget"] in schedule.BUDGETS["cpu"]
+    assert clf.settings.max_rows == measured["max_rows"]
+    assert set(measured["rates"]) == {str(b) for b in schedule.BUDGETS["cpu"]}
+    key = schedule.schedule_key(loaded)
+    assert _stored(tmp_path)[key]["token_budget"] == measured["token_budget"]
+    line = engine_line(clf)
+    assert f"schedule: token budget {measured['token_budget']}, max rows {measured['max_rows']} (measured here" in line
+    assert "measured now" in line
+
+    again = Classifier(TASK, model=loaded)
+    assert again.schedule["cached"] is True and again.settings == clf.settings
+    # a planted schedule is what the next classifier runs
+    stored = _stored(tmp_path)
+    stored[key].update(token_budget=3000, max_rows=7)
+    (tmp_path / "cache" / "slmclassify" / choice.CACHE_FILE).write_text(json.dumps(stored))
+    planted = Classifier(TASK, model=loaded)
+    assert (planted.settings.token_budget, planted.settings.max_rows) == (3000, 7)
+    assert engine_line(planted).endswith("; cached)")
+
+    one = Classifier(TASK, model=loaded, settings=EngineSettings(token_budget=512))
+    assert (one.settings.token_budget, one.settings.max_rows) == (512, 7) and one.schedule["took"] == ("max_rows",)
+    assert "token budget given; measured here" in engine_line(one)
+    both = Classifier(TASK, model=loaded, settings=EngineSettings(token_budget=512, max_rows=16))
+    assert both.schedule is None and engine_line(both).endswith("schedule: token budget 512, max rows 16 (given)")
+    # the scores do not depend on where the schedule came from, beyond float32 sums
+    encoded = clf.encode(random_texts(12, seed=2))
+    assert np.abs(both.score(encoded).scores - clf.score(encoded).scores).max() < 1e-4
+
+
+def test_a_provisional_schedule_is_measured_again_at_a_later_start(tmp_path, llama_dir, monkeypatch):
+    loaded = load_model(str(llama_dir), device="cpu")
+    monkeypatch.setattr(choice, "machine_load", lambda: 3.0)  # busy: 3 runnable tasks per core
+    busy = Classifier(TASK, model=loaded).schedule
+    assert busy["cached"] is False and busy["provisional"] is True
+    assert "machine busy, load 3.0 per core" in choice.provisional_reason(busy)
+    assert Classifier(TASK, model=loaded).schedule["cached"] is True  # still busy: used as it is
+    monkeypatch.setattr(choice, "machine_load", lambda: 0.2)
+    assert Classifier(TASK, model=loaded).schedule["cached"] is True  # quiet, but this process measured it
+    monkeypatch.setattr(choice, "_MEASURED_HERE", set())  # a later start
+    quiet = Classifier(TASK, model=loaded).schedule
+    assert quiet["cached"] is False and "provisional" not in quiet
+    assert Classifier(TASK, model=loaded).schedule["cached"] is True
+
+    # rounds that disagree (another process computing meanwhile) mark it provisional too
+    monkeypatch.setattr(choice, "UNSTEADY", 0.25)
+    real = schedule.measure
+    monkeypatch.setattr(schedule, "measure", lambda *a: {**real(*a), "spread": 0.9})
+    stored = _stored(tmp_path)
+    stored.pop(schedule.schedule_key(loaded))
+    (tmp_path / "cache" / "slmclassify" / choice.CACHE_FILE).write_text(json.dumps(stored))
+    unsteady = Classifier(TASK, model=loaded).schedule
+    assert unsteady["provisional"] is True and "repeated rounds differed by 90%" in choice.provisional_reason(unsteady)
+    monkeypatch.setattr(schedule, "measure", lambda *a: {**real(*a), "spread": 0.0})
+    monkeypatch.setattr(choice, "_MEASURED_HERE", set())  # a later start
+    assert Classifier(TASK, model=loaded).schedule["cached"] is False  # quiet machine: measured again
+
+
+def test_gemm_rates_whose_rounds_disagree_are_provisional(tmp_path, llama_dir, monkeypatch):
+    from slmclassify.backends import gemm
+
+    monkeypatch.setattr(choice, "UNSTEADY", 0.25)
+    real = gemm.time_kernels
+    monkeypatch.setattr(gemm, "time_kernels", lambda *a, **k: (real(*a, **k)[0], 0.8))
+    rates = load_model(str(llama_dir), device="cpu").gemm_rates
+    assert rates["provisional"] is True and rates["spread"] == 0.8
+    monkeypatch.setattr(gemm, "time_kernels", lambda *a, **k: (real(*a, **k)[0], 0.0))
+    monkeypatch.setattr(choice, "_MEASURED_HERE", set())  # a later start
+    again = load_model(str(llama_dir), device="cpu").gemm_rates
+    assert again["cached"] is False and "provisional" not in again
+
+
+def test_measurements_are_serialised_across_processes(tmp_path):
+    """While one holder has the cache folder's measurement lock, another waits for it (the second
+    process then reads what the first measured instead of timing alongside it)."""
+    folder = tmp_path / "c"
+    events = []
+
+    def hold():
+        with choice.measuring(folder):
+            events.append(("a in", time.monotonic()))
+            time.sleep(0.5)
+            events.append(("a out", time.monotonic()))
+
+    first = threading.Thread(target=hold)
+    first.start()
+    while not events:
+        time.sleep(0.01)
+    with choice.measuring(folder):
+        events.append(("b in", time.monotonic()))
+    first.join()
+    assert [name for name, _ in events] == ["a in", "a out", "b in"]
+    with choice.measuring(folder, timeout_s=0.2):  # free again: no wait
+        pass
+
+
+def test_a_resumed_run_keeps_the_schedule_it_started_with(llama_dir, one_torch_thread):
+    from slmclassify.jobs.classify import _same_schedule
+
+    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu"))
+    kept = _same_schedule({"schedule": {"token_budget": 777, "max_rows": 9}}, clf)
+    assert (kept.settings.token_budget, kept.settings.max_rows) == (777, 9)
+    assert _same_schedule({"schedule": {"token_budget": clf.settings.token_budget,
+                                        "max_rows": clf.settings.max_rows}}, clf) is clf
+    assert _same_schedule(None, clf) is clf
+
+
+def test_the_suite_keeps_its_choices_out_of_the_users_cache():
+    import os
+
+    from slmclassify.cache import cache_root
+
+    assert os.environ["XDG_CACHE_HOME"] != str(Path.home() / ".cache")
+    assert Path.home() / ".cache" not in cache_root().parents
