@@ -1,4 +1,4 @@
-"""The batch schedule measured where it runs (`backends/schedule.py`): measured on first use, cached
+"""The batch schedule measured where it runs (`models/schedule.py`): measured on first use, cached
 beside the GEMM choice, given values win, provisional measurements (a busy machine, rounds that
 disagree) are measured again, measurements are serialised across processes, a resumed run keeps
 the schedule it started with, and the suite keeps its choices out of the user's cache."""
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from slmclassify import Classifier, EngineSettings, Task
-from slmclassify.backends import choice, schedule
+from slmclassify.backends import choice
+from slmclassify.models import schedule
 from slmclassify.models.loading import load_model
 
 from test_engine import random_texts

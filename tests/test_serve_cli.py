@@ -100,10 +100,10 @@ def test_option_errors(tmp_path, monkeypatch, capsys, args, message):
 
 
 @pytest.mark.parametrize("args, expected", [
-    ([], (2048, 128, 512)),
+    ([], ("auto", "auto", 512)),  # auto: the schedule measured where the service runs
     (["--token-budget", "64", "--max-rows", "4", "--max-tokens", "100"], (64, 4, 100)),
-    (["--max-batch-rows", "4", "--max-text-tokens", "100"], (2048, 4, 100)),  # the old names still work
-    (["--max-tokens", "none"], (2048, 128, None)),
+    (["--max-batch-rows", "4", "--max-text-tokens", "100"], ("auto", 4, 100)),  # the old names still work
+    (["--max-tokens", "none"], ("auto", "auto", None)),
 ])
 def test_serve_names_engine_settings_as_classify_does(tmp_path, monkeypatch, args, expected):
     """`serve` takes the batch shape under classify's names (--max-rows, --max-tokens); the old

@@ -116,7 +116,7 @@ class Classifier:
             self.loaded = load_model(model, settings.device, settings.precision, task=task,
                                      sample=precision_sample, settings=settings)
         self.schedule = self._measured_schedule(settings)
-        """The measured schedule this classifier's `AUTO` settings took (`backends/schedule.py`), or None."""
+        """The measured schedule this classifier's `AUTO` settings took (`models/schedule.py`), or None."""
         if self.schedule is not None:
             settings = dataclasses.replace(settings, **{name: self.schedule[name] for name in settings.measured})
         self.scorer = Scorer.build(task, self.loaded.tokenizer, self.loaded.model.config, settings)
@@ -161,11 +161,11 @@ class Classifier:
         return self._variant(scorer=dataclasses.replace(self.scorer, settings=settings), schedule=schedule)
 
     def _measured_schedule(self, settings: EngineSettings) -> dict | None:
-        """The schedule measured for this machine, model and precision (cached; `backends/schedule.py`)
+        """The schedule measured for this machine, model and precision (cached; `models/schedule.py`)
         when `settings` leave a schedule field to it; None when they give both."""
         if not settings.measured:
             return None
-        from .backends.schedule import measured_schedule
+        from .models.schedule import measured_schedule
         from .cache import cache_root
 
         return {**measured_schedule(self.loaded, cache_root()), "took": settings.measured}

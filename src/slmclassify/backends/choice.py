@@ -15,7 +15,7 @@ that differ by more than `UNSTEADY`) is kept as provisional: it is used, and mea
 next run that finds the machine quiet. Measurements are serialised across processes (`measuring`:
 a lock file in the cache folder), so two runs starting at once never time each other's work; the
 second reads what the first measured. The batch schedule is measured and cached the same way
-(`schedule.py`).
+(`models/schedule.py`).
 """
 
 from __future__ import annotations

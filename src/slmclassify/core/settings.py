@@ -11,7 +11,7 @@ from ..errors import FieldError
 from ..backends.names import DEVICES, PRECISIONS
 
 AUTO = "auto"
-"""`token_budget` / `max_rows` not given: measured where the engine runs (`backends/schedule.py`)."""
+"""`token_budget` / `max_rows` not given: measured where the engine runs (`models/schedule.py`)."""
 DEFAULT_TOKEN_BUDGET = 2048
 DEFAULT_MAX_ROWS = 128
 """What a schedule that cannot be measured (no engine: the reference path alone) falls back to."""
@@ -24,7 +24,7 @@ DEFAULT_WINDOW = 1024
 @dataclass(frozen=True)
 class EngineSettings:
     """How the fast path schedules work. `token_budget` and `max_rows` default to `AUTO`: the
-    schedule measured for this machine, model and precision on first use (`backends/schedule.py`),
+    schedule measured for this machine, model and precision on first use (`models/schedule.py`),
     which a `Classifier` puts in its settings; a value given here wins."""
 
     token_budget: int | None | str = AUTO

@@ -287,7 +287,7 @@ def engine_line(classifier: Classifier) -> str:
     """Device, precision, GEMM kernel, the measurement behind the choice and what it costs in memory,
     and the batch schedule and where it came from, for summaries."""
     from ..backends.choice import provisional_reason
-    from ..backends.schedule import describe
+    from ..models.schedule import describe
     from ..models.precision import auto_line
 
     loaded = classifier.loaded

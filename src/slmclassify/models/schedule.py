@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from ..timing import Side, interleave
-from . import choice
-from .gemm import sync_of
+from ..backends import choice
+from ..backends.sync import sync_of
 
 BUDGETS = {"cpu": (1024, 2048, 4096, 8192), "cuda": (8192, 16384, 32768, 65536)}
 ROW_CAPS = (64, 128, 256, 512)
