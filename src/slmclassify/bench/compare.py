@@ -375,7 +375,7 @@ def _article_and_ours(inputs: _Inputs, rows: _Rows, report: BenchReport) -> tupl
     return clf, d
 
 
-E_ROUNDS = 2
+E_ROUNDS = 3
 """Whole runs of each (e) row and of (d) in the interleaved timing of the ablations."""
 
 
