@@ -27,7 +27,7 @@ TASK = Task(labels=("billing", "technical", "account"), user_template="Ticket: {
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(choice, "machine_load", lambda: 0.0)
-    # the tiny models' sub-millisecond batches jitter from round to round on a shared machine: only
+    # rounds of the tiny models jitter on a shared machine (the suite runs beside other work): only
     # the tests of unsteady rounds below (which plant a spread) mark a measurement provisional by it
     monkeypatch.setattr(choice, "UNSTEADY", 1e9)
 
@@ -156,3 +156,10 @@ def test_the_suite_keeps_its_choices_out_of_the_users_cache():
 
     assert os.environ["XDG_CACHE_HOME"] != str(Path.home() / ".cache")
     assert Path.home() / ".cache" not in cache_root().parents
+
+
+def test_a_spread_counts_only_on_rounds_long_enough_to_tell():
+    from slmclassify.timing import Timings
+
+    t = Timings(("a",), {"a": np.array([[0.002], [0.004]])}, {"a": [[None], [None]]})
+    assert t.spread("a") == pytest.approx(1.0) and t.spread("a", shortest=0.005) == 0.0

@@ -74,6 +74,15 @@ class Timings:
         """Seconds of the fastest round."""
         return float(self.per_round(name).min())
 
+    def spread(self, name: str, shortest: float = 0.0) -> float:
+        """`name`'s second-best round over its best, minus 1 (how much repeated rounds disagree: a
+        machine busy with other work makes them); 0 with one round, or when its best round is
+        shorter than `shortest` seconds (too short to tell other work from timer and cache jitter)."""
+        rounds = np.sort(self.per_round(name))
+        if len(rounds) < 2 or rounds[0] < shortest:
+            return 0.0
+        return float(rounds[1] / rounds[0] - 1)
+
     def best_per_unit(self, name: str) -> np.ndarray:
         """[units] each unit's fastest call over the rounds."""
         return self.seconds[name].min(axis=0)

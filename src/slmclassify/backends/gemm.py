@@ -24,7 +24,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -419,11 +418,14 @@ def int8_engine() -> str | None:
     return None
 
 
+STEADY_ROUND_S = 0.005
+"""Rounds shorter than this (a tiny model's shapes) are too short to tell a busy machine from jitter."""
+
+
 def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_of: Callable[[str], torch.dtype],
                  rows: int = 1024, budget_s: float = 2.0, smoothed: Sequence[bool] = ()) -> tuple[dict[str, float], float]:
     """({kernel: GFLOP/s} on `weights` ([in, out] each, the model's own shapes) at `rows` tokens, the
-    spread): the spread is the largest, over the kernels, of a kernel's second-best round over its
-    best, minus 1 (a machine busy with other work makes repeated rounds disagree).
+    spread): the largest `Timings.spread` of the kernels (rounds under `STEADY_ROUND_S` count as steady).
 
     `smoothed[i]`: int8 ops of weight i divide their input by smoothing scales, as the engine's
     qkv and gate_up ops do (`smoothing.py`), so that int8 is timed with that multiply.
@@ -449,7 +451,7 @@ def time_kernels(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_
     # One untimed call each first (first calls allocate and pick algorithms).
     timings = interleave([Side(name, every_shape(name)) for name in kernels], rounds=2, sync=sync_of(device),
                          deadline=start + budget_s, max_rounds=50)
-    spread = max(float(np.sort(timings.per_round(name))[1] / timings.best_round(name) - 1) for name in kernels)
+    spread = max(timings.spread(name, STEADY_ROUND_S) for name in kernels)
     return {name: flops / timings.best_round(name) / 1e9 for name in kernels}, spread
 
 

@@ -28,11 +28,11 @@ import copy
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..timing import Side, interleave
 from ..backends import choice
+from ..backends.gemm import STEADY_ROUND_S
 from ..backends.sync import sync_of
 
 BUDGETS = {"cpu": (1024, 2048, 4096, 8192), "cuda": (8192, 16384, 32768, 65536)}
@@ -42,7 +42,7 @@ SHORT_TOKENS = 16
 PREFIX_TOKENS = 128
 PROBE_LAYERS = 2
 ROUNDS = 2
-SHORT_ROUNDS_S = 0.2
+SHORT_ROUNDS_S = 0.1
 """Rounds go on past `ROUNDS` until this many seconds have passed (at most `MAX_ROUNDS`)."""
 MAX_ROUNDS = 20
 WITHIN = 0.10
@@ -104,7 +104,7 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
                              rounds=ROUNDS, warmup=0, sync=sync, deadline=time.perf_counter() + SHORT_ROUNDS_S,
                              max_rounds=MAX_ROUNDS)
         # a setting's second-best round over its best: a busy machine makes repeated rounds disagree
-        spread = max(float(np.sort(timings.per_round(str(k)))[1] / timings.best_round(str(k)) - 1) for k in batches)
+        spread = max(timings.spread(str(k), STEADY_ROUND_S) for k in batches)
         return {k: shapes[k][0] / timings.best_round(str(k)) for k in batches}, spread
 
     budgets = BUDGETS.get(device.type, BUDGETS["cpu"])
