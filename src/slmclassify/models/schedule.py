@@ -42,9 +42,6 @@ SHORT_TOKENS = 16
 PREFIX_TOKENS = 128
 PROBE_LAYERS = 2
 ROUNDS = 2
-SHORT_ROUNDS_S = 0.1
-"""Rounds go on past `ROUNDS` until this many seconds have passed (at most `MAX_ROUNDS`)."""
-MAX_ROUNDS = 20
 WITHIN = 0.10
 """A smaller budget (row cap) is taken when it is within this share of the fastest: the probe's
 items are all one length, while a bigger sorted batch of real items spans more lengths and pads
@@ -99,10 +96,8 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
         batches = {k: collate([ids(n) for _ in range(rows)], torch.arange(rows).numpy(), 0, cached=True)
                    for k, (rows, n) in shapes.items()}
         probe.score(batches[min(batches)], prefix, trie)  # first calls allocate
-        # at least ROUNDS rounds; more while they are short (a small model's sub-millisecond batches)
         timings = interleave([Side(str(k), lambda _, b=b: probe.score(b, prefix, trie)) for k, b in batches.items()],
-                             rounds=ROUNDS, warmup=0, sync=sync, deadline=time.perf_counter() + SHORT_ROUNDS_S,
-                             max_rounds=MAX_ROUNDS)
+                             rounds=ROUNDS, warmup=0, sync=sync)
         # a setting's second-best round over its best: a busy machine makes repeated rounds disagree
         spread = max(timings.spread(str(k), STEADY_ROUND_S) for k in batches)
         return {k: shapes[k][0] / timings.best_round(str(k)) for k in batches}, spread
