@@ -125,14 +125,33 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> d
     Read from the cache when this machine and model were measured before.
     """
     key = f"{machine_key(device)}|{model_key(config)}"
-    entry = _usable(cache_dir, key, device)
+    entry = cached_or_measured(cache_dir, key, device, lambda: _measure_gemm(config, device),
+                               usable=lambda: _usable(cache_dir, key, device))
+    if log and not entry["cached"]:
+        rates = entry["rates"]
+        log(f"GEMM kernels on this model's shapes: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
+            + f" GFLOP/s; float32 uses {entry['gemm']}" + (f", int8 {entry['int8']}" if entry["int8"] else "")
+            + (f" ({provisional_reason(entry)}: measured again next run)" if entry.get("provisional") else ""))
+    return entry
+
+
+def cached_or_measured(cache_dir: Path | None, key: str, device: torch.device, measure, usable=None) -> dict:
+    """The cached entry under `key` ({..., "cached": True}) or, when there is none usable
+    (`usable()`, default `cached_entry`), `measure()`'s under the measurement lock, kept with the
+    load it was taken under and marked provisional on a busy machine or when its rounds disagree
+    (`spread` above `UNSTEADY`)."""
+    usable = usable or (lambda: cached_entry(cache_dir, key))
+    entry = usable()
     if entry is not None:
         return {**entry, "cached": True}
     with measuring(cache_dir):
-        entry = _usable(cache_dir, key, device)  # another process may have measured it meanwhile
+        entry = usable()  # another process may have measured it meanwhile
         if entry is not None:
             return {**entry, "cached": True}
-        entry = _measure_gemm(config, device, log)
+        load = machine_load()
+        entry = {**measure(), "load_per_core": round(load, 2)}
+        if (device.type == "cpu" and load > BUSY_LOAD_PER_CORE) or entry.get("spread", 0.0) > UNSTEADY:
+            entry["provisional"] = True
         store_entry(cache_dir, key, entry)
     return {**entry, "cached": False}
 
@@ -146,9 +165,7 @@ def _usable(cache_dir: Path | None, key: str, device: torch.device) -> dict | No
     return None if stale else entry
 
 
-def _measure_gemm(config, device: torch.device, log=None) -> dict:
-    load = machine_load()
-    busy = device.type == "cpu" and load > BUSY_LOAD_PER_CORE
+def _measure_gemm(config, device: torch.device) -> dict:
     kernels = gemm.fp32_kernels(device)
     if device.type == "cpu":
         kernels += [k for k in ("bf16", "fp16") if cpu_native(k)]
@@ -164,13 +181,7 @@ def _measure_gemm(config, device: torch.device, log=None) -> dict:
     fp32 = fp32_choice(rates, device)
     entry = {"gemm": fp32, "int8": int8_choice(rates), "rates": {k: round(v, 1) for k, v in rates.items()},
              "measured": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.perf_counter() - started, 2),
-             "load_per_core": round(load, 2), "spread": round(spread, 3)}
-    if busy or spread > UNSTEADY:
-        entry["provisional"] = True
-    if log:
-        log(f"GEMM kernels on this model's shapes: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
-            + f" GFLOP/s; float32 uses {fp32}" + (f", int8 {entry['int8']}" if entry["int8"] else "")
-            + (f" ({provisional_reason(entry)}: measured again next run)" if entry.get("provisional") else ""))
+             "spread": round(spread, 3)}
     return entry
 
 

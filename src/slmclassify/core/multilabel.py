@@ -72,13 +72,18 @@ def make_results(labels: tuple[str, ...], scores: np.ndarray, calibrated: np.nda
             results.append(Result(None, None, {}, True, st))
             continue
         chosen = tuple(label for label, p, t in zip(labels, probs[i], cut) if p >= t)
-        conf = float(np.maximum(probs[i], 1 - probs[i]).min())
+        conf = float(confidence(probs[i][None, :])[0])
         results.append(Result(
             label=separator.join(chosen), confidence=conf,
             probabilities={label: float(p) for label, p in zip(labels, probs[i])},
             needs_review=conf < min_confidence or not chosen, status=st,
             scores={name: float(s) for name, s in zip(names, scores[i])}, labels=chosen))
     return results
+
+
+def confidence(probs: np.ndarray) -> np.ndarray:
+    """[n, L] P(yes) → [n] each item's least sure decision: min over labels of max(p, 1 - p)."""
+    return np.maximum(probs, 1 - probs).min(axis=1)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core import multilabel
 from ..head.fitting import C_GRID, Fitted, fit
 
 LOOP_C = C_GRID[len(C_GRID) // 2]
@@ -195,11 +196,6 @@ def fit_multi_head(X: np.ndarray, Y: np.ndarray, seed: int = 0) -> MultiLoopHead
     return MultiLoopHead(fitted, (Y.sum(0) + 1.0) / (len(Y) + 2.0))
 
 
-def multi_confidence(probs: np.ndarray) -> np.ndarray:
-    """[n, L] P(yes) → [n] the least sure decision of each item: min over labels of max(p, 1 - p)."""
-    return np.maximum(probs, 1 - probs).min(axis=1)
-
-
 def estimate_multi(X: np.ndarray, Y: np.ndarray, seed: int = 0,
                    representative: np.ndarray | None = None) -> Estimate | None:
     """As `estimate` for [m, L] bool answers: out-of-fold exact label sets (each label at P(yes) ≥
@@ -216,4 +212,4 @@ def estimate_multi(X: np.ndarray, Y: np.ndarray, seed: int = 0,
         train = np.concatenate([always, tested[train]])
         probs[test] = fit_multi_head(X[train], Y[train], seed).probabilities(X[tested[test]])
     correct = ((probs >= 0.5) == Y[tested]).all(axis=1)
-    return _estimate(tested, probs, correct, multi_confidence(probs))
+    return _estimate(tested, probs, correct, multilabel.confidence(probs))

@@ -407,7 +407,7 @@ class LabelSession:
             from_head = self.head_probs is not None and self.scored[pos]  # as `_probs` chose
             cut = np.full(len(self.labels), 0.5) if from_head else np.asarray(self.task.label_thresholds)
             chosen = [lab for lab, p, t in zip(self.labels, probs, cut) if p >= t]
-            return chosen, float(refit.multi_confidence(probs[None, :])[0])
+            return chosen, float(multilabel.confidence(probs[None, :])[0])
         top = int(probs.argmax())
         return self.labels[top], float(probs[top])
 
@@ -502,7 +502,7 @@ class LabelSession:
         if not open_.any():
             return None
         probs = self.head_probs[open_]
-        confidence = refit.multi_confidence(probs) if self.multi else probs.max(axis=1)
+        confidence = multilabel.confidence(probs) if self.multi else probs.max(axis=1)
         return float((confidence >= self._threshold).mean())
 
     def _raise(self) -> None:

@@ -57,24 +57,11 @@ def schedule_key(loaded) -> str:
 
 
 def measured_schedule(loaded, cache_dir: Path | None) -> dict:
-    """{"token_budget", "max_rows", "reason", "rates", ...} for this machine, model and precision:
+    """{"token_budget", "max_rows", "rates", ...} for this machine, model and precision:
     cached, or measured now (and cached) when there is none or it was provisional and the machine is quiet."""
-    key = schedule_key(loaded)
-    entry = choice.cached_entry(cache_dir, key)
-    if entry is not None:
-        return {**entry, "cached": True}
-    with choice.measuring(cache_dir):
-        entry = choice.cached_entry(cache_dir, key)  # another process may have measured it meanwhile
-        if entry is not None:
-            return {**entry, "cached": True}
-        load = choice.machine_load()
-        entry = measure(loaded.engine, loaded.model.config.vocab_size, loaded.backend.device)
-        entry["load_per_core"] = round(load, 2)
-        busy = loaded.backend.device.type == "cpu" and load > choice.BUSY_LOAD_PER_CORE
-        if busy or entry["spread"] > choice.UNSTEADY:
-            entry["provisional"] = True
-        choice.store_entry(cache_dir, key, entry)
-    return {**entry, "cached": False}
+    device = loaded.backend.device
+    return choice.cached_or_measured(cache_dir, schedule_key(loaded), device,
+                                     lambda: measure(loaded.engine, loaded.model.config.vocab_size, device))
 
 
 def measure(engine, vocab_size: int, device: torch.device) -> dict:
