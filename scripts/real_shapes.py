@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 import transformers
 
-# name: (config class, model class, settings), from each model's published config.json
+# name: (config class, model class, settings): each model's sizes (vocabulary, widths, layers, heads, layer
+# kinds), what the speed depends on; the parameter counts printed match docs/models.md's table
 SHAPES = {
     "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
