@@ -5,7 +5,7 @@
 (b) no import cycle among slmclassify modules (each module its own strongly connected component;
     lazy imports inside functions count: a cycle broken only by laziness is still a cycle);
 (c) the layers, top to bottom: cli > bench > jobs > serve | ray | label > head > classifier > models >
-    core > backends | io > errors | cache | interrupts | timing. A package only imports packages
+    core > backends | io | web > errors | cache | interrupts | timing. A package only imports packages
     below it (lazily inside a function too); siblings of a layer do not import each other.
 
 Each failure prints the offending imports with file lines, or the chain of imports.
@@ -29,7 +29,7 @@ LAYERS = (
     ("classifier",),
     ("models",),
     ("core",),
-    ("backends", "io"),
+    ("backends", "io", "web"),
     ("errors", "cache", "interrupts", "timing"),
 )
 """Top to bottom. Siblings in one layer are independent of each other, except the bottom one's

@@ -20,11 +20,8 @@ in a worker thread, so a slow write or fit never stalls the page's other request
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 from importlib import resources
 from pathlib import Path
-from urllib.parse import parse_qs
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from ..errors import SlmClassifyError, TaskError
+from ..web.guard import bearer, header, matches, query_value, send_error
 from .store import StaleAnswer
 
 # The page loads nothing from elsewhere and may not be framed: its scripts and styles are inline.
@@ -75,7 +73,7 @@ class Empty(BaseModel):
 class TokenGuard:
     """ASGI middleware: every HTTP request needs the token, as `?token=` (how the page is opened),
     `Authorization: Bearer TOKEN` or `X-Label-Token: TOKEN` (how the page's script calls the API).
-    401 when no token is given, 403 when a wrong one is; compared in constant time."""
+    401 when no token is given, 403 when a wrong one is; compared in constant time (`web/guard.py`)."""
 
     def __init__(self, app, token: str):
         if not token:
@@ -88,31 +86,25 @@ class TokenGuard:
             return await self.app(scope, receive, send)
         send = _with_page_headers(send)  # every answer, the refusals and the API's JSON included
         given = self._given(scope)
-        if given is None or not hmac.compare_digest(given.encode(), self.token):
-            status = 401 if given is None else 403
-            message = ("this page needs its token: open the URL that `slmclassify label` printed"
-                       if given is None else "wrong token: open the URL that `slmclassify label` printed")
+        if not matches(given, self.token):
             if scope["type"] == "websocket":
                 return await send({"type": "websocket.close", "code": 1008})
-            body = json.dumps({"error": message}).encode()
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return
+            if given is None:
+                return await send_error(send, 401, "this page needs its token: open the URL that `slmclassify label` "
+                                                   "printed")
+            return await send_error(send, 403, "wrong token: open the URL that `slmclassify label` printed")
         await self.app(scope, receive, send)
 
     @staticmethod
     def _given(scope) -> str | None:
-        headers = dict(scope.get("headers", ()))
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, value = auth.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-        if headers.get(b"x-label-token"):
-            return headers[b"x-label-token"].decode("latin-1").strip()
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        return query["token"][-1] if query.get("token") else None
+        """The page's token rule: the bearer token, else `X-Label-Token`, else `?token=`."""
+        token = bearer(scope)
+        if token is not None:
+            return token
+        own = header(scope, b"x-label-token")
+        if own:  # a blank one is a wrong token (403), not a missing one
+            return own.strip()
+        return query_value(scope, "token")
 
 
 def _with_page_headers(send):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import TaskError
+from ..web.bind import bind as web_bind
 
 HOST = "127.0.0.1"  # never another interface: the page shows the input's texts
 
@@ -30,16 +31,11 @@ def page_url(port: int, token: str) -> str:
 
 def bind(port: int) -> socket.socket:
     """A listening socket on 127.0.0.1:port (0: a free port); errors name the port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((HOST, port))
+        return web_bind(HOST, port, backlog=64)
     except OSError as exc:
-        sock.close()
         raise TaskError(f"cannot listen on {HOST}:{port}: {exc.strerror}; pick another --port (0: any free one)") \
             from None
-    sock.listen(64)
-    return sock
 
 
 def run_page(start_session: Callable[[], object], *, port: int, token: str, export_path: str | Path,

@@ -1,18 +1,19 @@
 """ASGI middleware in front of every endpoint: API key, request-size limit, access log, metrics.
 
-Order for each HTTP request: the API key is checked first (401, constant-time compare; the
-paths in `open_paths` skip it), then the body is read up to `max_body_bytes` (413 beyond, so a
+Order for each HTTP request: the API key is checked first (`Authorization: Bearer KEY` only,
+`web/guard.py`; 401; the paths in `open_paths` skip it), then the body is read up to `max_body_bytes` (413 beyond, so a
 huge body is never buffered) and replayed to the app; when the response is done, one JSON
 access-log line is written and the request is counted by path and status.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
 import uuid
+
+from ..web.guard import bearer, header, matches, send_error
 
 access_log = logging.getLogger("slmclassify.access")
 
@@ -34,7 +35,7 @@ class Guard:
             return await self.app(scope, receive, send)
         started = time.perf_counter()
         state = scope.setdefault("state", {})
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex[:16]
+        request_id = header(scope, b"x-request-id") or uuid.uuid4().hex[:16]
         status = [None]
 
         async def send_logged(message):
@@ -45,7 +46,8 @@ class Guard:
             await send(message)
 
         try:
-            if self.api_key is not None and scope["path"] not in self.open_paths and not self._authorized(scope):
+            checked = self.api_key is not None and scope["path"] not in self.open_paths
+            if checked and not matches(bearer(scope), self.api_key):
                 await send_error(send_logged, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                  [(b"www-authenticate", b"Bearer")])
                 return
@@ -66,16 +68,9 @@ class Guard:
                 **{k: state[k] for k in ("task", "texts") if k in state},
             }))
 
-    def _authorized(self, scope) -> bool:
-        given = _header(scope, b"authorization") or ""
-        scheme, _, token = given.partition(" ")
-        # compare_digest takes time independent of where the strings differ
-        ok = hmac.compare_digest(token.strip().encode(), self.api_key)
-        return ok and scheme.lower() == "bearer"
-
     async def _read_body(self, scope, receive, send) -> bytes | None:
         """The whole body, or None after answering 413 (or when the client left)."""
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         too_large = (f"request body over the limit of {self.max_body_bytes} bytes "
                      "(--max-body-bytes); send fewer or shorter texts per request")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -109,19 +104,3 @@ def _replay(body: bytes, receive):
         return await receive()
 
     return replayed
-
-
-def _header(scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-async def send_error(send, status: int, message: str, headers=()) -> None:
-    """A JSON error response: {"error": message}."""
-    body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
-    await send({"type": "http.response.body", "body": body})

@@ -18,6 +18,7 @@ from ..errors import TaskError
 from ..models.loading import LoadedModel, load_model
 from ..models.precision import settled
 from ..core.task import Task
+from ..web.bind import bind as web_bind
 from .adapter import TaskRunner
 from .settings import ServeSettings
 
@@ -38,18 +39,13 @@ def build_service(tasks: dict[str, Task], model: str | LoadedModel | None, engin
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0: an ephemeral one); errors name the address."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    """A listening TCP socket (port 0: an ephemeral one), inheritable; errors name the address."""
     try:
-        sock.bind((host, port))
+        sock = web_bind(host, port, backlog=2048)
     except OSError as exc:
-        sock.close()
         raise TaskError("cannot listen on {address}:{number}: {reason}; pick another {host}/{port}",
                         names={"host": "host", "port": "port"}, address=host, number=port,
                         reason=exc.strerror) from None
-    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
