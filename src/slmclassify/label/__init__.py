@@ -2,8 +2,17 @@
 is refitted in the background, and the next item is chosen by active learning. Modules:
 
     store     LabelStore: every answer durable when given (SQLite, WAL, synchronous=FULL)
+    answers   the store's answers, kinds, skips and history by pool position
+    pool      the seeded sample, its scores and hidden states, and the background scorer
     strategy  Picker: which item to show next, and a line saying why (pure numpy, seeded)
-    session   LabelSession: the loaded model, the background scorer and refitter, export and fit
+    refit     the loop's head and its honest accuracy estimate (pure numpy + scikit-learn)
+    refitter  the background refit: when to fit, what it publishes
+    sync      the lock and signals the session's threads share
+    view      the page's item, history, skipped rows and advice
+    outputs   the export of the answered rows and the head fitted on them
+    session   LabelSession: loads the model and the input, and coordinates the parts above
+    app       the page's web app (FastAPI), behind the token check of `web/guard.py`
+    server    bind 127.0.0.1 (`web/bind.py`), start the session, serve the page
 
-Layer: like `serve` and `ray` (may import head, classifier, models, core, io; never the CLI).
+Layer: like `serve` and `ray` (may import head, classifier, models, core, io, web; never the CLI).
 """

@@ -1,0 +1,77 @@
+"""What a labelling session writes: the answered rows with a `gold` column, and the head fitted on
+the answers, saved where `classify --head` reads it.
+
+Both work on a snapshot the session takes under its lock, so they write without holding it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..core.task import Task
+from ..errors import TaskError
+from ..head.model import Head, task_record
+from . import refit
+
+
+def write_gold(frame, gold: dict[int, str], path: str | Path) -> int:
+    """Write the input rows of `gold` (input row → its answer), in input order, with a `gold`
+    column (replacing one the input has); returns the number of rows written."""
+    from ..io.writers import write_table
+
+    rows = sorted(gold)
+    out = frame.iloc[rows].copy()
+    out["gold"] = [gold[r] for r in rows]
+    write_table(out.reset_index(drop=True), str(path))
+    return len(rows)
+
+
+def fit_head(path: str | Path, X: np.ndarray, y: np.ndarray, *, task: Task, taps, seed: int,
+             est: refit.Estimate | None, item_hashes: list[str], source: str, model: dict) -> Head:
+    """Fit a head on answered features `X` [m, width] (C by cross-validation when every label has 2
+    or more) and save it at `path`. `y`: [m] label names, or [m, L] bool label sets for a
+    multi-label task; `est`: the loop's cross-validated estimate, kept in the head's info."""
+    if task.multi_label:
+        return _fit_multi(path, X, y, task=task, taps=taps, seed=seed, est=est, item_hashes=item_hashes,
+                          source=source, model=model)
+    from ..head.fitting import fit
+
+    counts = {lab: int((y == lab).sum()) for lab in sorted(set(y.tolist()))}
+    if len(counts) < 2:
+        raise TaskError(f"a head needs answers for at least two labels; so far: {counts or 'none'}")
+    folds = min(5, min(counts.values()))
+    final = fit(X, y, seed=seed, folds=folds)
+    info = {"C": final.C, "items": int(len(y)), "per_label": counts, "folds": folds, "source": str(source),
+            "labelled_by": "slmclassify label", "cv": ({"accuracy": est.mean, "low": est.low, "high": est.high}
+                                                        if est is not None else None),
+            "item_hashes": item_hashes}
+    head = Head(labels=final.labels, taps=tuple(taps), use_scores=False, mean=final.mean, scale=final.scale,
+                coef=final.coef, intercept=final.intercept, model=model, task=task_record(task), info=info)
+    head.save(path)
+    return head
+
+
+def _fit_multi(path, X: np.ndarray, Y: np.ndarray, *, task: Task, taps, seed: int, est: refit.Estimate | None,
+               item_hashes: list[str], source: str, model: dict) -> Head:
+    """`fit_head` for a multi-label task: one-vs-rest heads (`head/one_vs_rest.py`), thresholds 0.5."""
+    from ..head.one_vs_rest import fit_one_vs_rest
+
+    labels = task.labels
+    for j, label in enumerate(labels):
+        yes = int(Y[:, j].sum())
+        if min(yes, len(Y) - yes) < refit.MIN_PER_LABEL:
+            raise TaskError(f"a head needs at least {refit.MIN_PER_LABEL} answers with and {refit.MIN_PER_LABEL} "
+                            f"without each label; {label} is in {yes} of the {len(Y)} answers so far")
+    folds = min(5, int(np.minimum(Y.sum(0), len(Y) - Y.sum(0)).min()))
+    final = fit_one_vs_rest(X, Y, labels, seed=seed, folds=folds)
+    info = {"C": list(final.C), "items": int(len(Y)), "per_label": dict(zip(labels, map(int, Y.sum(0)))),
+            "folds": folds, "source": str(source), "labelled_by": "slmclassify label",
+            "cv": ({"subset_accuracy": est.mean, "low": est.low, "high": est.high} if est is not None else None),
+            "thresholds": "0.5 (the loop's)", "item_hashes": item_hashes}
+    head = Head(labels=labels, taps=tuple(taps), use_scores=False, mean=final.mean, scale=final.scale,
+                coef=final.coef, intercept=final.intercept, model=model, task=task_record(task), info=info,
+                multi_label=True, thresholds=(0.5,) * len(labels))
+    head.save(path)
+    return head

@@ -1,0 +1,201 @@
+"""The pool of a labelling session: the seeded sample of the input it works on, what scoring found
+for each item, and the background pass that scores it.
+
+Rows are the input's row numbers (0-based, as read); a pool position is an index into the
+sample's rows, which are kept in input order. The arrays, by pool position:
+
+    zero_shot   [n, L]            the task's calibrated probabilities (NaN until scored, or empty)
+    features    [n, taps·hidden]  the hidden states a head reads (zeros until scored)
+    scored      [n]               scored and not empty: the rows a head or the picker may use
+    visited     [n]               scored, empty or not
+    head_probs  [n, L]            the loop head's probabilities (None before its first fit)
+
+The `Scorer` fills them a slice at a time through one fast-path pass per slice, which gives the
+zero-shot scores and the hidden states together. It scores without the session's lock and takes
+it only to publish a slice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import multilabel
+from ..core.results import softmax
+from ..core.task import Task
+from ..errors import InputError, TaskError
+from ..head.apply import text_hashes
+
+SLICE = 256
+"""Items scored per slice after the first (the scorer publishes its work a slice at a time)."""
+
+
+def read_input(input_path: str, task: Task, *, text_column: str, id_column: str | None, review_first: bool):
+    """(the table, every row's text as the task composes it, the `id_column` values or None, the
+    rows a `classify` output flagged `needs_review` as a bool array or None)."""
+    from ..io import item_texts, read_table
+
+    fields = task.fields if task.multi_field else ()
+    frame = read_table(input_path, text_column, fields=fields)
+    texts = item_texts(frame, text_column, fields, task.compose, name=input_path)
+    if id_column is not None and id_column not in frame.columns:
+        raise InputError(f"{input_path} has no column {id_column!r} (--id-column); its columns: "
+                         f"{', '.join(map(str, frame.columns))}")
+    ids = None if id_column is None else frame[id_column].astype(str).tolist()
+    priority = None
+    if review_first:
+        if "needs_review" not in frame.columns:
+            raise InputError(f"{input_path}: no needs_review column to review first; give the output of "
+                             "`slmclassify classify`, or leave review_first off")
+        priority = frame["needs_review"].astype(str).str.lower().isin(("true", "1")).to_numpy()
+    return frame, texts, ids, priority
+
+
+class Pool:
+    """The sample and what is known of each of its items (see the module docstring). Its arrays
+    are read and written with the session's lock held."""
+
+    def __init__(self, texts_all: list[str], task: Task, *, sample: int, seed: int, taps: tuple[int, ...],
+                 width: int, ids: list[str] | None = None, priority: np.ndarray | None = None):
+        self.task, self.labels, self.multi = task, task.labels, task.multi_label
+        n_total = len(texts_all)
+        rng = np.random.default_rng(seed)
+        self.rows = np.sort(rng.permutation(n_total)[:sample]) if n_total > sample else np.arange(n_total)  # [n]
+        self.index = {int(r): i for i, r in enumerate(self.rows)}  # input row → pool position
+        self.texts = [texts_all[r] for r in self.rows]
+        self.ids = None if ids is None else [ids[r] for r in self.rows]  # the --id-column value of each
+        self.hashes = text_hashes(self.texts)
+        self.sample_note = (f"working on a seeded sample of {len(self.rows):,} of the {n_total:,} rows (seed {seed})"
+                            if n_total > sample else None)
+        n = len(self.rows)
+        self.taps = taps
+        self.zero_shot = np.full((n, len(self.labels)), np.nan)  # [n, L]
+        self.features = np.zeros((n, width), np.float32)  # [n, taps * hidden]
+        self.scored = np.zeros(n, bool)  # [n]
+        self.visited = np.zeros(n, bool)  # [n]
+        self.head: object | None = None  # the loop head (`refit.LoopHead` or `refit.MultiLoopHead`)
+        self.head_probs: np.ndarray | None = None  # [n, L]
+        self.priority = priority[self.rows] if priority is not None else None  # [n] bool, or None
+        self.shuffle = rng.permutation(n)  # [n] the seeded scoring order, before answered rows move up
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def position(self, row) -> int:
+        """The pool position of input row `row`; TaskError when it is not in the pool."""
+        try:
+            return self.index[int(row)]
+        except (KeyError, TypeError, ValueError):
+            raise TaskError(f"row {row!r} is not in this session's pool") from None
+
+    def scored_among(self, positions) -> np.ndarray:
+        """[m] int64: the scored ones of `positions` (a head needs their features)."""
+        return np.array([p for p in positions if self.scored[p]], dtype=np.int64)
+
+    def probs(self, pos: int) -> np.ndarray:
+        """The one set of scores shown for an item: the head's once it exists, else zero-shot."""
+        return self.head_probs[pos] if self.head_probs is not None and self.scored[pos] else self.zero_shot[pos]
+
+    def guess(self, pos: int) -> tuple[str | list[str] | None, float | None]:
+        """(the guess, its confidence); multi-label: (the labels at or above their thresholds, the
+        least sure decision)."""
+        probs = self.probs(pos)
+        if np.isnan(probs).any():
+            return None, None
+        if self.multi:
+            from_head = self.head_probs is not None and self.scored[pos]  # as `probs` chose
+            cut = np.full(len(self.labels), 0.5) if from_head else np.asarray(self.task.label_thresholds)
+            chosen = [lab for lab, p, t in zip(self.labels, probs, cut) if p >= t]
+            return chosen, float(multilabel.confidence(probs[None, :])[0])
+        top = int(probs.argmax())
+        return self.labels[top], float(probs[top])
+
+    def auto_share(self, threshold: float | None, answered) -> float | None:
+        """The share of the scored, unanswered items the head is at least `threshold` sure of."""
+        if self.head_probs is None or threshold is None:
+            return None
+        open_ = self.scored.copy()
+        open_[list(answered)] = False
+        if not open_.any():
+            return None
+        probs = self.head_probs[open_]
+        confidence = multilabel.confidence(probs) if self.multi else probs.max(axis=1)
+        return float((confidence >= threshold).mean())
+
+    def snippet(self, pos: int) -> dict:
+        """An item as the page's lists show it: its row, id and text cut to 90 characters."""
+        text = self.texts[pos]
+        return {"row": int(self.rows[pos]), "id": None if self.ids is None else self.ids[pos],
+                "text": text if len(text) <= 90 else text[:87] + "…"}
+
+    def add_scores(self, part: np.ndarray, probs: np.ndarray, states: np.ndarray, ok: np.ndarray) -> None:
+        """Publish a scored slice: pool positions `part` [m], their probabilities [m, L], hidden
+        states [m, width] and which are not empty [m]; the current head scores them too."""
+        self.zero_shot[part] = probs
+        self.features[part[ok]] = states[ok]
+        self.scored[part[ok]] = True
+        self.visited[part] = True
+        if self.head is not None:
+            self.head_probs[part[ok]] = self.head.probabilities(self.features[part[ok]])
+
+    def set_head(self, head, probs: np.ndarray) -> None:
+        """Make `head` the loop head; `probs` [n, L] are its probabilities of the rows scored when it
+        was fitted: the rows scored since are filled in here."""
+        late = np.flatnonzero(self.scored & np.isnan(probs[:, 0]))
+        probs[late] = head.probabilities(self.features[late])
+        self.head, self.head_probs = head, probs
+
+
+class Closing(Exception):
+    """Raised inside the scorer's pass when the session closes, so it stops after one batch."""
+
+
+class Scorer:
+    """The background pass over the pool, first slice first.
+
+    The first slice holds the answered rows (the head needs their features), then `first_slice`
+    more: the rows to review first, then the seeded order. `published` is called with the lock
+    held after each slice is in the pool."""
+
+    def __init__(self, pool: Pool, clf, shared, *, answered, first_slice: int, published):
+        self.pool, self.clf, self.shared, self.published = pool, clf, shared, published
+        n = len(pool)
+        first = np.zeros(n, bool)
+        first[list(answered)] = True
+        rank = np.where(first, 0, 2)  # [n] by pool position
+        if pool.priority is not None:
+            rank[~first & pool.priority] = 1
+        order = pool.shuffle
+        self.order = order[np.argsort(rank[order], kind="stable")]
+        self.first_slice = first_slice + int(first.sum())  # the answered rows come on top of the first slice
+        self.done = 0  # items of the slice being scored done so far (the terminal's progress)
+
+    def progress(self) -> tuple[int, int]:
+        """(items of the first slice scored so far, its size)."""
+        return min(self.done, self.first_slice), min(self.first_slice, len(self.pool))
+
+    def run(self) -> None:
+        """Score the pool a slice at a time, publishing each slice under the lock (no lock while scoring)."""
+        pool, order, start = self.pool, self.order, 0
+        while start < len(order) and not self.shared.closing:
+            size = self.first_slice if start == 0 else SLICE
+            part = np.sort(order[start:start + size])
+            try:
+                window = self.clf.score_window([pool.texts[p] for p in part], progress=self._stop_if_closing,
+                                               taps=pool.taps)
+            except Closing:
+                return
+            calibrated = self.clf.calibrated(window.scores)  # NaN rows for empty items
+            probs = multilabel.probabilities(calibrated) if pool.multi else softmax(calibrated)
+            ok = ~np.isnan(window.scores).any(axis=1)
+            with self.shared.lock:
+                pool.add_scores(part, probs, window.states, ok)
+                self.published()
+            start += size
+        self.shared.ready.set()
+
+    def _stop_if_closing(self, done: int) -> None:
+        self.done = done
+        # a slice takes a minute on a busy 2-core machine; a thread still in torch when the
+        # interpreter exits aborts the process ("terminate called without an active exception")
+        if self.shared.closing:
+            raise Closing

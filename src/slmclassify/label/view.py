@@ -1,0 +1,56 @@
+"""What the labelling page shows of a session besides its counts: the current item with its guess
+and the reason it was picked, the history, the skipped rows, and advice on when to stop.
+
+Pure functions of the session's parts, called with its lock held.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .answers import Answers
+from .pool import Pool
+from .strategy import describe
+
+ENOUGH_PER_LABEL = 50
+"""Answers per label after which the page says that labelling more pays little."""
+
+
+def item(pool: Pool, answers: Answers, current: tuple[int, str, str] | None, counts: np.ndarray) -> dict | None:
+    """The current item (`current`: pool position, reason, kind) as the page shows it; None when none."""
+    if current is None:
+        return None
+    pos, detail, kind = current
+    label, confidence = pool.guess(pos)
+    probs = pool.probs(pos)
+    reason = describe(kind, detail, probs, pool.labels, counts, pool.multi)  # from the guess shown
+    shown = {"row": int(pool.rows[pos]), "id": None if pool.ids is None else pool.ids[pos],
+             "text": pool.texts[pos], "guess": label,
+             "confidence": confidence, "reason": reason,
+             "version": answers.versions.get(pos, 0)}
+    if pool.multi:  # each label's P(yes), shown on its button
+        shown["probabilities"] = (None if np.isnan(probs).any()
+                                  else {lab: float(p) for lab, p in zip(pool.labels, probs)})
+    return shown
+
+
+def history(pool: Pool, answers: Answers) -> list[dict]:
+    """The latest answers and skips, newest first."""
+    return [{**pool.snippet(p), "label": answers.shown(answers.given[p]) if p in answers.given else None}
+            for p in answers.recent]
+
+
+def skipped(pool: Pool, answers: Answers, n: int = 50) -> list[dict]:
+    """The first `n` skipped items, in pool order."""
+    return [pool.snippet(pos) for pos in sorted(answers.skips)[:n]]
+
+
+def advice(est, counts: np.ndarray) -> str | None:
+    """When labelling more stops paying: the honest estimate's interval is narrow, or every label
+    has `ENOUGH_PER_LABEL` answers (a head gains little per answer after that)."""
+    if est is not None and est.high - est.low <= 0.1:
+        return (f"the estimate is within ±{(est.high - est.low) / 2:.0%}: more answers now change it little; "
+                "Fit the head, or label on where it is unsure")
+    if len(counts) and counts.min() >= ENOUGH_PER_LABEL:
+        return f"every label has {ENOUGH_PER_LABEL} answers or more: a head gains little from each answer now"
+    return None
