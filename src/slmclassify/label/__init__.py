@@ -5,7 +5,7 @@ is refitted in the background, and the next item is chosen by active learning. M
     answers   the store's answers, kinds, skips and history by pool position
     pool      the seeded sample, its scores and hidden states, and the background scorer
     strategy  Picker: which item to show next, and a line saying why (pure numpy, seeded)
-    refit     the loop's head and its honest accuracy estimate (pure numpy + scikit-learn)
+    refit     the loop's head, its honest accuracy estimate and the auto-label threshold
     refitter  the background refit: when to fit, what it publishes
     sync      the lock and signals the session's threads share
     view      the page's item, history, skipped rows and advice

@@ -11,7 +11,7 @@ random picks at or above it reaches the target, over at least `MIN_AUTO` of them
 
 The loop's head is the `slmclassify fit` head (standardised hidden states, multinomial logistic
 regression) with C fixed at `LOOP_C` rather than chosen by cross-validation: with a few dozen
-answers, a CV over C is noise and costs ~10 fits per refit. `LabelSession.fit` writes the final
+answers, a CV over C is noise and costs ~10 fits per refit. `outputs.fit_head` writes the final
 head with C chosen by CV as `slmclassify fit` does. The simulation (`bench/label_sim.py`) uses
 these same functions, so its curves are the loop's.
 """
