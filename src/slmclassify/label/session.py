@@ -94,7 +94,7 @@ class LabelSession:
         try:
             session = cls(input_path, frame, texts_all, clf, store, sample=sample, seed=seed, priority=priority,
                           target_accuracy=target_accuracy, random_share=random_share, ids=ids)
-            session._run(first_slice)
+            session._start_threads(first_slice)
         except BaseException:
             store.close()
             raise
@@ -102,7 +102,7 @@ class LabelSession:
 
     def __init__(self, input_path, frame, texts_all, clf: Classifier, store: LabelStore, *, sample, seed,
                  priority, target_accuracy, random_share, ids=None):
-        """The parts, checked against the store; no thread runs until `_run` (called by `start`)."""
+        """The parts, checked against the store; no thread runs until `start` starts them."""
         self.input_path, self.frame, self.clf, self.store = input_path, frame, clf, store
         self.task, self.labels, self.multi = clf.task, clf.task.labels, clf.task.multi_label
         self.seed, self.target_accuracy = seed, target_accuracy
@@ -116,7 +116,7 @@ class LabelSession:
         self.refitter = Refitter(self.pool, self.answers, self._sync, seed=seed, target_accuracy=target_accuracy)
         self._current: tuple[int, str, str] | None = None  # (pool position, reason, kind)
 
-    def _run(self, first_slice: int) -> None:
+    def _start_threads(self, first_slice: int) -> None:
         """Start the scorer (answered rows first, then `first_slice` more) and the refitter."""
         self.scorer = Scorer(self.pool, self.clf, self._sync, answered=self.answers.given, first_slice=first_slice,
                              published=self._scored)
