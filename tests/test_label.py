@@ -322,6 +322,7 @@ def test_close_stops_the_scorer_within_a_batch(tmp_path, llama_dir, one_torch_th
     torch, and the process aborted at exit ("terminate called without an active exception")."""
     from slmclassify.classifier import EngineSettings
     from slmclassify.label import session as session_module
+    from slmclassify.label.pool import SLICE
 
     data = tmp_path / "tickets.csv"
     tickets(data, 400)
@@ -332,7 +333,7 @@ def test_close_stops_the_scorer_within_a_batch(tmp_path, llama_dir, one_torch_th
     began = time.monotonic()
     session.close()
     assert time.monotonic() - began < 30 and not any(t.is_alive() for t in session._threads)
-    assert session.state()["scored"] < 4 + session_module.SLICE  # within the second slice, not after it
+    assert session.state()["scored"] < 4 + SLICE  # within the second slice, not after it
 
 
 def test_label_sim_runs_on_a_small_synthetic_pool():

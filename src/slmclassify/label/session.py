@@ -50,7 +50,7 @@ from ..head.model import Head, model_fingerprint, task_hash
 from ..models.loading import LoadedModel, load_model
 from . import outputs, refit, view
 from .answers import Answers
-from .pool import SLICE, Pool, Scorer, read_input  # noqa: F401  (SLICE: the scorer's slice size, for tests)
+from .pool import Pool, Scorer, read_input
 from .refitter import Refitter
 from .store import LabelStore
 from .strategy import Picker, PoolView, label_counts
