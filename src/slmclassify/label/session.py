@@ -46,7 +46,7 @@ from ..errors import InputError, SlmClassifyError, TaskError
 from ..head.apply import file_digest, text_hashes
 from ..head.features import default_taps
 from ..head.model import Head, model_fingerprint, task_hash, task_record
-from ..models.loading import LoadedModel, load_model
+from ..models.prepare import load_model
 from . import refit
 from .store import LabelStore
 from .strategy import Picker, PoolView, describe, label_counts
@@ -106,8 +106,9 @@ class LabelSession:
                                  "`slmclassify classify`, or leave review_first off")
             priority = frame["needs_review"].astype(str).str.lower().isin(("true", "1")).to_numpy()
         settings = settings or EngineSettings()
-        loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
-        clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts_all[:1000])
+        loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts_all[:1000],
+                            settings=settings)
+        clf = Classifier(task, model=loaded, settings=settings)
         fingerprint = {"input": {"rows": len(frame), "sha256": file_digest(input_path)[:16], "text_column": text_column},
                        "task": task_hash(task), "labels": list(task.labels), "model": model_fingerprint(loaded),
                        "sample": sample, "seed": seed}
