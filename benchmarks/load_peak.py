@@ -4,7 +4,7 @@
 
 Each SOURCE (a folder or a `.gguf` file) is loaded in fresh processes with an empty cache folder:
 a GGUF file twice (the first run converts it, the second reads the cached folder), a folder once.
-Each process loads the model (`models.loading._load`: no GEMM measurement, whose buffers are not
+Each process loads the model (`models.loading.read_model`: no GEMM measurement, whose buffers are not
 loading's) and builds an `Engine` on it (float32 `mm`, which computes with the shared weights).
 *Before* is its RSS just before the first weight is read (Python, torch, transformers, the model's
 code, the config and, for a folder, the tokenizer), as in the memory table's baseline.
@@ -43,7 +43,7 @@ def recorded(read, tensors_only=False):
 
 weight_files.from_safetensors = recorded(weight_files.from_safetensors)
 gguf_utils.load_gguf_checkpoint = recorded(gguf_utils.load_gguf_checkpoint, tensors_only=True)
-model = loading._load(sys.argv[1])[0]
+model = loading.read_model(sys.argv[1])[0]
 before = first[0]
 weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values()) / 2**20
 Engine(model)

@@ -15,7 +15,7 @@ from slmclassify.errors import TaskError
 from slmclassify.backends import attention, gemm
 from slmclassify.backends.device import cpu_native
 from slmclassify.backends.choice import CACHE_FILE, int8_choice, kernel_for, machine_key, model_key
-from slmclassify.models.loading import load_model
+from slmclassify.models.prepare import load_model
 from slmclassify.models.precision import agreement
 
 from test_engine import random_texts
@@ -234,7 +234,7 @@ def test_auto_picks_a_faster_low_precision_that_agrees(llama_dir, monkeypatch):
 
     kernel = kernel_for("int8", torch.device("cpu"))
     _plant_rates(llama_dir, {"mm": 10.0, "onednn": 9.0, kernel: 40.0, "bf16": 0.0, "fp16": 0.0})
-    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
+    clf = Classifier(TASK, model=str(llama_dir), settings=EngineSettings(device="cpu", precision="auto"))
     assert clf.loaded.auto_decision["tried"]["int8"]["n"] == prec.AGREEMENT_ITEMS
     share = clf.loaded.auto_decision["tried"]["int8"]["agree"] / prec.AGREEMENT_ITEMS
     expected = "int8" if share >= prec.MIN_AGREEMENT else "fp32"
@@ -249,7 +249,7 @@ def test_auto_rejects_a_low_precision_that_disagrees(llama_dir, monkeypatch):
     _plant_rates(llama_dir, {"mm": 10.0, "onednn": 9.0, kernel: 40.0, "bf16": 0.0, "fp16": 0.0})
     real = prec.agreement
     monkeypatch.setattr(prec, "agreement", lambda low, fp32: real(-low, fp32))  # a broken precision
-    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
+    clf = Classifier(TASK, model=str(llama_dir), settings=EngineSettings(device="cpu", precision="auto"))
     assert clf.loaded.auto_decision["precision"] == "fp32"
     assert clf.loaded.auto_decision["tried"]["int8"]["agree"] < prec.AGREEMENT_ITEMS
     assert clf.engine.backend.precision == "fp32"
@@ -260,7 +260,7 @@ def test_auto_rejects_a_low_precision_that_disagrees(llama_dir, monkeypatch):
 def test_auto_never_tries_a_precision_that_is_not_faster(llama_dir):
     slow_int8 = {kernel: 10.0 for kernel in gemm.KERNELS if kernel.startswith("int8")}
     _plant_rates(llama_dir, {"mm": 50.0, "onednn": 40.0, **slow_int8, "bf16": 1.0, "fp16": 1.0})
-    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu", precision="auto"))
+    clf = Classifier(TASK, model=str(llama_dir), settings=EngineSettings(device="cpu", precision="auto"))
     assert clf.loaded.auto_decision == {"precision": "fp32", "tried": {}, "sample": "200 article tickets",
                                         "cached": False}
 

@@ -187,7 +187,7 @@ def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
 def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, monkeypatch):
     """(f) runs on a .gguf model when llama-cpp-python is importable; --no-llama-cpp skips it."""
     import slmclassify.bench.compare
-    import slmclassify.models.loading
+    import slmclassify.models.prepare
 
     calls = []
 
@@ -195,7 +195,7 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
         calls.append(gguf_path)
         return np.zeros((len(prompts), len(labels)))
 
-    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, device=None, precision=None: llama_loaded)
+    monkeypatch.setattr(slmclassify.models.prepare, "load_model", lambda model, device=None, precision=None, **kw: llama_loaded)
     monkeypatch.setattr(slmclassify.bench.compare, "llama_cpp_scores", fake_llama_cpp)
     data = tmp_path / "tickets.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in short_tickets(4)))
@@ -259,9 +259,9 @@ def test_ctranslate2_rows_skipped_without_the_package(llama_loaded, monkeypatch)
 @pytest.mark.parametrize("option,value,instead", [("--token-budget", "512", "--budgets"), ("--max-rows", "8", "--row-caps")])
 def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, value, instead):
     """Regression: sweep silently ignored --token-budget and --max-rows."""
-    import slmclassify.models.loading
+    import slmclassify.models.prepare
 
-    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, *a: pytest.fail("must refuse before loading"))
+    monkeypatch.setattr(slmclassify.models.prepare, "load_model", lambda model, *a, **kw: pytest.fail("must refuse before loading"))
     code, out, err = run_main("sweep", option, value)
     assert (code, out) == (2, "")
     assert err == (f"slmclassify: error: sweep varies {option} itself: list the values to try with {instead} "
@@ -272,7 +272,7 @@ def test_sweep_refuses_the_options_it_varies(run_main, monkeypatch, option, valu
                                                 (["--max-tokens", "none"], None, True)])
 def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loaded, args, cap, calibrate):
     """Regression: sweep silently ignored --max-tokens and --calibrate."""
-    import slmclassify.models.loading
+    import slmclassify.models.prepare
     import slmclassify.bench.sweep
     from slmclassify.classifier import DEFAULT_MAX_TEXT_TOKENS
     from slmclassify.bench.sweep import SweepPoint
@@ -283,7 +283,7 @@ def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loa
         seen.update(cap=max_text_tokens, calibrate=task.calibrate)
         return [SweepPoint(64, 2, 1.0, 0.0, 1, 1.0)]
 
-    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda model, *a, **kw: llama_loaded)
+    monkeypatch.setattr(slmclassify.models.prepare, "load_model", lambda model, *a, **kw: llama_loaded)
     monkeypatch.setattr(slmclassify.bench.sweep, "run_sweep", fake_sweep)
     monkeypatch.setattr(slmclassify.bench.sweep, "plot", lambda points, path: None)
     code, _, err = run_main("sweep", "--n", "2", *args)

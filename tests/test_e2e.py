@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import slmclassify.models.loading as loading
+from slmclassify.models.prepare import load_model
 from slmclassify import Classifier, Task
 
 pytestmark = pytest.mark.e2e
@@ -32,14 +33,14 @@ ARTICLE = dict(
 
 @pytest.fixture(scope="module")
 def embedded():
-    return loading.load_model()
+    return load_model()
 
 
 def test_embedded_model_is_cached_after_conversion(embedded, monkeypatch):
     cached = [p for p in loading.cache_root().glob("gguf-*") if (p / "model.safetensors").is_file()]
     assert cached, "the converted float32 copy is kept in the cache"
     monkeypatch.setattr(loading, "_convert_gguf", lambda *a: pytest.fail("converted twice"))
-    again = loading.load_model()
+    again = load_model()
     assert again.model.config.model_type == "llama"
 
 

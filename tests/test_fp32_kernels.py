@@ -14,7 +14,7 @@ import torch
 from slmclassify import Classifier, Task
 from slmclassify.backends import fp32_kernels, gemm, native
 from slmclassify.backends.device import Backend
-from slmclassify.models.loading import load_model
+from slmclassify.models.prepare import load_model
 
 from test_engine import random_texts
 

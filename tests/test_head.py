@@ -243,7 +243,7 @@ def test_states_from_low_precision_backends_are_float32_on_cpu(tiny_model_dir, p
     """The backend engine (LinearOps in int8/bf16) hands out float32 CPU states near float32's; the
     taps change no score. Measured max relative |Δ state| vs fp32 on this model: int8 0.107, bf16 0.035."""
     from slmclassify.backends.device import cpu_native
-    from slmclassify.models.loading import load_model
+    from slmclassify.models.prepare import load_model
 
     if precision == "bf16" and not cpu_native("bf16"):
         pytest.skip("this CPU has no native bf16")

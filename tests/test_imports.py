@@ -167,3 +167,31 @@ def test_layers_only_import_downwards():
                         report += ["        " + line for line in _lines(importer, imported)]
     assert not illegal, "imports against the layers (cli > bench > jobs > serve|ray|label > head > classifier > models " \
                         "> core > backends|io > errors|cache|interrupts|timing):\n" + "\n".join(report)
+
+
+PREPARATION = f"{PACKAGE}.models.prepare"
+DECISIONS = ("decide_auto", "_decide")
+"""`models/precision.py`'s entry points that decide `--precision auto`."""
+
+
+def test_only_the_preparation_stage_decides_a_precision():
+    """One owner for `--precision auto`: only `models/prepare.py` imports the decision (`decide_auto`)
+    and nothing calls it elsewhere (a source scan, for calls through the module object)."""
+    from pathlib import Path
+
+    g = graph()
+    offenders = []
+    precision = f"{PACKAGE}.models.precision"
+    for importer in sorted(g.find_modules_that_directly_import(precision)):
+        if importer != PREPARATION:
+            offenders += [line for line in _lines(importer, precision) if any(d in line for d in DECISIONS)]
+    root = Path(__import__(PACKAGE).__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join((PACKAGE, *path.relative_to(root).with_suffix("").parts))
+        if module in (PREPARATION, precision):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if any(f"{d}(" in line for d in DECISIONS):
+                offenders.append(f"{module}:{number}: {line.strip()}")
+    assert not offenders, ("`--precision auto` is decided by the preparation stage only (models/prepare.py "
+                           "load_model); these decide it elsewhere:\n" + "\n".join(offenders))

@@ -14,7 +14,7 @@ import torch
 from slmclassify import Classifier
 from slmclassify.backends import choice, fp32_kernels, gemm, int8_kernels, native
 from slmclassify.backends.smoothing import Smoothing
-from slmclassify.models.loading import load_model
+from slmclassify.models.prepare import load_model
 from slmclassify.models.precision import agreement
 
 from test_backends import TASK

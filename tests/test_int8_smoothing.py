@@ -14,7 +14,7 @@ from slmclassify.backends import choice, gemm, smoothing
 from slmclassify.backends.smoothing import Smoothing
 from slmclassify.core.engine import Engine
 from slmclassify.cache import cache_root
-from slmclassify.models.loading import load_model
+from slmclassify.models.prepare import load_model
 
 from test_engine import random_texts
 

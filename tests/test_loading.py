@@ -268,7 +268,8 @@ loading._dequantise = dequantise
 Path(barrier, me).touch()
 while len(list(Path(barrier).iterdir())) < 2:
     time.sleep(0.01)
-loaded = loading.load_model(gguf)
+from slmclassify.models.prepare import load_model
+loaded = load_model(gguf)
 print("loaded", loaded.model.config.model_type, flush=True)
 """
 

@@ -96,7 +96,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from slmclassify.core.engine import Engine
-    from slmclassify.models.loading import _load  # the model only: no GEMM measurement (its own buffers)
+    from slmclassify.models.loading import read_model as _load  # the model only: no GEMM measurement (its own buffers)
 
     def status(key):
         line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key + ":"))
@@ -138,7 +138,7 @@ def _peak_growth(script: str, model, folder: Path, tokenizer, warm_up: Path) -> 
 _READ_PEAK_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from slmclassify.models.loading import _load
+    from slmclassify.models.loading import read_model as _load
 
     def status(key):
         line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key + ":"))

@@ -18,7 +18,7 @@ from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.models import precision as prec
 from slmclassify.backends.choice import CACHE_FILE
 from slmclassify.cli.main import cli
-from slmclassify.models.loading import load_model
+from slmclassify.models.prepare import load_model
 from slmclassify.core.article_tickets import article_tickets
 
 from test_resume import interrupt_after, make_input
@@ -64,14 +64,13 @@ def _texts(n: int, seed: int = 0) -> list[str]:
     return [f"input {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8))) for i in range(n)]
 
 
-def _auto(llama_dir):
-    return load_model(str(llama_dir), device="cpu", precision="auto")
+AUTO = EngineSettings(device="cpu", precision="auto")
 
 
 def test_the_sample_is_the_first_distinct_non_empty_texts_of_the_input(llama_dir, checked):
     own = _texts(300)
     texts = ["", "   ", None, own[0], own[0], own[1], "", own[0]] + own[2:]
-    clf = Classifier(TASK, model=_auto(llama_dir), precision_sample=iter(texts))
+    clf = Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=iter(texts))
     assert checked == [own[:200]]
     decision = clf.loaded.auto_decision
     assert decision["sample"] == "200 items of your input"
@@ -89,17 +88,17 @@ def test_auto_keeps_fp32_when_the_input_disagrees_though_article_tickets_agree(l
         return real(-low, fp32) if checked[-1][0].startswith("input") else real(fp32, fp32)
 
     monkeypatch.setattr(prec, "agreement", agreement)
-    clf = Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(250))
+    clf = Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(250))
     assert clf.loaded.auto_decision["precision"] == "fp32" == clf.engine.backend.precision
     assert clf.loaded.auto_decision["tried"]["int8"]["agree"] < prec.MIN_AGREEMENT * 200
 
-    without = Classifier(TASK, model=_auto(llama_dir))  # no data: the article's tickets, where int8 agrees
+    without = Classifier(TASK, model=str(llama_dir), settings=AUTO)  # no data: the article's tickets, where int8 agrees
     assert without.loaded.auto_decision["sample"] == "200 article tickets"
     assert without.loaded.auto_decision["precision"] == "int8" == without.engine.backend.precision
 
 
 def test_without_data_the_sample_is_200_distinct_article_tickets(llama_dir, checked):
-    clf = Classifier(TASK, model=_auto(llama_dir))
+    clf = Classifier(TASK, model=str(llama_dir), settings=AUTO)
     distinct = list(dict.fromkeys(article_tickets()))
     assert checked == [distinct[:200]]
     assert clf.loaded.auto_decision["sample"] == "200 article tickets"
@@ -107,7 +106,7 @@ def test_without_data_the_sample_is_200_distinct_article_tickets(llama_dir, chec
 
 def test_a_small_input_is_topped_up_with_article_tickets_and_says_so(llama_dir, checked):
     own = _texts(5)
-    clf = Classifier(TASK, model=_auto(llama_dir), precision_sample=own + own)
+    clf = Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=own + own)
     assert len(checked[0]) == 200 and checked[0][:5] == own
     assert set(checked[0][5:]) <= set(article_tickets()) and len(set(checked[0])) == 200
     assert clf.loaded.auto_decision["sample"] == ("5 items of your input + 195 article tickets (your input has "
@@ -115,47 +114,61 @@ def test_a_small_input_is_topped_up_with_article_tickets_and_says_so(llama_dir, 
 
 
 def test_the_cached_decision_is_keyed_by_the_sample(llama_dir, checked, int8_agrees):
-    first = Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    first = Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
     assert len(checked) == 1 and first.loaded.auto_decision["cached"] is False
     assert first.engine.backend.precision == "int8"
 
-    again = Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    again = Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
     assert len(checked) == 1  # the same texts: not checked again
     assert again.loaded.auto_decision == {**first.loaded.auto_decision, "cached": True}
     assert again.engine.backend.precision == "int8"
     assert "decided earlier on the same sample (cached)" in prec.describe(again.loaded.auto_decision)
 
-    Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=2))  # a new file
-    Classifier(TASK.with_overrides(instruction="Sort the ticket."), model=_auto(llama_dir),
+    Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=2))  # a new file
+    Classifier(TASK.with_overrides(instruction="Sort the ticket."), model=str(llama_dir), settings=AUTO,
                precision_sample=_texts(200, seed=1))  # another task
     assert checked[1:] == [_texts(200, seed=2), _texts(200, seed=1)]
 
 
 def test_a_decision_made_with_another_gate_or_kernels_is_made_again(llama_dir, checked, int8_agrees, monkeypatch):
-    Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
     monkeypatch.setattr(prec, "MIN_AGREEMENT", 0.999)
-    Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
     monkeypatch.setattr(prec, "CHECK_VERSION", prec.CHECK_VERSION + 1)
-    Classifier(TASK, model=_auto(llama_dir), precision_sample=_texts(200, seed=1))
+    Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
     assert len(checked) == 3
 
 
-def test_auto_is_decided_in_loading_for_a_task_and_used_as_is(llama_dir, checked, int8_agrees):
+def test_auto_is_decided_in_preparation_for_a_task_and_used_as_is(llama_dir, checked, int8_agrees, monkeypatch):
     """`load_model(..., task=, sample=)` makes the decision (what `Classifier(task, model=path)` calls);
-    a Classifier given that LoadedModel checks nothing again and leaves it as it is."""
+    a Classifier given that LoadedModel checks nothing again and leaves it as it is. Without a task,
+    auto on a CPU is refused before anything is read."""
     loaded = load_model(str(llama_dir), device="cpu", precision="auto", task=TASK, sample=_texts(200, seed=1))
     assert checked == [_texts(200, seed=1)]
-    assert loaded.auto_precision is False and loaded.auto_decision["precision"] == "int8"
+    assert loaded.auto_decision["precision"] == "int8"
     assert loaded.engine.backend.precision == loaded.backend.precision == "int8"
     clf = Classifier(TASK, model=loaded, precision_sample=_texts(200, seed=2))
     assert clf.loaded is loaded and len(checked) == 1
 
-    pending = _auto(llama_dir)  # no task: undecided until a Classifier decides, on a LoadedModel of its own
-    assert pending.auto_precision is True and pending.auto_decision is None
-    assert pending.backend.precision == pending.engine.backend.precision == "fp32"
-    clf = Classifier(TASK, model=pending, precision_sample=_texts(200, seed=3))
-    assert len(checked) == 2 and clf.loaded is not pending and clf.engine.backend.precision == "int8"
-    assert pending.auto_precision is True and pending.backend.precision == "fp32"  # unchanged
+    from slmclassify.errors import TaskError
+    from slmclassify.models import loading
+
+    monkeypatch.setattr(loading, "read_model", lambda source: pytest.fail("must refuse before reading"))
+    with pytest.raises(TaskError, match="precision auto on a CPU is checked on the task"):
+        load_model(str(llama_dir), device="cpu", precision="auto")
+
+
+def test_a_cached_decision_builds_one_engine(llama_dir, checked, int8_agrees, monkeypatch):
+    """The decision made once is read back before any engine is built: only the decided precision's."""
+    from slmclassify.models import engines
+
+    Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
+    built = []
+    real = engines.with_backend
+    monkeypatch.setattr(engines, "with_backend", lambda loaded, backend, *a, **kw: (
+        built.append(backend.precision), real(loaded, backend, *a, **kw))[1])
+    again = load_model(str(llama_dir), device="cpu", precision="auto", task=TASK, sample=_texts(200, seed=1))
+    assert again.auto_decision["cached"] is True and built == ["int8"] and len(checked) == 1
 
 
 def test_serve_decides_auto_once_with_the_first_task(llama_dir, checked, int8_agrees):
@@ -163,7 +176,7 @@ def test_serve_decides_auto_once_with_the_first_task(llama_dir, checked, int8_ag
     from slmclassify.serve.settings import ServeSettings
 
     other = TASK.with_overrides(instruction="Sort the ticket.")
-    service = build_service({"first": TASK, "second": other}, _auto(llama_dir), EngineSettings(), ServeSettings())
+    service = build_service({"first": TASK, "second": other}, str(llama_dir), AUTO, ServeSettings())
     assert checked == [list(prec.verification_sample(None).texts)]  # one check: the first task's, on article tickets
     engines = {id(runner.classifier.engine) for runner in service.runners.values()}
     assert len(engines) == 1 and service.runners["second"].classifier.engine.backend.precision == "int8"

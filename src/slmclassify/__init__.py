@@ -15,7 +15,7 @@ from importlib import import_module
 _NAMES = {
     "Classifier": ".classifier", "EngineSettings": ".core.settings", "InputError": ".errors",
     "ModelLoadError": ".errors", "SlmClassifyError": ".errors", "TaskError": ".errors",
-    "VerificationError": ".errors", "LoadedModel": ".models.loading", "load_model": ".models.loading",
+    "VerificationError": ".errors", "LoadedModel": ".models.loading", "load_model": ".models.prepare",
     "Result": ".core.results", "Example": ".core.task", "Task": ".core.task",
 }
 

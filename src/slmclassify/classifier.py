@@ -36,8 +36,8 @@ from .core.settings import (  # noqa: F401  (re-exported: `from slmclassify.clas
 )
 from .core.task import Task
 from .errors import InputError, TaskError
-from .models.loading import LoadedModel, load_model
-from .models.precision import settled
+from .models.loading import LoadedModel
+from .models.prepare import load_model
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,11 @@ class ScoredItems:
     start: int = 0
     """Input row index of the first item (a window's place in the input)."""
 
+
+ResultsStep = Callable[["Classifier", np.ndarray, "np.ndarray | None", list[str]], list[Result]]
+"""(classifier, raw scores [n, L] (NaN rows for empty items), hidden states at the taps or None,
+status) → one Result per item, in order: how a scored window becomes results, made once per window
+(`Classifier.zero_shot_results`, the default; a head's: `head.apply.head_results`)."""
 
 UniqueRun = Callable[[EncodedItems, list[int], list[bytes]], Scored]
 """(encoded, unique, keys) → the `Scored` of items `unique` (`EncodedItems.distinct`), whose
@@ -103,18 +108,15 @@ class Classifier:
         settings: EngineSettings | None = None,
         precision_sample: Iterable[str | None] | None = None,
     ):
-        """`precision_sample`: texts of the data to classify, for `--precision auto`'s check (its first
-        200 distinct non-empty texts, see `precision.verification_sample`; an iterator is consumed that
-        far, so not the one to classify); None: article tickets. The check is made when the model is
-        loaded here, or for a LoadedModel loaded with precision auto on a CPU without a task (which
-        is otherwise used as is): then `self.loaded` is the LoadedModel with the decision."""
+        """`model`: a prepared model (`load_model`), used as it is, or a source to prepare here with
+        `settings`' device and precision. `precision_sample`: texts of the data to classify, for
+        `--precision auto`'s check when the model is prepared here (its first 200 distinct non-empty
+        texts, see `precision.verification_sample`; an iterator is consumed that far, so not the one
+        to classify); None: article tickets."""
         self.task = task
         settings = settings or EngineSettings()
-        if isinstance(model, LoadedModel):
-            self.loaded = settled(model, task, precision_sample, settings)
-        else:
-            self.loaded = load_model(model, settings.device, settings.precision, task=task,
-                                     sample=precision_sample, settings=settings)
+        self.loaded = load_model(model, settings.device, settings.precision, task=task,
+                                 sample=precision_sample, settings=settings)
         self.schedule = self._measured_schedule(settings)
         """The measured schedule this classifier's `AUTO` settings took (`models/schedule.py`), or None."""
         if self.schedule is not None:
@@ -139,6 +141,28 @@ class Classifier:
     @property
     def mode(self) -> str:
         return self.trie.mode
+
+    def engine_line(self) -> str:
+        """Device, precision, GEMM kernel, the measurement behind the choice and what it costs in memory,
+        and the batch schedule and where it came from, for summaries."""
+        from .backends.choice import provisional_reason
+        from .models.precision import auto_line
+        from .models.schedule import describe
+
+        loaded = self.loaded
+        line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
+        rates = loaded.gemm_rates or {}
+        if rates.get("rates"):
+            measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
+            when = "cached" if rates.get("cached") else "measured now"
+            if rates.get("provisional"):
+                when += f", provisional: {provisional_reason(rates)}; measured again at a later start"
+            line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({when})"
+        if loaded.engine is not None and (extra := loaded.engine.weight_copy_bytes()):
+            line += f"; memory: the kernel's own copy of the linear weights, +{extra / 2**20:.0f} MiB"
+        if auto := auto_line(loaded):
+            line += f"; {auto}"
+        return line + f"; schedule: {describe(self.settings, self.schedule)}"
 
     def label_token_lines(self) -> list[str]:
         """Each scored label (a multi-label task's yes/no branches) and its tokens after the chat template,
@@ -188,8 +212,7 @@ class Classifier:
 
         Measured in float32 in every precision (`Engine.exact`, same weights): the content-free
         prompts are nearly all template tokens, which move more in int8 than real items do, and the
-        prior shifts every item's margins (on 200 intent items, int8 scores agreed with fp32 on 197
-        raw and 171 calibrated with int8's own prior; 180 with fp32's, at fp32's accuracy)."""
+        prior shifts every item's margins (figures: docs/performance.md)."""
         encoded = self.scorer.encode(list(CONTENT_FREE), score_empty=True)
         exact = self.engine.exact()
         prefix = self.prefix if exact is self.engine else self.scorer.prefill(exact)
@@ -210,6 +233,10 @@ class Classifier:
             return multilabel.make_results(task.labels, scores, self.calibrated(scores), list(status),
                                            task.label_thresholds, task.min_confidence, task.label_separator)
         return make_results(task.labels, scores, self.calibrated(scores), list(status), task.min_confidence)
+
+    def zero_shot_results(self, scores: np.ndarray, states: np.ndarray | None, status: list[str]) -> list[Result]:
+        """The default `ResultsStep`: results from the label scores alone (`results`)."""
+        return self.results(scores, status)
 
     def encode(self, texts: Iterable[str]) -> EncodedItems:
         """Render and tokenize texts (no model work)."""
@@ -242,18 +269,20 @@ class Classifier:
             start += len(chunk)
 
     def score_window(self, texts: list[str], start: int = 0, progress: Callable[[int], None] | None = None,
-                     taps: tuple[int, ...] = ()) -> ScoredItems:
+                     taps: tuple[int, ...] = (), *, results: ResultsStep | None = None) -> ScoredItems:
         """Encode and score one window (`score_items`) whose first text is input row `start`."""
-        return dataclasses.replace(self.score_items(texts, progress, taps), start=start)
+        return dataclasses.replace(self.score_items(texts, progress, taps, results=results), start=start)
 
     def score_items(self, items: list[str] | EncodedItems, progress: Callable[[int], None] | None = None,
-                    taps: tuple[int, ...] = (), *, dedupe: bool = True, run: UniqueRun | None = None) -> ScoredItems:
+                    taps: tuple[int, ...] = (), *, dedupe: bool = True, run: UniqueRun | None = None,
+                    results: ResultsStep | None = None) -> ScoredItems:
         """The one scoring step: encode → score identical items once → scatter → results.
 
         `items`: texts (encoded here, the time counted) or items already encoded. `dedupe`: identical
         items (same token ids) are scored once and share the scores; off, every scored item is run
         (the batches of `score(encoded)`, so the same bits). `run`: how the distinct items get their
         scores (default: `score` them here). With `taps`, the hidden states of those layers too.
+        `results`: how the scores become results (default: the zero-shot label scores').
         """
         began = time.perf_counter()
         encoded = items if isinstance(items, EncodedItems) else self.encode(items)
@@ -276,7 +305,8 @@ class Classifier:
         stats = dataclasses.replace(part.stats, items=len(encoded), scored=len(scored), reused=reused,
                                     fallbacks=encoded.fallbacks, prefix_tokens=len(self.prefix_ids),
                                     seconds=time.perf_counter() - began)
-        return ScoredItems(encoded=encoded, scores=scores, results=self.results(scores, encoded.status),
+        make = results or Classifier.zero_shot_results
+        return ScoredItems(encoded=encoded, scores=scores, results=make(self, scores, states, encoded.status),
                            stats=stats, states=states)
 
     def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None,
@@ -309,4 +339,4 @@ class Classifier:
         return f"Classifier(model={self.loaded.name!r}, labels={list(self.task.labels)}, mode={self.mode!r})"
 
 
-__all__ = ["Classifier", "EngineSettings", "Result", "ScoredItems"]
+__all__ = ["Classifier", "EngineSettings", "Result", "ResultsStep", "ScoredItems"]

@@ -45,7 +45,7 @@ from ..backends.sync import sync_of
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.task import Task
-from ..models.engines import with_backend
+from ..models.engines import with_precision
 from ..models.loading import LoadedModel
 from ..timing import Side, Stopwatch, interleave, json_line
 from .article import article_batched, article_loop, first_ids
@@ -99,7 +99,7 @@ class BenchReport:
     flops_per_token: int = 0
     """2 × the model's non-embedding parameters."""
     engine: str = ""
-    """Device, precision and GEMM kernel of (d), with the measured kernel rates (`run.engine_line`)."""
+    """Device, precision and GEMM kernel of (d), with the measured kernel rates (`Classifier.engine_line`)."""
 
     def to_json(self) -> dict:
         return {
@@ -276,17 +276,21 @@ class _Rows:
         return row
 
 
+def bench_settings(settings: EngineSettings | None = None) -> EngineSettings:
+    """The settings every row runs with: no item-token cap, for the article's loop (a) runs every
+    item whole and every row must see the same tokens (`--precision auto` is decided with them)."""
+    return replace(settings or EngineSettings(), max_text_tokens=None)
+
+
 def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: EngineSettings | None = None,
-              gguf_path: str | None = None, log=print, precision_sample: list[str] | None = None,
-              with_ctranslate2: bool = True) -> BenchReport:
+              gguf_path: str | None = None, log=print, with_ctranslate2: bool = True) -> BenchReport:
     """Run every configuration on `texts` and return the report (rows in table order).
 
-    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets);
-    `with_ctranslate2` False: no (i) rows."""
-    # No item-token cap: the article's loop (a) runs every item whole, and every row must see the same tokens.
-    settings = replace(settings or EngineSettings(), max_text_tokens=None)
+    `loaded`: a prepared model (`load_model`; with `--precision auto`, decided on `task` with
+    `bench_settings`); `with_ctranslate2` False: no (i) rows."""
+    settings = bench_settings(settings)
     report = BenchReport(machine=machine_info())
-    inputs = _prepare(loaded, texts, task, settings, precision_sample, report, log)
+    inputs = _prepare(loaded, texts, task, settings, report, log)
     rows = _Rows(report, inputs, log)
     clf, d = _article_and_ours(inputs, rows, report)
     _ablations(inputs, rows, report, d)
@@ -300,16 +304,13 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     return report
 
 
-def _prepare(loaded, texts, task, settings, precision_sample, report: BenchReport, log) -> _Inputs:
+def _prepare(loaded, texts, task, settings, report: BenchReport, log) -> _Inputs:
     """The prompts, encoded items and lengths every row shares; fills the report's machine figures."""
-    from ..jobs.verify import engine_line
-
     device = loaded.backend.device
     hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
-    probe = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
-    loaded = probe.loaded  # with --precision auto decided, if it was not yet: every row below uses it
+    probe = Classifier(task, model=loaded, settings=settings)
     settings = probe.settings  # the schedule measured here (or given): (d) runs it, each (e) row changes one thing
-    report.engine = engine_line(probe)
+    report.engine = probe.engine_line()
     log(f"engine: {report.engine}")
     encoded = probe.encode(texts)
     lengths = np.array([len(ids) for ids in encoded.ids])
@@ -408,7 +409,7 @@ def _ablations(inputs: _Inputs, rows: _Rows, report: BenchReport, d: BenchRow) -
 def _other_precisions_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow) -> None:
     """Rows (g): ours in each other precision this machine runs natively, timed against (d) on d's batches."""
     for precision in _other_precisions(inputs.loaded):
-        other = _with_precision(inputs.loaded, precision)
+        other = with_precision(inputs.loaded, precision, auto_decision=None)
         low = Classifier(inputs.task, model=other, settings=inputs.settings)
         ratios, scores = against_base(clf, {"g": lambda items: low.score(items).scores}, inputs.encoded,
                                       inputs.device)
@@ -510,15 +511,6 @@ def _other_precisions(loaded: LoadedModel) -> list[str]:
     if loaded.backend.device.type == "cuda":
         return [p for p in ("fp32", "bf16") if p != mine]
     return [p for p in ("fp32", "int8", "bf16") if p != mine and cpu_native(p)]
-
-
-def _with_precision(loaded: LoadedModel, precision: str) -> LoadedModel:
-    """The same model and weights with another backend (its own engine)."""
-    from ..backends.choice import make_backend
-    from ..cache import cache_root
-
-    backend, rates = make_backend(loaded.model.config, loaded.backend.device, precision, cache_root())
-    return with_backend(loaded, backend, rates, auto_precision=False, auto_decision=None)
 
 
 def dump_json(report: BenchReport) -> str:

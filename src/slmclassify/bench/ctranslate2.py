@@ -115,7 +115,7 @@ def converted(model: torch.nn.Module, tokenizer, cache: Path) -> Path:
     import ctranslate2
     from filelock import FileLock
 
-    from ..models.loading import _quiet_transformers, save_hf_folder
+    from ..models.loading import quiet_transformers, save_hf_folder
 
     target = cache / f"ctranslate2-{weights_key(model, tokenizer)}-{ctranslate2.__version__}"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def converted(model: torch.nn.Module, tokenizer, cache: Path) -> Path:
             source = work / "hf"
             source.mkdir()
             save_hf_folder(model, tokenizer, source)
-            with _quiet_transformers():  # the converter loads the folder with transformers
+            with quiet_transformers():  # the converter loads the folder with transformers
                 ctranslate2.converters.TransformersConverter(str(source)).convert(
                     str(work / "ct2"), quantization="float32")
             _fill_bos(work / "ct2" / "config.json", tokenizer)

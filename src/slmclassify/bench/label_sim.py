@@ -75,7 +75,7 @@ def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
     if path.exists():
         with np.load(path) as data:
             return data["zero_shot"], data["states"]
-    clf = Classifier(task, model=loaded, precision_sample=texts)
+    clf = Classifier(task, model=loaded)
     start = time.perf_counter()
     _, calibrated, states = collect(clf, clf.encode(texts), taps)
     log(f"{name}: {len(texts)} items scored with layers {list(taps)} in {time.perf_counter() - start:.0f} s "
@@ -271,7 +271,8 @@ def main() -> None:
     import argparse
 
     from ..jobs.evaluate import task_for_file
-    from ..models.loading import load_model, set_threads
+    from ..models.loading import set_threads
+    from ..models.prepare import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--data", action="append", default=[],

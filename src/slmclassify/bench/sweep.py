@@ -37,18 +37,16 @@ class SweepPoint:
 
 def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_caps,
               max_text_tokens: int | None = DEFAULT_MAX_TEXT_TOKENS, log=print,
-              precision_sample: list[str] | None = None, rounds: int = ROUNDS) -> list[SweepPoint]:
+              rounds: int = ROUNDS) -> list[SweepPoint]:
     """Score `texts` `rounds` times per (budget, row cap), the settings interleaved, items cut at
-    `max_text_tokens` (None: no cap); a first run of 8 items warms the model up.
-    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets)."""
-    clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens),
-                     precision_sample=precision_sample)
+    `max_text_tokens` (None: no cap); a first run of 8 items warms the model up. `loaded`: a prepared
+    model (`load_model`; with `--precision auto`, decided on `task`)."""
+    clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens))
     if line := auto_line(clf.loaded):
         log(line)
-    from ..jobs.verify import engine_line
 
     # the cached choices this sweep is compared with (provisional ones say so)
-    log(f"engine: {engine_line(clf)}")
+    log(f"engine: {clf.engine_line()}")
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
     variants = {(budget, rows): clf.with_settings(EngineSettings(token_budget=budget, max_rows=rows,

@@ -216,8 +216,9 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
 
     Every configuration scores first tokens (the article's method), so predictions are comparable.
     """
-    from ..bench.compare import dump_json, run_bench
-    from ..models.loading import embedded_gguf_path, load_model
+    from ..bench.compare import bench_settings, dump_json, run_bench
+    from ..models.loading import embedded_gguf_path
+    from ..models.prepare import load_model
 
     if n_items < 1:
         raise TaskError(f"--n must be positive, got {n_items}")
@@ -228,11 +229,12 @@ def bench(n_items, input_path, text_column, json_path, task_file, labels, instru
     task = _bench_task(opts).with_overrides(mode="first")
     settings = opts.settings()
     texts = _bench_texts(input_path, text_column, n_items)
-    loaded = load_model(model, settings.device, settings.precision)
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts if input_path else None,
+                        settings=bench_settings(settings))
     gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
     gguf = gguf if with_llama_cpp else None
     report = run_bench(loaded, texts, task, settings, gguf_path=gguf, log=lambda m: click.echo(m, err=True),
-                       precision_sample=texts if input_path else None, with_ctranslate2=with_ctranslate2)
+                       with_ctranslate2=with_ctranslate2)
     click.echo(f"model: {loaded.name}; {report.machine['cpu']}, {report.machine['threads']} threads, "
                f"torch {report.machine['torch']}, transformers {report.machine['transformers']}")
     click.echo(f"engine: {report.engine}")
@@ -266,7 +268,7 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     """
     from ..bench import sweep as sweeping
     from ..core.settings import EngineSettings
-    from ..models.loading import load_model
+    from ..models.prepare import load_model
     from ..core.settings_sources import save_settings, write_task_settings
 
     for option, value, instead in (("--token-budget", opts.token_budget, "--budgets"),
@@ -287,8 +289,7 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
                         sample=texts if input_path else None,
                         settings=EngineSettings(max_text_tokens=settings.max_text_tokens))
     points = sweeping.run_sweep(loaded, task, texts, budget_list, rows_list,
-                                max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True),
-                                precision_sample=texts if input_path else None)
+                                max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True))
     top = sweeping.best(points)
     # The measurements first: a failing plot must not lose them.
     click.echo(f"{'budget':>8} {'rows':>5} {'items/s':>8} {'padding%':>9} {'peak RSS MB':>12}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import tomllib
 from pathlib import Path
@@ -34,6 +35,11 @@ class HeadChoice:
     def labels(self, task) -> tuple[str, ...]:
         """The labels results are over: the head's when it is used, else the task's."""
         return self.head.labels if self.used else task.labels
+
+    def results_step(self):
+        """How a scored window becomes results (`classifier.ResultsStep`): the head's when it is
+        used, else None (the zero-shot scores')."""
+        return head_results(self.head, self.scorer) if self.used else None
 
 
 def head_path_in_task_file(task_file: str | None) -> str | None:
@@ -100,21 +106,27 @@ def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarra
 def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None) -> tuple[np.ndarray, list[Result]]:
     """(raw label scores [n, L], one Result per item over the head's labels) from one fast-path pass
     over every scored item (`Classifier.score_items` without de-duplication)."""
-    scored = classifier.score_items(encoded, progress, head.taps, dedupe=False)
-    return scored.scores, window_results(head, scorer, classifier, scored)
+    scored = classifier.score_items(encoded, progress, head.taps, dedupe=False, results=head_results(head, scorer))
+    return scored.scores, scored.results
 
 
-def window_results(head: Head, scorer: str, classifier, window) -> list[Result]:
-    """One Result per item of a `ScoredItems` (scored with the head's taps), over the head's labels."""
+def head_results(head: Head, scorer: str):
+    """The `classifier.ResultsStep` of a head under `scorer` (head or combined): results over the
+    head's labels from a window scored with the head's taps."""
+    return functools.partial(_head_results, head, scorer)
+
+
+def _head_results(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray,
+                  status: list[str]) -> list[Result]:
     task = classifier.task
-    calibrated = classifier.calibrated(window.scores)
-    logp = head_log_probabilities(head, calibrated, window.states, task.labels, scorer)
+    calibrated = classifier.calibrated(scores)
+    logp = head_log_probabilities(head, calibrated, states, task.labels, scorer)
     if head.multi_label:
         from ..core import multilabel
 
-        return multilabel.make_results(head.labels, window.scores, logp, window.encoded.status, head.thresholds,
+        return multilabel.make_results(head.labels, scores, logp, status, head.thresholds,
                                        task.min_confidence, task.label_separator)
-    return make_results(head.labels, logp, logp, window.encoded.status, task.min_confidence)
+    return make_results(head.labels, logp, logp, status, task.min_confidence)
 
 
 def file_digest(path: str) -> str:

@@ -29,8 +29,9 @@ import pandas as pd
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.multilabel import canonical_labels, split_labels
-from ..errors import FieldError, InputError, TaskError
+from ..errors import FieldError, InputError
 from ..head.apply import HeadChoice
+from ..models.loading import LoadedModel
 from .meter import Meter, MeterFactory, no_meter
 from ..interrupts import handle_sigterm
 from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
@@ -84,7 +85,7 @@ class ClassifySummary:
     """The whole run's counts (resumed sessions included)."""
     max_text_tokens: int | None
     engine: str
-    """Device, precision and kernel (`engine_line`)."""
+    """Device, precision and kernel (`Classifier.engine_line`)."""
     report: VerifyReport | None
     """The probe check against the per-item path (None: not run)."""
     output: str
@@ -131,7 +132,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
     saved = _saved_run(checkpoint, identity, request.resume, request.restart, request.input_path)
 
     done = saved["rows_done"] if saved is not None else 0
-    if settings.precision == "auto" or getattr(model, "auto_precision", False):
+    if settings.precision == "auto" and not isinstance(model, LoadedModel):  # decided when it is prepared
         sample, chunks = _read_ahead(reader, settings.window, done)
     else:
         sample, chunks = None, reader.chunks(settings.window, skip_rows=done)
@@ -169,7 +170,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         model=classifier.loaded.name, load_seconds=load_seconds, mode=classifier.mode,
         mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
         label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
-        engine=engine_line(classifier), report=report, output=request.output_path,
+        engine=classifier.engine_line(), report=report, output=request.output_path,
         resumed_at=state.resumed_at,
         gold=state.gold if request.gold_column is not None else None, labels=tuple(labels))
 
@@ -240,17 +241,11 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
     failed write, keep the finished chunks for --resume and raise what the user reads."""
     gold_column = request.gold_column
     previous = handle_sigterm()
+    results = choice.results_step()
+    taps = choice.head.taps if choice.used else ()
     try:
         for start, frame in chunks:
-            texts = reader.texts(frame)
-            if choice.used:
-                from ..head.apply import window_results
-
-                window = classifier.score_window(texts, start, taps=choice.head.taps)
-                window = dataclasses.replace(window, results=window_results(choice.head, choice.scorer, classifier,
-                                                                            window))
-            else:
-                window = classifier.score_window(texts, start)
+            window = classifier.score_window(reader.texts(frame), start, taps=taps, results=results)
             results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index,
                                          first=classifier.task.result_column, lists=sink.fmt in ("jsonl", "parquet"))
             gold = frame[gold_column].astype(str).tolist() if gold_column else None
@@ -281,29 +276,6 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
 def label_lines(classifier: Classifier) -> tuple[str, ...]:
     """Each label of the classifier's task and its tokens after the chat template, one line each."""
     return tuple(line.strip() for line in classifier.label_token_lines())
-
-
-def engine_line(classifier: Classifier) -> str:
-    """Device, precision, GEMM kernel, the measurement behind the choice and what it costs in memory,
-    and the batch schedule and where it came from, for summaries."""
-    from ..backends.choice import provisional_reason
-    from ..models.schedule import describe
-    from ..models.precision import auto_line
-
-    loaded = classifier.loaded
-    line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
-    rates = loaded.gemm_rates or {}
-    if rates.get("rates"):
-        measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
-        when = "cached" if rates.get("cached") else "measured now"
-        if rates.get("provisional"):
-            when += f", provisional: {provisional_reason(rates)}; measured again at a later start"
-        line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({when})"
-    if loaded.engine is not None and (extra := loaded.engine.weight_copy_bytes()):
-        line += f"; memory: the kernel's own copy of the linear weights, +{extra / 2**20:.0f} MiB"
-    if auto := auto_line(loaded):
-        line += f"; {auto}"
-    return line + f"; schedule: {describe(classifier.settings, classifier.schedule)}"
 
 
 def _read_ahead(reader, window: int, skip_rows: int):

@@ -18,8 +18,8 @@ from ..core.metrics import Evaluation, gold_indices, read_labelled, write_plots
 from ..core import multilabel
 from ..core.labels import build_trie
 from ..core.multilabel import split_labels
-from ..models.loading import LoadedModel, load_model
-from ..models.precision import auto_line, settled
+from ..models.precision import auto_line
+from ..models.prepare import load_model
 from ..core.results import softmax
 from ..core.task import Example, Task, build_task
 from ..core.settings_sources import write_task_settings
@@ -110,12 +110,11 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
                         names={"modes": "compare_modes", "temperature": "fit_temperature", "head": "head"})
     if plots_dir:
         _check_matplotlib("plots_dir")
-    loaded = (settled(model, task, texts, settings) if isinstance(model, LoadedModel)
-              else load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings))
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     states = []
 
     def run(config_task: Task, taps=()) -> tuple[Classifier, np.ndarray, float]:
-        clf = Classifier(config_task, model=loaded, settings=settings, precision_sample=texts)
+        clf = Classifier(config_task, model=loaded, settings=settings)
         if taps:
             from ..head.apply import check
 
@@ -211,10 +210,8 @@ def evaluate_multilabel_file(path: str, task: Task, settings: EngineSettings | N
                         "without {write}, or refit it", names={"write": "write_task"})
     data = read_labelled(path, text_column, label_column, task).head(limit)
     gold = multilabel.gold_matrix([cell[0] for cell in data.gold], task.labels, task.label_separator, path)
-    loaded = (settled(model, task, data.texts, settings) if isinstance(model, LoadedModel)
-              else load_model(model, settings.device, settings.precision, task=task, sample=data.texts,
-                              settings=settings))
-    clf = Classifier(task, model=loaded, settings=settings, precision_sample=data.texts)
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=data.texts, settings=settings)
+    clf = Classifier(task, model=loaded, settings=settings)
     extra = {}
     if head.used:
         from ..head.apply import check, head_log_probabilities, items_used_to_fit

@@ -13,7 +13,7 @@ import numpy as np
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import Evaluation, read_labelled
 from ..errors import FieldError, InputError
-from ..models.loading import load_model
+from ..models.prepare import load_model
 from ..models.precision import auto_line
 from ..core.results import softmax
 from ..core.task import Task

@@ -9,9 +9,9 @@ from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 from ..errors import FieldError
 from ..io import read_table, texts_of
-from .classify import engine_line, label_lines
+from .classify import label_lines
 
-__all__ = ["VerifySummary", "engine_line", "verify_table"]
+__all__ = ["VerifySummary", "verify_table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,5 +45,5 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     return VerifySummary(
         model=classifier.loaded.name, mode=classifier.mode, mode_reason=classifier.mode_reason,
         calibrated=classifier.bias is not None, label_lines=label_lines(classifier),
-        probe_lengths=tuple(len(encoded.ids[i]) for i in indices), engine=engine_line(classifier),
+        probe_lengths=tuple(len(encoded.ids[i]) for i in indices), engine=classifier.engine_line(),
         report=report)

@@ -47,7 +47,7 @@ from ..errors import InputError, TaskError
 from ..head.apply import file_digest
 from ..head.features import default_taps
 from ..head.model import Head, model_fingerprint, task_hash
-from ..models.loading import LoadedModel, load_model
+from ..models.prepare import load_model
 from . import outputs, refit, view
 from .answers import Answers
 from .pool import Pool, Scorer, read_input
@@ -85,8 +85,9 @@ class LabelSession:
         frame, texts_all, ids, priority = read_input(input_path, task, text_column=text_column, id_column=id_column,
                                                      review_first=review_first)
         settings = settings or EngineSettings()
-        loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
-        clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts_all[:1000])
+        loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts_all[:1000],
+                            settings=settings)
+        clf = Classifier(task, model=loaded, settings=settings)
         fingerprint = {"input": {"rows": len(frame), "sha256": file_digest(input_path)[:16], "text_column": text_column},
                        "task": task_hash(task), "labels": list(task.labels), "model": model_fingerprint(loaded),
                        "sample": sample, "seed": seed}

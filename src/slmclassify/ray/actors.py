@@ -124,15 +124,16 @@ class ClassifierActor:
         import torch
 
         from ..classifier import Classifier
-        from ..models.loading import load_model
+        from ..models.prepare import load_model
         from ..core.results import RunStats, result_arrow_fields
 
         phases["imports"] = time.time()
         started = time.perf_counter()
         torch.set_num_threads(threads)  # before load_model: the GEMM measurement it reuses is keyed by threads
-        loaded = load_model(model, settings.device, settings.precision)
+        loaded = load_model(model, settings.device, settings.precision, task=task, sample=precision_sample,
+                            settings=settings)
         phases["load"] = time.time()
-        self.classifier = Classifier(task, model=loaded, settings=settings, precision_sample=precision_sample)
+        self.classifier = Classifier(task, model=loaded, settings=settings)
         phases["classifier"] = time.time()
         self.pace = Pace()
         self.text_column, self.errors, self.board = text_column, errors, board

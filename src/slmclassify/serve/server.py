@@ -15,8 +15,8 @@ import time
 
 from ..classifier import Classifier, EngineSettings
 from ..errors import TaskError
-from ..models.loading import LoadedModel, load_model
-from ..models.precision import settled
+from ..models.loading import LoadedModel
+from ..models.prepare import load_model
 from ..core.task import Task
 from ..web.bind import bind as web_bind
 from .adapter import TaskRunner
@@ -32,8 +32,8 @@ def build_service(tasks: dict[str, Task], model: str | LoadedModel | None, engin
 
     if not tasks:
         raise TaskError("give at least one task: --task NAME=FILE.toml")
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    loaded = settled(loaded, next(iter(tasks.values())), None, engine)  # --precision auto: once, on the first task
+    # --precision auto: decided once, on the first task, with article tickets (a service has no data yet)
+    loaded = load_model(model, engine.device, engine.precision, task=next(iter(tasks.values())), settings=engine)
     runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=engine)) for name, task in tasks.items()}
     return Service(runners=runners, settings=settings, model_name=loaded.name)
 
