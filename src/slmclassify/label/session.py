@@ -43,9 +43,10 @@ from ..core import multilabel
 from ..core.results import softmax
 from ..core.task import Task
 from ..errors import InputError, SlmClassifyError, TaskError
-from ..head.apply import file_digest, text_hashes
+from ..head.apply import text_hashes
 from ..head.features import default_taps
 from ..head.model import Head, model_fingerprint, task_hash, task_record
+from ..io.hashing import file_sha256
 from ..models.loading import LoadedModel, load_model
 from . import refit
 from .store import LabelStore
@@ -108,7 +109,7 @@ class LabelSession:
         settings = settings or EngineSettings()
         loaded = model if isinstance(model, LoadedModel) else load_model(model, settings.device, settings.precision)
         clf = Classifier(task, model=loaded, settings=settings, precision_sample=texts_all[:1000])
-        fingerprint = {"input": {"rows": len(frame), "sha256": file_digest(input_path)[:16], "text_column": text_column},
+        fingerprint = {"input": {"rows": len(frame), "sha256": file_sha256(input_path)[:16], "text_column": text_column},
                        "task": task_hash(task), "labels": list(task.labels), "model": model_fingerprint(loaded),
                        "sample": sample, "seed": seed}
         store = LabelStore.open(store_path, fingerprint)
