@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from slmclassify.errors import TaskError  # noqa: E402
 from slmclassify.label.app import create_app, page_html  # noqa: E402
+from slmclassify.jobs.sources import read_task  # noqa: E402
 
 TOKEN = "s3cret-token"
 LABELS = ("billing", "technical", "account")
@@ -236,7 +237,7 @@ def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run
         tmp_path / "in.csv", index=False)
     (tmp_path / "t.toml").write_text(TASK_TOML)
     store = tmp_path / "in.labels.sqlite"
-    session = LabelSession.start(str(tmp_path / "in.csv"), Task.from_toml(tmp_path / "t.toml"), model=str(llama_dir),
+    session = LabelSession.start(str(tmp_path / "in.csv"), read_task(tmp_path / "t.toml"), model=str(llama_dir),
                                  store_path=store)
     try:
         session.wait_ready()
