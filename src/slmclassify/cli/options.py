@@ -78,7 +78,7 @@ class ModelOptions:
 
     def settings(self, *, window: int | None = None, scheduling: bool = True):
         """The engine settings from the flags, the task file, the saved defaults and the built-ins
-        (`settings_sources.engine_settings`); `scheduling` False ignores --token-budget/--max-rows."""
+        (`jobs.sources.engine_settings`); `scheduling` False ignores --token-budget/--max-rows."""
         from ..jobs.sources import engine_settings
 
         settings = engine_settings(self.task_file, self.token_budget if scheduling else None,

@@ -113,8 +113,9 @@ class Evaluation:
 
 
 def gold_indices(data, labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Of labelled items (`io.labelled.Labelled`): ([n] index in `labels` of each item's first gold label, -1 where it is not one of them;
-    [n, L] bool: every label that counts as correct, the `accepted` of `Evaluation`)."""
+    """Of labelled items (`io.labelled.Labelled`): ([n] index in `labels` of each item's first gold
+    label, -1 where it is not one of them; [n, L] bool: every label that counts as correct, the
+    `accepted` of `Evaluation`)."""
     index = {label: i for i, label in enumerate(labels)}
     gold = np.array([index.get(names[0], -1) for names in data.gold], dtype=np.int64)
     accepted = np.zeros((len(data.texts), len(labels)), dtype=bool)  # [n, L]
