@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from slmclassify.errors import TaskError  # noqa: E402
 from slmclassify.label.app import create_app, page_html  # noqa: E402
-from slmclassify.jobs.sources import read_task  # noqa: E402
 
 TOKEN = "s3cret-token"
 LABELS = ("billing", "technical", "account")
@@ -228,8 +227,8 @@ def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run
     in input order with a gold column, and a head that `classify --head` applies."""
     import pandas as pd
 
-    from slmclassify import Task
     from slmclassify.head.model import Head
+    from slmclassify.jobs.sources import read_task
     from slmclassify.label.session import LabelSession
 
     pd.DataFrame({"id": range(12), "text": [f"{w} problem number {i}" for i, w in
