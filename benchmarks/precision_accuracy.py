@@ -23,7 +23,8 @@ from slmclassify import Classifier, load_model
 from slmclassify.backends.choice import cpu_name
 from slmclassify.backends.device import matmul_flags
 from slmclassify.backends import smoothing
-from slmclassify.core.metrics import Evaluation, gold_indices, read_labelled
+from slmclassify.core.metrics import Evaluation, gold_indices
+from slmclassify.io.labelled import read_labelled
 from slmclassify.jobs.evaluate import task_for_file
 from slmclassify.models.loading import set_threads
 from slmclassify.models.precision import agreement

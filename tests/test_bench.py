@@ -163,7 +163,7 @@ def test_bench_cli_no_ctranslate2_skips_the_i_rows(llama_dir, monkeypatch):
 
 
 def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
-    from slmclassify.core.settings_sources import saved_settings
+    from slmclassify.io.saved_settings import saved_settings
 
     task = tmp_path / "task.toml"
     task.write_text('# my task\nlabels = ["billing", "technical"]  # two\n[[examples]]\ntext = "x"\nlabel = "billing"\n')
@@ -178,10 +178,10 @@ def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
     saved = saved_settings()
     assert saved["token_budget"] in (64, 256) and saved["max_rows"] in (2, 8)
     assert f"--token-budget {saved['token_budget']} --max-rows {saved['max_rows']}" in best[0]
-    from slmclassify.core.task import Task, task_file_settings
+    from slmclassify.jobs.sources import read_task, task_file_settings
 
     assert task_file_settings(task) == saved
-    assert Task.from_toml(task).labels == ("billing", "technical")
+    assert read_task(task).labels == ("billing", "technical")
 
 
 def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, monkeypatch):

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from slmclassify.classifier import DEFAULT_MAX_TEXT_TOKENS, EngineSettings
 from slmclassify.cli.main import cli, main
 from slmclassify.core.encode import EncodedItems
-from slmclassify.core.settings_sources import NO_CAP, engine_settings
+from slmclassify.core.settings_sources import NO_CAP
+from slmclassify.jobs.sources import engine_settings
 from slmclassify.core.verify import PROBE_MAX_TOKENS, VerifyReport, pick_probes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,7 +11,10 @@ from click.testing import CliRunner
 from slmclassify import Classifier, Task
 from slmclassify.core.calibration import adjust, fit_temperature, prior_from_scores
 from slmclassify.cli.main import cli
-from slmclassify.core.metrics import Evaluation, Labelled, read_labelled, write_plots
+from slmclassify.core.metrics import Evaluation
+from slmclassify.io.labelled import Labelled, read_labelled
+from slmclassify.io.plots import write_plots
+from slmclassify.jobs.sources import read_task
 from slmclassify.jobs.evaluate import evaluate_file, task_for_file
 from slmclassify.errors import TaskError
 from slmclassify.core.labels import describe_labels
@@ -152,7 +155,7 @@ def test_evaluate_cli(bigbench, llama_dir, llama_loaded, tmp_path):
         (m, c) for m in ("first", "full", "full-mean") for c in (False, True)}
     assert summary["fewshot_cost"]["1_per_label"]["prefix_tokens"] > summary["fewshot_cost"]["zero_shot"]["prefix_tokens"]
     assert sorted(p.name for p in plots.iterdir()) == ["confusion.png", "coverage.png", "reliability.png"]
-    written = Task.from_toml(task)
+    written = read_task(task)
     assert written.temperature == pytest.approx(round(summary["temperature"], 4))
     assert written.min_confidence == pytest.approx(round(summary["threshold"], 4))
     assert "label tokens" in result.stdout and "accuracy" in result.stdout

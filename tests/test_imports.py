@@ -195,3 +195,97 @@ def test_only_the_preparation_stage_decides_a_precision():
                 offenders.append(f"{module}:{number}: {line.strip()}")
     assert not offenders, ("`--precision auto` is decided by the preparation stage only (models/prepare.py "
                            "load_model); these decide it elsewhere:\n" + "\n".join(offenders))
+
+
+# (d) `slmclassify.core` reads and writes no file: `io` reads task files, saved defaults, tables and
+# labelled items into plain data and writes plots; `jobs.sources` builds core's objects from them.
+
+CORE = f"{PACKAGE}.core"
+FILE_MODULES = ("tomllib", "tomli", "tomlkit", "platformdirs", "matplotlib", "shutil", "tempfile", "glob", "gzip",
+                "zipfile", "pickle", "h5py", "fastparquet", "pyarrow.parquet", "pyarrow.csv", "pyarrow.json",
+                "pyarrow.feather", "pyarrow.dataset")
+"""Modules whose job is files, paths on disk or plots (pyarrow and pandas themselves are allowed:
+core builds in-memory tables and Arrow schemas with them)."""
+FILE_CALLS = ("open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "savefig",
+              "read_csv", "read_parquet", "read_json", "read_table", "read_excel", "read_feather", "to_csv",
+              "to_parquet", "to_json", "to_feather")
+"""Calls that read or write a file: builtin or os `open`, Path's readers and writers, pandas' readers
+and writers, matplotlib's `savefig`."""
+FILE_LOADERS = {"np": ("load", "save", "loadtxt", "savetxt", "fromfile"), "numpy": ("load", "save", "loadtxt", "savetxt",
+                "fromfile"), "torch": ("load", "save"), "json": ("load", "dump")}
+"""`module.function` calls that read or write a file (`json.loads`, from a string, is fine)."""
+
+
+def _core_sources():
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(importlib.util.find_spec(CORE).origin).parent
+    for path in sorted(folder.rglob("*.py")):
+        yield path.relative_to(folder.parent.parent), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _imported_names(tree) -> list[tuple[int, str]]:
+    import ast
+
+    out = []
+    for node in ast.walk(tree):  # imports inside functions too
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def _file_calls(tree) -> list[tuple[int, str]]:
+    import ast
+
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in FILE_CALLS:
+            out.append((node.lineno, f"{func.id}("))
+        elif isinstance(func, ast.Attribute):
+            owner = func.value.id if isinstance(func.value, ast.Name) else None
+            if func.attr in FILE_CALLS or func.attr in FILE_LOADERS.get(owner, ()):
+                out.append((node.lineno, f"{owner or '...'}.{func.attr}("))
+    return out
+
+
+def test_core_imports_no_io_module():
+    g = graph()
+    offenders = []
+    for importer in sorted(m for m in g.modules if m == CORE or m.startswith(CORE + ".")):
+        for imported in sorted(g.find_modules_directly_imported_by(importer)):
+            if imported == f"{PACKAGE}.io" or imported.startswith(f"{PACKAGE}.io."):
+                offenders += _lines(importer, imported)
+    assert not offenders, "slmclassify.core imports slmclassify.io (core reads no file):\n" + "\n".join(offenders)
+
+
+def test_core_imports_no_file_or_plot_module():
+    offenders = [f"{path}:{line}: imports {name}" for path, tree in _core_sources()
+                 for line, name in _imported_names(tree)
+                 if any(name == m or name.startswith(m + ".") for m in FILE_MODULES)]
+    assert not offenders, "slmclassify.core imports a file or plot module (move that part to io/):\n" + \
+        "\n".join(offenders)
+
+
+def test_core_calls_nothing_that_reads_or_writes_a_file():
+    offenders = [f"{path}:{line}: {call}" for path, tree in _core_sources() for line, call in _file_calls(tree)]
+    assert not offenders, "slmclassify.core reads or writes a file (move that part to io/):\n" + "\n".join(offenders)
+
+
+def test_the_file_scan_finds_file_access():
+    """The two scans above can fail: each kind of access is found, and a string or `json.loads` is not."""
+    import ast
+
+    tree = ast.parse("import tomllib\nfrom matplotlib import pyplot\nimport pyarrow as pa\nimport pyarrow.parquet\n"
+                     "def f(p):\n    open(p)\n    p.read_text()\n    np.load(p)\n    json.loads('open(x)')\n"
+                     "    fig.savefig(p)\n    '''p.write_text()'''\n")
+    imported = [name for _, name in _imported_names(tree)
+                if any(name == m or name.startswith(m + ".") for m in FILE_MODULES)]
+    assert sorted(imported) == ["matplotlib", "matplotlib.pyplot", "pyarrow.parquet", "tomllib"]
+    assert sorted(call for _, call in _file_calls(tree)) == ["fig.savefig(", "np.load(", "open(", "p.read_text("]

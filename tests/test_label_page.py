@@ -227,8 +227,8 @@ def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run
     in input order with a gold column, and a head that `classify --head` applies."""
     import pandas as pd
 
-    from slmclassify import Task
     from slmclassify.head.model import Head
+    from slmclassify.jobs.sources import read_task
     from slmclassify.label.session import LabelSession
 
     pd.DataFrame({"id": range(12), "text": [f"{w} problem number {i}" for i, w in
@@ -236,7 +236,7 @@ def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run
         tmp_path / "in.csv", index=False)
     (tmp_path / "t.toml").write_text(TASK_TOML)
     store = tmp_path / "in.labels.sqlite"
-    session = LabelSession.start(str(tmp_path / "in.csv"), Task.from_toml(tmp_path / "t.toml"), model=str(llama_dir),
+    session = LabelSession.start(str(tmp_path / "in.csv"), read_task(tmp_path / "t.toml"), model=str(llama_dir),
                                  store_path=store)
     try:
         session.wait_ready()

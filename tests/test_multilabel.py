@@ -7,6 +7,7 @@ import pytest
 
 from slmclassify import Classifier, EngineSettings, Task, TaskError
 from slmclassify.core import multilabel
+from slmclassify.jobs.sources import read_task
 
 from test_engine import assert_matches_reference, random_texts
 from test_label import wait_for
@@ -87,11 +88,11 @@ def test_thresholds_need_a_multi_label_task():
 def test_task_file_reads_multi_label_keys(tmp_path):
     path = tmp_path / "t.toml"
     path.write_text('labels = ["a", "b"]\nmulti_label = true\nthresholds = [0.3, 0.7]\nlabel_separator = "|"\n')
-    task = Task.from_toml(path)
+    task = read_task(path)
     assert task.multi_label and task.thresholds == (0.3, 0.7) and task.label_separator == "|"
     path.write_text('labels = ["a", "b"]\nmulti_label = true\nthresholds = ["x", 0.7]\n')
     with pytest.raises(TaskError, match="list of numbers"):
-        Task.from_toml(path)
+        read_task(path)
 
 
 def write_tickets(path, rows):
@@ -175,9 +176,8 @@ def test_one_vs_rest_head_fits_classifies_and_evaluates(tmp_path, llama_dir, run
         assert row["labels"] == ";".join(chosen)
     # the probabilities are the head's: sigmoid of its log-odds on the fast path's states
     from slmclassify import Classifier, load_model
-    from slmclassify.core.task import Task
 
-    clf = Classifier(Task.from_toml(task), model=load_model(str(llama_dir)))
+    clf = Classifier(read_task(task), model=load_model(str(llama_dir)))
     scored = clf.score(clf.encode([r[1] for r in rows[30:]]), taps=head.taps)
     z = head.log_odds(head.features(scored.states, clf.calibrated(scored.scores)))
     np.testing.assert_allclose(frame[[f"p_{lab}" for lab in head.labels]].to_numpy(float), 1 / (1 + np.exp(-z)),
@@ -285,7 +285,7 @@ def test_evaluate_reports_f1_subset_accuracy_and_writes_thresholds(tmp_path, lla
     assert figures["items"] == 24 and set(figures["at_task_thresholds"]["per_label"]) == {"billing", "technical",
                                                                                           "account"}
     assert figures["at_task_thresholds"]["per_label"]["account"]["support"] == 8
-    written = Task.from_toml(task)
+    written = read_task(task)
     assert written.multi_label and len(written.thresholds) == 3 and task.read_text().startswith("# my task")
     # the picked thresholds are the F1-optimal ones on these items: at them F1 is no lower than at 0.5
     code, out2, err = run_main("evaluate", tmp_path / "gold.csv", "--gold-column", "gold", "--task", task,

@@ -9,11 +9,11 @@ import pytest
 pytest.importorskip("ray")  # the package imports Ray
 
 from slmclassify import Classifier  # noqa: E402
-from slmclassify.ray.sharing import Pace, SharedScores, digest, score_block  # noqa: E402
+from slmclassify.ray.sharing import Pace, SharedScores, board_key, score_block  # noqa: E402
 
 from test_ray import TASK, _texts  # noqa: E402
 
-K1, K2, K3 = (digest(bytes([i])) for i in range(3))
+K1, K2, K3 = (board_key(bytes([i])) for i in range(3))
 
 
 class Clock:
@@ -50,7 +50,7 @@ def test_a_dead_actors_lease_runs_out_and_another_actor_runs_its_keys():
 
 def test_past_its_cap_the_registry_forgets_the_oldest_scores():
     board = SharedScores(cap=3, clock=Clock())
-    keys = [digest(bytes([i])) for i in range(5)]
+    keys = [board_key(bytes([i])) for i in range(5)]
     board.exchange("a", {k: np.array([float(i)]) for i, k in enumerate(keys)}, [], [], lease_s=0)
     reply = board.exchange("b", {}, keys, keys, lease_s=1)
     assert list(reply.known) == keys[2:] and reply.granted == keys[:2]  # forgotten: run again

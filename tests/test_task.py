@@ -12,8 +12,9 @@ import slmclassify
 from slmclassify import Classifier, Task, TaskError
 from slmclassify.core.labels import resolve_mode
 from slmclassify.core.prompts import PromptRenderer
-from slmclassify.core.task import DEFAULT_INSTRUCTION, Example, build_task, parse_labels
-from slmclassify.core.settings_sources import write_task_settings
+from slmclassify.core.task import DEFAULT_INSTRUCTION, Example, parse_labels
+from slmclassify.io.task_files import write_task_settings
+from slmclassify.jobs.sources import build_task, read_task
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_task_file(tmp_path):
         '[[labels]]\nname = "technical"\n'
         '[[examples]]\ntext = "charged twice"\nlabel = "billing"\n'
     )
-    task = Task.from_toml(path)
+    task = read_task(path)
     assert task.labels == ("billing", "technical")
     assert task.descriptions == ("money", "")
     assert task.examples == (Example("charged twice", "billing"),)
@@ -55,7 +56,7 @@ def test_task_file_rejects_unknown_keys(tmp_path):
     path = tmp_path / "task.toml"
     path.write_text('labels = ["a", "b"]\nlabel_column = "x"\n')
     with pytest.raises(TaskError, match="label_column"):
-        Task.from_toml(path)
+        read_task(path)
 
 
 def test_system_and_user_template_overrides(tiny_tokenizer):
@@ -197,7 +198,7 @@ def test_write_task_settings_keeps_comments_and_layout(tmp_path):
         'name = "a"\n'
         '[[labels]]\n'
         'name = "b"\n')
-    task = Task.from_toml(path)
+    task = read_task(path)
     assert (task.min_confidence, task.temperature, task.labels) == (0.7, 1.25, ("a", "b"))
 
 
@@ -205,7 +206,7 @@ def test_user_folders_come_from_platformdirs(tmp_path, monkeypatch):
     import platformdirs
 
     from slmclassify.cache import cache_root
-    from slmclassify.core.settings_sources import settings_path
+    from slmclassify.io.saved_settings import settings_path
 
     monkeypatch.setattr(platformdirs, "user_config_path", lambda app, appauthor=None: tmp_path / "cfg" / app)
     monkeypatch.setattr(platformdirs, "user_cache_path", lambda app, appauthor=None: tmp_path / "cache" / app)
@@ -215,7 +216,7 @@ def test_user_folders_come_from_platformdirs(tmp_path, monkeypatch):
 
 def test_user_folders_follow_xdg_on_linux(tmp_path, monkeypatch):
     from slmclassify.cache import cache_root
-    from slmclassify.core.settings_sources import settings_path
+    from slmclassify.io.saved_settings import settings_path
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "c"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "k"))

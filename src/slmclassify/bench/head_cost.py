@@ -51,6 +51,7 @@ def main() -> None:
 
     from ..core.task import Task, parse_labels
     from ..io import read_table, texts_of
+    from ..jobs.sources import read_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("input")
@@ -61,7 +62,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    task = Task.from_toml(args.task) if args.task else Task(labels=parse_labels(args.labels or ""))
+    task = read_task(args.task) if args.task else Task(labels=parse_labels(args.labels or ""))
     task = task.with_overrides(mode=args.mode)
     texts = [t for t in texts_of(read_table(args.input, args.text_column), args.text_column) if t.strip()][: args.n]
     clf = Classifier(task)

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..cache import cache_root
 from ..classifier import Classifier
-from ..core.metrics import read_labelled
+from ..io.labelled import read_labelled
 from ..core.results import softmax
 from ..core.task import Task
 from ..head.features import collect, default_taps
@@ -271,6 +271,7 @@ def main() -> None:
     import argparse
 
     from ..jobs.evaluate import task_for_file
+    from ..jobs.sources import read_task
     from ..models.loading import set_threads
     from ..models.prepare import load_model
 
@@ -296,7 +297,7 @@ def main() -> None:
         table = not path.endswith(".json")
         column = args.gold_column if table else "label"
         data = read_labelled(path, "text", column)
-        task = Task.from_toml(args.task) if table and args.task else task_for_file(path, "text", column)
+        task = read_task(args.task) if table and args.task else task_for_file(path, "text", column)
         results[name] = run_dataset(name, data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
                                     args.seeds)
         first = first or (data.texts, task)

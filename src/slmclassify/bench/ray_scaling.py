@@ -185,8 +185,7 @@ def child() -> None:
     or `--ray` with the spec's actors, 1 CPU each, block rows and address), its figures written as
     JSON to the spec's "figures" file. The spec is the process's one argument (JSON, `_specs`)."""
     spec = json.loads(sys.argv[1])
-    from ..core.settings_sources import engine_settings
-    from ..core.task import build_task
+    from ..jobs.sources import build_task, engine_settings
 
     task, settings = build_task(spec["task"]), engine_settings(spec["task"])
     if spec["side"] == "single":

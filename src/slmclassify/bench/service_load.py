@@ -267,10 +267,11 @@ def offline_expected(texts: list[str], task, model=None, max_text_tokens: int | 
     from ..core.results import RunStats
 
     clf = Classifier(task, model=model, settings=EngineSettings(max_text_tokens=max_text_tokens))
-    results, stats = [], RunStats()
+    results, parts = [], []
     for window in clf.classify_windows(texts):
         results += window.results
-        stats.add(window.stats)
+        parts.append(window.stats)
+    stats = RunStats.total(parts)
     return [result_json(r) for r in results], stats.items_per_s
 
 

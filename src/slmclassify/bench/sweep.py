@@ -125,9 +125,7 @@ def run_window_sweep(loaded: LoadedModel, task: Task, texts: list[str], windows,
     windows = list(dict.fromkeys(windows))  # each size once
 
     def stream(variant: Classifier) -> tuple[float, int, float]:
-        stats = RunStats()
-        for scored in variant.classify_windows(texts):
-            stats.add(scored.stats)
+        stats = RunStats.total(scored.stats for scored in variant.classify_windows(texts))
         return stats.padding_share, stats.reused, peak_rss_mb()
 
     variants = {window: clf.with_settings(dataclasses.replace(clf.settings, window=window)) for window in windows}

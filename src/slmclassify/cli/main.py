@@ -11,6 +11,7 @@ import click
 
 from ..errors import SlmClassifyError, TaskError, VerificationError
 from ..core.task import Task
+from ..jobs.sources import read_task
 from ..io.formats import check_writes
 from . import summaries
 from .options import (ModelOptions, device_options, flag_error, head_options, hidden_alias, int_list, max_rows_option,
@@ -269,7 +270,8 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
     from ..bench import sweep as sweeping
     from ..core.settings import EngineSettings
     from ..models.prepare import load_model
-    from ..core.settings_sources import save_settings, write_task_settings
+    from ..io.saved_settings import save_settings
+    from ..io.task_files import write_task_settings
 
     for option, value, instead in (("--token-budget", opts.token_budget, "--budgets"),
                                    ("--max-rows", opts.max_rows, "--row-caps")):
@@ -395,7 +397,7 @@ def _named_tasks(specs) -> dict:
             raise TaskError(f"--task must be NAME=FILE.toml, got {spec!r}")
         if name.strip() in tasks:
             raise TaskError(f"task name {name.strip()!r} is given twice")
-        tasks[name.strip()] = Task.from_toml(path.strip())
+        tasks[name.strip()] = read_task(path.strip())
     return tasks
 
 
@@ -480,7 +482,7 @@ def loadtest(url, concurrency, duration, max_requests, input_path, text_column, 
     texts = _bench_texts(input_path, text_column, 1 << 30) if input_path else _bench_texts(None, None, 600)
     expected = None
     if check_task:
-        expected, offline_rate = offline_expected(texts, Task.from_toml(check_task), model,
+        expected, offline_rate = offline_expected(texts, read_task(check_task), model,
                                                   info["limits"].get("max_text_tokens"))
         click.echo(f"offline classify: {len(texts)} texts at {offline_rate:.2f} items/s", err=True)
     report = run_load(url, task_name, texts, concurrency=concurrency, duration=duration, max_requests=max_requests,

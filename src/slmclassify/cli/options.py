@@ -10,7 +10,8 @@ import functools
 import click
 
 from ..backends.names import DEVICES, PRECISIONS
-from ..core.task import MODES, Task, build_task, parse_labels
+from ..core.task import MODES, Task, parse_labels
+from ..jobs.sources import build_task
 from ..errors import SlmClassifyError, TaskError
 
 FLAGS = {
@@ -77,8 +78,8 @@ class ModelOptions:
 
     def settings(self, *, window: int | None = None, scheduling: bool = True):
         """The engine settings from the flags, the task file, the saved defaults and the built-ins
-        (`settings_sources.engine_settings`); `scheduling` False ignores --token-budget/--max-rows."""
-        from ..core.settings_sources import engine_settings
+        (`jobs.sources.engine_settings`); `scheduling` False ignores --token-budget/--max-rows."""
+        from ..jobs.sources import engine_settings
 
         settings = engine_settings(self.task_file, self.token_budget if scheduling else None,
                                    self.max_rows if scheduling else None,

@@ -1,8 +1,9 @@
 """The pipeline, in the order data flows through it:
 
-    task          what to classify: labels, prompt, mode, calibration (a frozen dataclass, validated)
+    task          what to classify: labels, prompt, mode, calibration (a frozen dataclass, validated
+                  from a task file's data or from values)
     settings      how the fast path schedules work (`EngineSettings`); settings_sources merges
-                  flags, the task file and the user's saved defaults
+                  flags, the task file's settings and the user's saved defaults, given as data
     prompts       render each item's chat prompt; the shared head is the prefix
     encode        tokenize once, split off the prefix, cut long texts, find duplicates
     batching      length buckets under a token budget, left-padded
@@ -17,5 +18,8 @@
     config_check  what a model config must be for the engine to be exact (derived from families)
     article_tickets  the article's tickets: the bench workload and the calibration sample
 
-Nothing here loads a model (`models/`) or reads files (`io/`); `slmclassify.classifier` puts it together.
+Nothing here loads a model (`models/`) or reads or writes a file: `io/` does (tables, task files,
+saved defaults, labelled items, plots) and hands over plain data; `jobs.sources` builds the task and
+settings from it, and `slmclassify.classifier` puts the pipeline together. `tests/test_imports.py`
+holds core to that.
 """

@@ -8,13 +8,9 @@ against a hand-computed confusion matrix.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-
-from ..errors import InputError
 
 ECE_BINS = 15
 
@@ -116,71 +112,16 @@ class Evaluation:
         return data
 
 
-@dataclass(frozen=True)
-class Labelled:
-    """Labelled items read for `evaluate`."""
-
-    texts: list[str]
-    gold: list[tuple[str, ...]]
-    """The correct label(s) of each item: several when a BIG-bench item's top scores tie."""
-    labels: tuple[str, ...] | None = None
-    """The label set the file declares (BIG-bench `target_scores` keys, in file order), if any."""
-    instruction: str | None = None
-    """The file's own question (BIG-bench `task_prefix`), if any."""
-
-    def head(self, limit: int | None) -> Labelled:
-        """The first `limit` items (all when None)."""
-        if limit is None:
-            return self
-        return Labelled(self.texts[:limit], self.gold[:limit], self.labels, self.instruction)
-
-
-def gold_indices(data: Labelled, labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """([n] index in `labels` of each item's first gold label, -1 where it is not one of them;
-    [n, L] bool: every label that counts as correct, the `accepted` of `Evaluation`)."""
+def gold_indices(data, labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Of labelled items (`io.labelled.Labelled`): ([n] index in `labels` of each item's first gold
+    label, -1 where it is not one of them; [n, L] bool: every label that counts as correct, the
+    `accepted` of `Evaluation`)."""
     index = {label: i for i, label in enumerate(labels)}
     gold = np.array([index.get(names[0], -1) for names in data.gold], dtype=np.int64)
     accepted = np.zeros((len(data.texts), len(labels)), dtype=bool)  # [n, L]
     for row, names in enumerate(data.gold):
         accepted[row, [index[name] for name in names if name in index]] = True
     return gold, accepted
-
-
-def read_labelled(path: str, text_column: str, label_column: str, task=None) -> Labelled:
-    """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table (a `task`
-    whose template names fields: each row's item composed from those columns, `Task.compose`)."""
-    from ..io import item_texts, read_table
-
-    if path.endswith(".json"):
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError(f"input file not found: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: not valid JSON ({exc})") from None
-        examples = data.get("examples") if isinstance(data, dict) else None
-        if not isinstance(examples, list):
-            raise InputError(f"{path}: expected a BIG-bench task with an 'examples' list")
-        texts, gold = [], []
-        for i, ex in enumerate(examples, start=1):
-            scores = ex.get("target_scores") if isinstance(ex, dict) else None
-            if not isinstance(scores, dict) or not scores or "input" not in ex:
-                raise InputError(f"{path}: example {i} needs 'input' and 'target_scores'")
-            top = max(scores.values())
-            texts.append(str(ex["input"]))
-            gold.append(tuple(str(k) for k, v in scores.items() if v == top))
-        prefix = data.get("task_prefix")
-        instruction = prefix.strip() if isinstance(prefix, str) and prefix.strip() else None
-        labels = tuple(str(k) for k in examples[0]["target_scores"]) if examples else None
-        return Labelled(texts, gold, labels, instruction)
-    fields = task.fields if task is not None and task.multi_field else ()
-    frame = read_table(path, text_column, fields=fields)
-    if label_column not in frame.columns:
-        raise InputError("{path}: no label column {column!r} (use {field}); columns are: {columns}",
-                         names={"field": "label_column"}, path=path, column=label_column,
-                         columns=", ".join(map(str, frame.columns)))
-    gold = [("" if v is None or v != v else str(v),) for v in frame[label_column]]  # an empty cell: no label
-    return Labelled(item_texts(frame, text_column, fields, task.compose if fields else None), gold)
 
 
 def format_report(ev: Evaluation) -> str:
@@ -206,57 +147,3 @@ def format_report(ev: Evaluation) -> str:
             lines.append(f"min_confidence {threshold:.3f} reaches accuracy {ev.target_accuracy:.2f} "
                          f"on {100 * coverage:.1f}% of items; the rest go to review")
     return "\n".join(lines)
-
-
-def write_plots(ev: Evaluation, folder: str) -> list[Path]:
-    """confusion.png, reliability.png and coverage.png in `folder`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-
-    def save(fig, name: str) -> None:
-        fig.tight_layout()
-        paths.append(out / name)
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 5))
-    m = ev.confusion
-    ax.imshow(m, cmap="Blues")
-    ax.set_xticks(range(len(ev.labels)), ev.labels, rotation=45, ha="right")
-    ax.set_yticks(range(len(ev.labels)), ev.labels)
-    for i in range(len(ev.labels)):
-        for j in range(len(ev.labels)):
-            ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=8)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("gold")
-    ax.set_title(f"confusion matrix ({ev.name}, accuracy {ev.accuracy:.3f})")
-    save(fig, "confusion.png")
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    rel = ev.reliability()
-    ax.plot([0, 1], [0, 1], "--", color="gray", label="perfect calibration")
-    ax.plot([r[1] for r in rel], [r[0] for r in rel], marker="o", label=f"{ev.name} (ECE {ev.ece:.3f})")
-    ax.set_xlabel("confidence")
-    ax.set_ylabel("accuracy")
-    ax.set_title("reliability diagram")
-    ax.legend()
-    save(fig, "reliability.png")
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    curve = ev.coverage_curve()
-    ax.plot([c[1] for c in curve], [c[2] for c in curve])
-    if ev.target_accuracy is not None:
-        ax.axhline(ev.target_accuracy, color="red", linestyle="--", label=f"target {ev.target_accuracy:.2f}")
-        ax.legend()
-    ax.set_xlabel("coverage (share of items auto-labelled)")
-    ax.set_ylabel("accuracy on auto-labelled items")
-    ax.set_title("coverage vs accuracy")
-    ax.grid(alpha=0.3)
-    save(fig, "coverage.png")
-    return paths

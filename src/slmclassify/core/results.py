@@ -86,10 +86,20 @@ class RunStats:
     """Scored items that took the scores of an identical item of their window (duplicates)."""
 
     def add(self, other: RunStats) -> None:
-        """Accumulate another part of the same run (prefix_tokens stays the run's)."""
+        """Accumulate another part of the same run: counts and seconds add up; prefix_tokens is the
+        run's prefix length, which every part that ran the prefix shares, so it is not summed."""
         for name in ("items", "scored", "seconds", "real_tokens", "processed_tokens", "prefix_reused",
                      "fallbacks", "batches", "reused"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.prefix_tokens = max(self.prefix_tokens, other.prefix_tokens)
+
+    @classmethod
+    def total(cls, parts) -> RunStats:
+        """The stats of a whole run from those of its parts (windows, chunks, actors), as `add`."""
+        out = cls()
+        for part in parts:
+            out.add(part)
+        return out
 
     @property
     def items_per_s(self) -> float:

@@ -1,17 +1,16 @@
 """What to classify into: labels, instruction, examples and prompt overrides.
 
 A `Task` is validated once, when it is built, so everything downstream may trust it.
-It comes from CLI flags or a TOML task file (`Task.from_toml`); `build_task` merges the two
+It comes from CLI flags or a task file's data (`Task.from_dict`); `merge_task` merges the two
 (flags win) from plain values and tuples, so library code never goes through the CLI's strings.
+Nothing here reads the file: `io.task_files` does, and `jobs.sources` puts the two together.
 """
 
 from __future__ import annotations
 
 import csv
 import re
-import tomllib
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
 from ..errors import FieldError, TaskError
@@ -194,12 +193,6 @@ class Task:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> Task:
-        """Read a task file. Unknown keys are an error, so typos do not pass silently."""
-        path = Path(path)
-        return cls.from_dict(_read_toml(path), source=str(path))
-
-    @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "task") -> Task:
         _check_keys(data, _TOP_LEVEL, source, "")
         for key, kind in _TYPES.items():
@@ -249,17 +242,6 @@ _KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", boo
                list: "a list of numbers"}
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TaskError(f"task file not found: {path}") from None
-    except IsADirectoryError:
-        raise TaskError(f"task file {path} is a folder, not a TOML file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise TaskError(f"task file {path} is not valid TOML: {exc}") from None
-
-
 def _check_keys(table: dict, known, source: str, where: str) -> None:
     unknown = sorted(set(table) - set(known))
     if unknown:
@@ -288,11 +270,13 @@ def parse_labels(spec: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | None = None, *,
-               instruction: str | None = None, system: str | None = None, user_template: str | None = None,
-               mode: str | None = None, min_confidence: float | None = None, calibrate: bool | None = None,
-               multi_label: bool | None = None, default_instruction: str | None = None) -> Task:
-    """The task from a task file and/or explicit values; given values (not None) win.
+def merge_task(task_data: dict[str, Any] | None = None, labels: tuple[str, ...] | None = None, *,
+               source: str = "task", instruction: str | None = None, system: str | None = None,
+               user_template: str | None = None, mode: str | None = None, min_confidence: float | None = None,
+               calibrate: bool | None = None, multi_label: bool | None = None,
+               default_instruction: str | None = None) -> Task:
+    """The task from a task file's data (`source`: its name in errors) and/or explicit values; given
+    values (not None) win.
 
     `labels` replaces the file's labels (and drops its descriptions). `default_instruction` is
     used when neither the file nor `instruction` gives one (e.g. a BIG-bench task's own question).
@@ -301,10 +285,9 @@ def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | No
                      user_template=user_template, calibrate=calibrate, multi_label=multi_label)
     if labels is not None:
         labels = tuple(labels)
-    if task_file:
-        data = _read_toml(Path(task_file))
-        task = Task.from_dict(data, source=str(task_file))
-        if instruction is None and "instruction" not in data and default_instruction:
+    if task_data is not None:
+        task = Task.from_dict(task_data, source=source)
+        if instruction is None and "instruction" not in task_data and default_instruction:
             overrides["instruction"] = default_instruction
         if labels:
             overrides.update(labels=labels, descriptions=(), thresholds=())
@@ -317,11 +300,14 @@ def build_task(task_file: str | Path | None = None, labels: tuple[str, ...] | No
     return Task(labels=labels).with_overrides(**overrides)
 
 
-def task_file_settings(path: str | Path) -> dict[str, Any]:
-    """Engine settings (token_budget, max_rows, device, precision) stored in a task file, if any."""
-    data = _read_toml(Path(path))
-    return {k: data[k] for k in ("token_budget", "max_rows", "device", "precision") if k in data}
+ENGINE_KEYS = ("token_budget", "max_rows", "device", "precision")
+"""The task file's keys that are engine settings, not part of the Task."""
 
 
-__all__ = ["Task", "Example", "MODES", "build_task", "parse_labels", "DEFAULT_INSTRUCTION", "MULTI_LABEL_INSTRUCTION",
-           "task_file_settings"]
+def task_engine_settings(task_data: dict[str, Any]) -> dict[str, Any]:
+    """The engine settings (`ENGINE_KEYS`) a task file's data holds, if any."""
+    return {k: task_data[k] for k in ENGINE_KEYS if k in task_data}
+
+
+__all__ = ["Task", "Example", "MODES", "merge_task", "parse_labels", "DEFAULT_INSTRUCTION", "MULTI_LABEL_INSTRUCTION",
+           "task_engine_settings"]

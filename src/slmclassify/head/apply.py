@@ -129,12 +129,6 @@ def _head_results(head: Head, scorer: str, classifier, scores: np.ndarray, state
     return make_results(head.labels, logp, logp, status, task.min_confidence)
 
 
-def file_digest(path: str) -> str:
-    """sha256 of a head file, for a resumable run's identity."""
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray, gold: np.ndarray,
                   target_accuracy, seconds: float, texts):
     """The `evaluate` report of a head (gold indexes the head's labels), with zero-shot alongside

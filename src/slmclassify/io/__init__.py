@@ -4,6 +4,11 @@
 rows at a time (memory bounded by the chunk, never by the file); `writers` appends chunks to an
 output (CSV rows, JSONL lines, Parquet row groups). `read_table`/`write_table` are the
 whole-table conveniences built on the same readers and writers.
+
+The other files the commands read and write, each as plain data (no core type is imported here):
+`labelled` (texts with gold labels for evaluate/fit), `task_files` (TOML task files),
+`saved_settings` (the user's saved defaults), `plots` (evaluate's PNGs), `hashing` (the one file
+hash), `checkpoint` and `lock` (the resumable output and its lock).
 """
 
 from .formats import FORMATS, check_output, table_format

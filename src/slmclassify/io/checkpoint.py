@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from .hashing import file_sha256
 
 VERSION = 1
 _HEAD_BYTES = 1 << 20
@@ -188,10 +189,8 @@ def _short(value) -> str:
 
 def input_read_changed(saved: dict, input_path: str) -> str | None:
     """Why the input no longer starts with the bytes already read (as the record saw them), or None."""
-    from .readers import file_digest
-
     read = saved["input_read"]
-    if file_digest(input_path, read["bytes"]) != read["sha256"]:
+    if file_sha256(input_path, read["bytes"]) != read["sha256"]:
         return (f"the input file changed in the {read['bytes']} bytes already read for the "
                 f"{saved.get('rows_done')} rows done")
     return None

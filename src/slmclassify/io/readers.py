@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..errors import InputError
 from .formats import BAD_BYTE, check_text_encoding, json_text, table_format
+from .hashing import file_sha256
 
 _HEAD = 1 << 16  # bytes looked at before reading: encoding check, empty file, CSV header
 MAX_CSV_ROW = 1 << 26
@@ -144,7 +145,7 @@ class TableReader:
         file is read by row groups from anywhere in it: its digest covers the whole file."""
         if self.fmt == "parquet":
             if self._whole_digest is None:
-                self._whole_digest = {"bytes": self.total_bytes, "sha256": file_digest(self.path, self.total_bytes)}
+                self._whole_digest = {"bytes": self.total_bytes, "sha256": file_sha256(self.path, self.total_bytes)}
             return self._whole_digest
         return {"bytes": self._source.consumed, "sha256": self._source.sha256.hexdigest()}
 
@@ -401,19 +402,6 @@ class TableReader:
         `fields`, each row's item composed from those columns (all empty: an empty item)."""
         return item_texts(frame, self.text_column, self.fields, self.compose, name=self.name, errors=self.errors,
                           id_column=self.id_column)
-
-
-def file_digest(path: str, length: int) -> str | None:
-    """SHA-256 of the first `length` bytes of a file; None when it has fewer."""
-    sha, left = hashlib.sha256(), length
-    with open(path, "rb") as fh:
-        while left > 0:
-            block = fh.read(min(left, 1 << 20))
-            if not block:
-                return None
-            sha.update(block)
-            left -= len(block)
-    return sha.hexdigest()
 
 
 def _kind(value) -> str:

@@ -212,9 +212,9 @@ def _identity(request: ClassifyRequest, out_fmt: str, task: Task, settings: Engi
     identity["head_shown"] = {"head": choice.source if choice.used else None,
                               "scorer": choice.scorer if choice.used else None}
     if choice.used:
-        from ..head.apply import file_digest
+        from ..io.hashing import file_sha256
 
-        identity["head"] = digest([file_digest(choice.source) if choice.source else repr(choice.head.coef.tolist()),
+        identity["head"] = digest([file_sha256(choice.source) if choice.source else repr(choice.head.coef.tolist()),
                                    choice.scorer])
     if resumable:
         identity["input"] = input_fingerprint(request.input_path)

@@ -14,15 +14,18 @@ from ..core.calibration import adjust, fit_temperature
 from ..classifier import Classifier, EngineSettings
 from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
-from ..core.metrics import Evaluation, gold_indices, read_labelled, write_plots
+from ..core.metrics import Evaluation, gold_indices
+from ..io.labelled import read_labelled
+from ..io.plots import write_plots
 from ..core import multilabel
 from ..core.labels import build_trie
 from ..core.multilabel import split_labels
 from ..models.precision import auto_line
 from ..models.prepare import load_model
 from ..core.results import softmax
-from ..core.task import Example, Task, build_task
-from ..core.settings_sources import write_task_settings
+from ..core.task import Example, Task
+from .sources import build_task
+from ..io.task_files import write_task_settings
 from ..timing import Side, Stopwatch, interleave
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..classifier import Classifier, EngineSettings
-from ..core.metrics import Evaluation, read_labelled
+from ..core.metrics import Evaluation
+from ..io.labelled import read_labelled
 from ..errors import FieldError, InputError
 from ..models.prepare import load_model
 from ..models.precision import auto_line

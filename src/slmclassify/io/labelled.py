@@ -1,0 +1,66 @@
+"""Labelled items for `evaluate` and `fit`: texts and their gold labels, from a BIG-bench task JSON
+or a CSV/JSONL/Parquet table. Plain data: `core.metrics` scores predictions against it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+from .readers import item_texts, read_table
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """Labelled items read for `evaluate`."""
+
+    texts: list[str]
+    gold: list[tuple[str, ...]]
+    """The correct label(s) of each item: several when a BIG-bench item's top scores tie."""
+    labels: tuple[str, ...] | None = None
+    """The label set the file declares (BIG-bench `target_scores` keys, in file order), if any."""
+    instruction: str | None = None
+    """The file's own question (BIG-bench `task_prefix`), if any."""
+
+    def head(self, limit: int | None) -> Labelled:
+        """The first `limit` items (all when None)."""
+        if limit is None:
+            return self
+        return Labelled(self.texts[:limit], self.gold[:limit], self.labels, self.instruction)
+
+
+def read_labelled(path: str, text_column: str, label_column: str, task=None) -> Labelled:
+    """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table (a `task`
+    whose template names fields: each row's item composed from those columns, `Task.compose`;
+    `task` is used for its `fields`, `multi_field` and `compose` only)."""
+    if path.endswith(".json"):
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(f"input file not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        examples = data.get("examples") if isinstance(data, dict) else None
+        if not isinstance(examples, list):
+            raise InputError(f"{path}: expected a BIG-bench task with an 'examples' list")
+        texts, gold = [], []
+        for i, ex in enumerate(examples, start=1):
+            scores = ex.get("target_scores") if isinstance(ex, dict) else None
+            if not isinstance(scores, dict) or not scores or "input" not in ex:
+                raise InputError(f"{path}: example {i} needs 'input' and 'target_scores'")
+            top = max(scores.values())
+            texts.append(str(ex["input"]))
+            gold.append(tuple(str(k) for k, v in scores.items() if v == top))
+        prefix = data.get("task_prefix")
+        instruction = prefix.strip() if isinstance(prefix, str) and prefix.strip() else None
+        labels = tuple(str(k) for k in examples[0]["target_scores"]) if examples else None
+        return Labelled(texts, gold, labels, instruction)
+    fields = task.fields if task is not None and task.multi_field else ()
+    frame = read_table(path, text_column, fields=fields)
+    if label_column not in frame.columns:
+        raise InputError("{path}: no label column {column!r} (use {field}); columns are: {columns}",
+                         names={"field": "label_column"}, path=path, column=label_column,
+                         columns=", ".join(map(str, frame.columns)))
+    gold = [("" if v is None or v != v else str(v),) for v in frame[label_column]]  # an empty cell: no label
+    return Labelled(item_texts(frame, text_column, fields, task.compose if fields else None), gold)
