@@ -67,11 +67,7 @@ class Library:
 
     def digest(self) -> str:
         """SHA-256 (hex) of `sources()`, names and bytes: changes with any byte of any of them."""
-        h = hashlib.sha256()
-        for name, data in sorted(self.sources().items()):
-            h.update(f"{name}\0{len(data)}\0".encode())
-            h.update(data)
-        return h.hexdigest()
+        return _digest(self.sources())
 
     def load(self, cache_dir: Path | None = None, flags: tuple[str, ...] | None = None):
         """The library (ctypes, signatures declared by `bind`), or None where it cannot be built.
@@ -111,7 +107,7 @@ class Library:
         # instructions this one lacks, so the CPU is part of the name
         setup = hashlib.sha256((" ".join(flags) + cc + cpu_identity()).encode()).hexdigest()[:16]
         folder = Path(cache_dir) / "kernels"
-        target = folder / f"{self.stem}-{setup}-{self.digest()[:16]}.so"
+        target = folder / f"{self.stem}-{setup}-{_digest(sources)[:16]}.so"
         for attempt in (0, 1):
             if attempt or not _intact(target):
                 why = _compile(cc, flags, sources, self.source, self.stem, folder, target)
@@ -137,6 +133,14 @@ def compiler() -> str | None:
     if named is not None:
         return shutil.which(named) if named else None
     return shutil.which("cc") or shutil.which("gcc")
+
+
+def _digest(sources: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name, data in sorted(sources.items()):
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
 
 
 KEEP_UNUSED_S = 24 * 3600.0
