@@ -17,7 +17,8 @@ reuse the transposed keys. Results equal the torch path within float32 rounding 
 
 The C source, `csrc/fp32_attention.c`, is compiled at first use like int8's passes (`native.py`:
 same compiler, cache folder, CPU-named library, and `SLMCLASSIFY_CC=` disables it); where it
-cannot be built, `load()` is None and the engine keeps the torch kernels. Heads wider than `MAX_HEAD_DIM` are refused (the torch path runs them).
+cannot be built, `load()` is None and the engine keeps the torch kernels. Heads wider than
+`MAX_HEAD_DIM` are refused (the torch path runs them).
 """
 
 from __future__ import annotations

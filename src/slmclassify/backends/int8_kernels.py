@@ -117,7 +117,7 @@ def has_maddubs(lib) -> bool:
 
 
 class MaddubsWeight:
-    """An int8 weight [out, in] (|w| <= 63) packed for `maddubs_rows` (see the C source), with its
+    """An int8 weight [out, in] (|w| <= 63) packed for `maddubs_rows` (see `csrc/int8.c`), with its
     per-output-column float32 vectors in the packed column order (`columns`).
 
     `paired` (an even `out`): gate_up's [gate | up] halves side by side, so that the product can end in
