@@ -5,6 +5,8 @@ and the CUDA kernels (skipped without a GPU)."""
 from __future__ import annotations
 
 import json
+import shutil
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import torch
 
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.errors import TaskError
-from slmclassify.backends import attention, gemm
+from slmclassify.backends import attention, gemm, native
 from slmclassify.backends.device import cpu_native
 from slmclassify.backends.choice import CACHE_FILE, int8_choice, kernel_for, machine_key, model_key
 from slmclassify.models.prepare import load_model
@@ -408,8 +410,14 @@ def test_machine_key_names_the_isa_cap(monkeypatch):
     assert machine_key(torch.device("cpu")) == full
 
 
-def test_machine_key_changes_with_the_int8_kernels(monkeypatch):
-    """A changed C kernel is timed again at the next load instead of being judged by its old rate."""
+def test_machine_key_changes_with_the_int8_kernels(monkeypatch, tmp_path):
+    """A changed C kernel (its .c file or a header it includes) is timed again at the next load instead
+    of being judged by its old rate."""
     before = machine_key(torch.device("cpu"))
-    monkeypatch.setattr(gemm.int8_kernels, "SOURCE", gemm.int8_kernels.SOURCE + "\n/* changed */\n")
+    with resources.as_file(native.csrc()) as folder:
+        shutil.copytree(folder, tmp_path / "csrc")
+    monkeypatch.setattr(native, "csrc", lambda: tmp_path / "csrc")
+    assert machine_key(torch.device("cpu")) == before
+    with open(tmp_path / "csrc" / "vexp.h", "a") as fh:
+        fh.write("/* changed */\n")
     assert machine_key(torch.device("cpu")) != before

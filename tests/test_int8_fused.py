@@ -231,7 +231,7 @@ def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
     built = []
     for cpu in ("cpu A flags avx2", "cpu B flags avx2 avx512f"):
         monkeypatch.setattr(native, "cpu_identity", lambda cpu=cpu: cpu)
-        lib, why = native.build(tmp_path, int8_kernels.SOURCE, "int8", int8_kernels._bind, native.compile_flags())
+        lib, why = int8_kernels.LIBRARY.build(tmp_path, native.compile_flags())
         assert lib is not None, why
         built.append(sorted(p.name for p in (tmp_path / "kernels").glob("*.so")))
     assert len(built[0]) == 1 and len(built[1]) == 2
@@ -257,9 +257,8 @@ import sys
 from pathlib import Path
 from slmclassify.backends import fp32_kernels, int8_kernels, native
 cache = Path(sys.argv[1])
-for source, stem, bind in ((int8_kernels.SOURCE, "int8", int8_kernels._bind),
-                           (fp32_kernels.SOURCE, "fp32-attention", fp32_kernels._bind)):
-    lib, why = native.build(cache, source, stem, bind, native.compile_flags())
+for library in (int8_kernels.LIBRARY, fp32_kernels.LIBRARY):
+    lib, why = library.build(cache, native.compile_flags())
     assert lib is not None, why
 print("built", flush=True)
 """
@@ -268,7 +267,7 @@ LOAD_KERNEL = """
 import sys
 from pathlib import Path
 from slmclassify.backends import int8_kernels, native
-lib, why = native.build(Path(sys.argv[1]), int8_kernels.SOURCE, "int8", int8_kernels._bind, native.compile_flags())
+lib, why = int8_kernels.LIBRARY.build(Path(sys.argv[1]), native.compile_flags())
 assert lib is not None, why
 print("loaded", flush=True)
 """

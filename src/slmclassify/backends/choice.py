@@ -1,8 +1,8 @@
 """Choosing a backend by measurement, once per machine and model, cached in the user cache folder.
 
 For float32 on a CPU the exact kernels (MKL `mm`, oneDNN prepacked) are timed on the model's
-own GEMM shapes (≤ 2 s): which is faster depends on the CPU (oneDNN was 1.2x faster on an AMD
-EPYC, 5% slower on an Intel Xeon); oneDNN must beat `mm` by 10% to be chosen, because its
+own GEMM shapes (≤ 2 s): which is faster depends on the CPU (oneDNN wins on some, loses on
+others: docs/performance.md); oneDNN must beat `mm` by 10% to be chosen, because its
 packed layout is a second copy of the weights (`mm` computes with the ones the reference path
 shares). int8 times PyTorch's quantized engine (eager passes around the GEMM) against int8-fused
 (the passes compiled, `int8_kernels.py`, where a C compiler is) and, on CPUs without VNNI,
@@ -21,7 +21,6 @@ second reads what the first measured. The batch schedule is measured and cached 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -63,7 +62,7 @@ def machine_key(device: torch.device) -> str:
     kernels = ""
     if device.type == "cpu":
         chip += f" ({isa.describe_cap()})" if isa.describe_cap() else ""
-        kernels = f"|int8 kernels {hashlib.sha256(gemm.int8_kernels.SOURCE.encode()).hexdigest()[:8]}"
+        kernels = f"|int8 kernels {gemm.int8_kernels.source_digest()[:8]}"
     return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}{kernels}"
 
 

@@ -120,7 +120,7 @@ def check_int8(kernel: str) -> int:
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm without its weight (folded into the next projection, see the engine's `_fold_norm`).
 
-    One fused reduction (the vector norm) and one multiply: ~1.5x faster than F.rms_norm on CPU.
+    One fused reduction (the vector norm) and one multiply: faster than F.rms_norm on CPU.
     """
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # [N, 1]
     return x * norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
@@ -336,9 +336,7 @@ class Int8MaddubsLinear(Int8FusedLinear):
     registers where the CPU has them) in place of oneDNN's, for CPUs without VNNI, where both add u8 x s8
     products in 16-bit pairs (`vpmaddubsw`).
     Its epilogue is the dequantise pass (and gate_up's silu(gate) * up), so the int32 sums never
-    leave the registers. On SmolLM2-135M's four GEMMs at 1024 tokens (the Xeon under the AVX2 cap,
-    2 threads, quantise pass included) it makes 1.62x float32 `mm` where oneDNN's AVX2 int8 with the
-    fused passes made 1.32x; the multiply ports' bound is 2x `mm`, the kernel alone 1.6-1.8x."""
+    leave the registers: faster than oneDNN's AVX2 int8 with the fused passes (docs/performance.md)."""
 
     kernel = "int8-maddubs"
 
