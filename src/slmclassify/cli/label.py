@@ -11,8 +11,9 @@ import click
 
 from ..errors import TaskError
 from ..io.formats import check_writes
-from ..label.store import LabelStore
 from ..interrupts import Interrupted, terminate_as_interrupt
+from . import startup
+from .options import ModelOptions, task_options
 
 
 def default_store(input_path: str | Path) -> Path:
@@ -32,6 +33,7 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
     """Start the session; with --export/--fit write those and exit, else serve the page."""
     from ..label.server import new_token, run_page
     from ..label.session import LabelSession
+    from ..label.store import LabelStore
 
     if sample < 1:
         raise TaskError(f"--sample must be a positive number of rows, got {sample}")
@@ -89,3 +91,32 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
         raise Interrupted(f"interrupted; the answers given so far are kept in {store_path}",
                           143 if terminate_as_interrupt.received else 130) from None
     click.echo(f"stopped; the answers are kept in {store_path}", err=True)
+
+
+@click.command()
+@click.argument("input_path", metavar="INPUT")
+@click.option("--store", "store_path", help="SQLite file of the answers (default: INPUT's name + .labels.sqlite, "
+              "here); starting again with it continues where it stopped.")
+@click.option("--port", type=int, default=0, show_default=True, help="Port on 127.0.0.1 (0: a free one).")
+@click.option("--api-key", envvar="SLMCLASSIFY_API_KEY",
+              help="The page's token (also from $SLMCLASSIFY_API_KEY; default: a random one, in the printed URL).")
+@click.option("--export", "export_path", help="Write the labelled input rows with a gold column to this file "
+              "and exit (no page).")
+@click.option("--fit", "fit_path", help="Fit a head (.npz, for `classify --head`) on the answers and exit (no page).")
+@click.option("--sample", type=int, default=20000, show_default=True, help="Work on a seeded sample of this many rows.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--id-column", help="A column of row ids, shown on the page next to each item.")
+@click.option("--review-first", is_flag=True, help="INPUT is a `classify` output: offer its needs_review rows first.")
+@click.option("--target-accuracy", type=float, default=0.9, show_default=True,
+              help="Accuracy the automatic share must reach (its threshold from the cross-validated predictions).")
+@task_options
+def label(input_path, store_path, port, api_key, export_path, fit_path, sample, seed, text_column, id_column,
+          review_first, target_accuracy, opts: ModelOptions):
+    """Label INPUT by hand on a local web page, one item at a time, picked by active learning; a head
+    is refitted as you go (needs the 'serve' and 'head' extras)."""
+    startup.need_serve_extra()
+    run_label(input_path, opts.task(), opts.settings(), model=opts.model,
+              store_path=store_path, port=port, api_key=api_key, export_path=export_path, fit_path=fit_path,
+              sample=sample, seed=seed, text_column=text_column, review_first=review_first,
+              target_accuracy=target_accuracy, task_file=opts.task_file, id_column=id_column)
