@@ -1,7 +1,8 @@
 """`slmclassify evaluate` and `slmclassify fit`: the commands that read a labelled file.
 
-evaluate's own options arrive as one frozen `EvaluateOptions` (old flag names merged, values
-checked), next to the head (`HeadOptions`) and the task and model (`ModelOptions`)."""
+Each command's own options arrive as one frozen bundle (`EvaluateOptions`, `FitOptions`: old flag
+names merged, values checked), next to the head (`HeadOptions`, evaluate) and the task and model
+(`ModelOptions`)."""
 
 from __future__ import annotations
 
@@ -129,38 +130,72 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
     summaries.print_evaluate(summary)
 
 
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+    """What fit reads and writes, and how it fits (the old --label-column merged into --gold-column)."""
+
+    input_path: str
+    output_path: str
+    text_column: str = "text"
+    label_column: str = "label"
+    folds: int = 5
+    layers: str | None = None
+    """Comma-separated layer numbers, as typed (None: the head's default taps)."""
+    use_scores: bool = False
+    curve: str = "4,8,16,32,64"
+    """Learning-curve sizes (items per label), as typed."""
+    plot_path: str | None = None
+    json_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.folds < 2:
+            raise TaskError(f"--folds must be at least 2, got {self.folds}")
+
+    @classmethod
+    def from_flags(cls, *, gold_column, old_gold_column, **flags) -> FitOptions:
+        return cls(label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
+                   **flags)
+
+    def taps(self) -> tuple[int, ...] | None:
+        return tuple(int_list(self.layers, "--layers")) if self.layers else None
+
+    def curve_sizes(self) -> tuple[int, ...]:
+        return tuple(int_list(self.curve, "--curve"))
+
+
+fit_options = bundle("run", FitOptions.from_flags, [
+    click.argument("input_path", metavar="LABELLED_FILE"),
+    click.option("-o", "--output", "output_path", required=True, help="The head file to write (.npz)."),
+    click.option("--text-column", default="text", show_default=True),
+    click.option("--gold-column", help="Column of gold labels (tables; default: label)."),
+    hidden_alias("--label-column", "old_gold_column"),
+    click.option("--folds", type=int, default=5, show_default=True, help="Cross-validation folds."),
+    click.option("--layers", help="Comma-separated layer numbers to read (default: half, three quarters and all of "
+                 "the depth)."),
+    click.option("--scores", "use_scores", is_flag=True,
+                 help="Append the calibrated label log-probabilities to the features (no gain on the intent data)."),
+    click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label."),
+    click.option("--plot", "plot_path", help="Learning-curve PNG (default: next to the head file)."),
+    click.option("--json", "json_path", help="Write the figures as JSON."),
+])
+
+
 @click.command()
-@click.argument("input_path", metavar="LABELLED_FILE")
-@click.option("-o", "--output", "output_path", required=True, help="The head file to write (.npz).")
-@click.option("--text-column", default="text", show_default=True)
-@click.option("--gold-column", help="Column of gold labels (tables; default: label).")
-@hidden_alias("--label-column", "old_gold_column")
-@click.option("--folds", type=int, default=5, show_default=True, help="Cross-validation folds.")
-@click.option("--layers", help="Comma-separated layer numbers to read (default: half, three quarters and all of the depth).")
-@click.option("--scores", "use_scores", is_flag=True,
-              help="Append the calibrated label log-probabilities to the features (no gain on the intent data).")
-@click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label.")
-@click.option("--plot", "plot_path", help="Learning-curve PNG (default: next to the head file).")
-@click.option("--json", "json_path", help="Write the figures as JSON.")
+@fit_options
 @task_options
-def fit(input_path, output_path, text_column, gold_column, old_gold_column, folds, layers, use_scores, curve, plot_path,
-        json_path, opts: ModelOptions):
+def fit(run: FitOptions, opts: ModelOptions):
     """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
     regression on the model's hidden states, read on the fast path. Prints cross-validated accuracy,
     macro-F1 and ECE next to zero-shot scoring, and the learning curve."""
     from ..jobs.evaluate import task_for_file
     from ..jobs.fit import fit_file
 
-    label_column = merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label"
-
-    if folds < 2:
-        raise TaskError(f"--folds must be at least 2, got {folds}")
-    check_writes({"the labelled file": input_path, "--task": opts.task_file, "--model": opts.model},
-                 {"-o": output_path, "--json": json_path, "--plot": plot_path})
-    task = task_for_file(input_path, text_column, label_column, task_file=opts.task_file, labels=opts.label_names(),
-                         **opts.overrides())
-    summary = fit_file(input_path, output_path, task, opts.settings(), model=opts.model, text_column=text_column,
-                       label_column=label_column, folds=folds,
-                       taps=tuple(int_list(layers, "--layers")) if layers else None, use_scores=use_scores,
-                       curve_sizes=tuple(int_list(curve, "--curve")), plot_path=plot_path, json_path=json_path)
+    check_writes({"the labelled file": run.input_path, "--task": opts.task_file, "--model": opts.model},
+                 {"-o": run.output_path, "--json": run.json_path, "--plot": run.plot_path})
+    task = task_for_file(run.input_path, run.text_column, run.label_column, task_file=opts.task_file,
+                         labels=opts.label_names(), **opts.overrides())
+    summary = fit_file(run.input_path, run.output_path, task, opts.settings(), model=opts.model,
+                       text_column=run.text_column, label_column=run.label_column, folds=run.folds, taps=run.taps(),
+                       use_scores=run.use_scores, curve_sizes=run.curve_sizes(), plot_path=run.plot_path,
+                       json_path=run.json_path)
     summaries.print_fit(summary)
