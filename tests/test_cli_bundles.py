@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from slmclassify.cli.bench import BenchOptions, bench_options
+from slmclassify.cli.label import LabelOptions, label_options
 from slmclassify.cli.classify import ClassifyOptions, RayOptions, classify_options, ray_options
-from slmclassify.cli.evaluate import EvaluateOptions, evaluate_options
+from slmclassify.cli.evaluate import EvaluateOptions, FitOptions, evaluate_options, fit_options
 from slmclassify.cli.options import HeadOptions, ModelOptions, bundle, head_options, task_options
 from slmclassify.cli.serve import ServeOptions, serve_options
 from slmclassify.errors import TaskError
@@ -115,6 +116,34 @@ def test_evaluate_refusals_read_as_before(run_main, tmp_path, args, message):
     (tmp_path / "in.csv").write_text("text,label\nhello,a\n")
     code, out, err = run_main("evaluate", tmp_path / "in.csv", "--labels", "a,b", *args)
     assert (code, out, err) == (2, "", f"slmclassify: error: {message}\n")
+
+
+def test_fit_flags_make_the_taps_and_curve():
+    run = _read([fit_options], ["in.csv", "-o", "h.npz", "--label-column", "gold", "--layers", "2,4", "--curve", "4,8",
+                                "--scores"])["run"]
+    assert run == FitOptions("in.csv", "h.npz", label_column="gold", layers="2,4", curve="4,8", use_scores=True)
+    assert (run.taps(), run.curve_sizes()) == ((2, 4), (4, 8))
+    assert _read([fit_options], ["in.csv", "-o", "h.npz"])["run"].taps() is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--folds", "1"], "--folds must be at least 2, got 1"),
+    (["--gold-column", "g", "--label-column", "g"], "--label-column is the old name of --gold-column; give one of them"),
+    (["--layers", "0"], "--layers must list positive integers, got '0'"),
+])
+def test_fit_refusals_read_as_before(run_main, monkeypatch, tmp_path, args, message):
+    import slmclassify.jobs.fit
+
+    monkeypatch.setattr(slmclassify.jobs.fit, "fit_file", lambda *a, **k: pytest.fail("must refuse before fitting"))
+    (tmp_path / "in.csv").write_text("text,label\nhello,a\nbye,b\n")
+    code, out, err = run_main("fit", tmp_path / "in.csv", "-o", tmp_path / "h.npz", "--labels", "a,b", *args)
+    assert (code, out, err) == (2, "", f"slmclassify: error: {message}\n")
+
+
+def test_label_flags_make_its_options():
+    run = _read([label_options], ["in.csv", "--store", "s.sqlite", "--sample", "50", "--review-first",
+                                  "--target-accuracy", "0.8"])["run"]
+    assert run == LabelOptions("in.csv", store_path="s.sqlite", sample=50, review_first=True, target_accuracy=0.8)
 
 
 def test_bench_flags_hold_the_model_options():
