@@ -30,7 +30,8 @@ def _read(decorators, args: list[str]) -> dict:
 
     for decorate in reversed(decorators):
         command = decorate(command)
-    result = CliRunner().invoke(click.command()(command), args, catch_exceptions=False)
+    result = CliRunner().invoke(click.command()(command), args, catch_exceptions=False,
+                                env={"SLMCLASSIFY_API_KEY": None})
     assert result.exit_code == 0, result.output
     return seen
 

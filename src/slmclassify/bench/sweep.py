@@ -67,7 +67,8 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
               precision_sample: list[str] | None = None, rounds: int = ROUNDS) -> list[SweepPoint]:
     """Score `texts` `rounds` times per (budget, row cap), the settings interleaved, items cut at
     `max_text_tokens` (None: no cap); a first run of 8 items warms the model up.
-    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets)."""
+    `precision_sample`: the user's texts for `--precision auto`'s check (None: article tickets).
+    `log` gets the precision and engine lines; the figures are returned, for the caller's table."""
     clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens),
                      precision_sample=precision_sample)
     if line := auto_line(clf.loaded):
