@@ -1,8 +1,9 @@
 """`slmclassify bench`, `sweep` and `loadtest`: the measuring commands (the figures come from
 `slmclassify.bench`; the tables and the JSON line are printed here).
 
-bench's options arrive as one frozen `BenchOptions`, the task and model options inside it as a
-`ModelOptions` (bench has its own help for them: its defaults are the article's)."""
+Each command's options arrive as one frozen bundle (`BenchOptions`, `SweepOptions`,
+`LoadtestOptions`); bench's holds its task and model options as a `ModelOptions` (bench has its own
+help for them: its defaults are the article's), sweep takes the shared `task_options`."""
 
 from __future__ import annotations
 
@@ -116,20 +117,51 @@ def bench(run: BenchOptions):
     click.echo(line)
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """What sweep measures on and varies, and where it writes (the lists as typed)."""
+
+    input_path: str | None
+    """The user's file (None: the article's tickets)."""
+    text_column: str
+    n_items: int
+    budgets: str
+    row_caps: str
+    plot_path: str
+    save: bool
+    save_to_task: bool
+    windows: str
+    """classify's --window sizes to compare ('' : none)."""
+
+    def budget_list(self) -> list[int]:
+        return int_list(self.budgets, "--budgets")
+
+    def rows_list(self) -> list[int]:
+        return int_list(self.row_caps, "--row-caps")
+
+    def window_list(self) -> list[int]:
+        """The window sizes ([] when --windows is empty)."""
+        return int_list(self.windows, "--windows") if self.windows.strip() else []
+
+
+sweep_options = bundle("run", SweepOptions, [
+    click.argument("input_path", metavar="[INPUT]", required=False),
+    click.option("--text-column", default="text", show_default=True),
+    click.option("--n", "n_items", type=int, default=200, show_default=True, help="Items to run per setting."),
+    click.option("--budgets", default="512,1024,2048,4096,8192", show_default=True, help="Token budgets to try."),
+    click.option("--row-caps", default="32,128", show_default=True, help="Row caps to try."),
+    click.option("--plot", "plot_path", default="sweep.png", show_default=True, help="PNG of throughput and padding."),
+    click.option("--save", is_flag=True, help="Save the best setting as your default (user config file)."),
+    click.option("--save-to-task", is_flag=True, help="Write the best setting into the --task file instead."),
+    click.option("--windows", default="128,1024", show_default=True,
+                 help="classify's --window sizes to compare (rows sorted and batched together); '' to skip."),
+])
+
+
 @click.command()
-@click.argument("input_path", metavar="[INPUT]", required=False)
-@click.option("--text-column", default="text", show_default=True)
-@click.option("--n", "n_items", type=int, default=200, show_default=True, help="Items to run per setting.")
-@click.option("--budgets", default="512,1024,2048,4096,8192", show_default=True, help="Token budgets to try.")
-@click.option("--row-caps", default="32,128", show_default=True, help="Row caps to try.")
-@click.option("--plot", "plot_path", default="sweep.png", show_default=True, help="PNG of throughput and padding.")
-@click.option("--save", is_flag=True, help="Save the best setting as your default (user config file).")
-@click.option("--save-to-task", is_flag=True, help="Write the best setting into the --task file instead.")
-@click.option("--windows", default="128,1024", show_default=True,
-              help="classify's --window sizes to compare (rows sorted and batched together); '' to skip.")
+@sweep_options
 @task_options
-def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, save_to_task, windows,
-          opts: ModelOptions):
+def sweep(run: SweepOptions, opts: ModelOptions):
     """Measure throughput and padding over token budgets and row caps on INPUT (default: the article's tickets).
 
     --max-tokens and --calibrate apply to every setting; the budget and row cap are what it varies
@@ -145,34 +177,34 @@ def sweep(input_path, text_column, n_items, budgets, row_caps, plot_path, save, 
         if value is not None:
             raise TaskError(f"sweep varies {option} itself: list the values to try with {instead} "
                             f"(e.g. {instead} {value})")
-    budget_list = int_list(budgets, "--budgets")
-    rows_list = int_list(row_caps, "--row-caps")
+    budget_list = run.budget_list()
+    rows_list = run.rows_list()
     task = (opts.task() if opts.has_task
             else bench_task(ModelOptions()).with_overrides(calibrate=opts.calibrate))
-    if save_to_task and not opts.task_file:
+    if run.save_to_task and not opts.task_file:
         raise TaskError("--save-to-task needs --task FILE")
     settings = opts.settings(scheduling=False)
-    texts = bench_texts(input_path, text_column, n_items)
+    texts = bench_texts(run.input_path, run.text_column, run.n_items)
+    sample = texts if run.input_path else None
     # --precision auto: decided here, for both sweeps, as `run_sweep` scores (default batching, the item cap)
-    loaded = load_model(opts.model, settings.device, settings.precision, task=task,
-                        sample=texts if input_path else None,
+    loaded = load_model(opts.model, settings.device, settings.precision, task=task, sample=sample,
                         settings=EngineSettings(max_text_tokens=settings.max_text_tokens))
     points = sweeping.run_sweep(loaded, task, texts, budget_list, rows_list,
                                 max_text_tokens=settings.max_text_tokens, log=lambda m: click.echo(m, err=True),
-                                precision_sample=texts if input_path else None)
+                                precision_sample=sample)
     top = sweeping.best(points)
     # The measurements first: a failing plot must not lose them.
     _print_points(points, top)
-    if windows.strip():
+    if windows := run.window_list():
         best_settings = dataclasses.replace(settings, token_budget=top.token_budget, max_rows=top.max_rows)
-        _print_windows(sweeping.run_window_sweep(loaded, task, texts, int_list(windows, "--windows"), best_settings))
-    if save:
+        _print_windows(sweeping.run_window_sweep(loaded, task, texts, windows, best_settings))
+    if run.save:
         click.echo(f"saved as default in {save_settings(token_budget=top.token_budget, max_rows=top.max_rows)}")
-    if save_to_task:
+    if run.save_to_task:
         write_task_settings(opts.task_file, token_budget=top.token_budget, max_rows=top.max_rows)
         click.echo(f"saved into {opts.task_file}")
-    sweeping.plot(points, plot_path)
-    click.echo(f"plot: {plot_path}")
+    sweeping.plot(points, run.plot_path)
+    click.echo(f"plot: {run.plot_path}")
 
 
 def _print_points(points, top) -> None:
@@ -191,43 +223,74 @@ def _print_windows(window_points) -> None:
         click.echo(f"{w.window:>8} {w.items_per_s:>8.2f} {100 * w.padding:>9.1f} {w.reused:>7} {w.peak_rss_mb:>12.0f}")
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadtestOptions:
+    """Which server loadtest sends to, how hard and for how long, and what it checks and writes."""
+
+    url: str
+    concurrency: int
+    duration: float
+    max_requests: int | None
+    input_path: str | None
+    """File of texts (None: the article's 600 tickets)."""
+    text_column: str
+    task_name: str | None
+    """Task name on the server (None: its only task)."""
+    check_task: str | None
+    """The task file the server uses: every response is checked against offline results."""
+    model: str | None
+    api_key: str | None
+    json_path: str | None
+
+    def texts(self) -> list[str]:
+        """All the file's texts, else the article's 600 tickets."""
+        if self.input_path:
+            return bench_texts(self.input_path, self.text_column, 1 << 30)
+        return bench_texts(None, None, 600)
+
+
+loadtest_options = bundle("run", LoadtestOptions, [
+    click.argument("url", default="http://127.0.0.1:8080"),
+    click.option("--concurrency", type=int, default=32, show_default=True, help="Concurrent clients."),
+    click.option("--duration", type=float, default=30.0, show_default=True, help="Seconds to run (at most 600)."),
+    click.option("--requests", "max_requests", type=int, help="Stop after this many requests."),
+    click.option("--input", "input_path", help="File of texts (default: the article's 600 tickets)."),
+    click.option("--text-column", default="text", show_default=True),
+    click.option("--task", "task_name", help="Task name on the server (default: its only task)."),
+    click.option("--check", "check_task", type=click.Path(dir_okay=False),
+                 help="Task file the server uses: check every response against offline classify results."),
+    click.option("--model", help="Model for --check (the one the server uses)."),
+    click.option("--api-key", envvar="SLMCLASSIFY_API_KEY"),
+    click.option("--json", "json_path", help="Also save the JSON line to this file."),
+])
+
+
 @click.command()
-@click.argument("url", default="http://127.0.0.1:8080")
-@click.option("--concurrency", type=int, default=32, show_default=True, help="Concurrent clients.")
-@click.option("--duration", type=float, default=30.0, show_default=True, help="Seconds to run (at most 600).")
-@click.option("--requests", "max_requests", type=int, help="Stop after this many requests.")
-@click.option("--input", "input_path", help="File of texts (default: the article's 600 tickets).")
-@click.option("--text-column", default="text", show_default=True)
-@click.option("--task", "task_name", help="Task name on the server (default: its only task).")
-@click.option("--check", "check_task", type=click.Path(dir_okay=False),
-              help="Task file the server uses: check every response against offline classify results.")
-@click.option("--model", help="Model for --check (the one the server uses).")
-@click.option("--api-key", envvar="SLMCLASSIFY_API_KEY")
-@click.option("--json", "json_path", help="Also save the JSON line to this file.")
-def loadtest(url, concurrency, duration, max_requests, input_path, text_column, task_name, check_task, model,
-             api_key, json_path):
+@loadtest_options
+def loadtest(run: LoadtestOptions):
     """Send single texts from N concurrent clients to a local `slmclassify serve` (loopback only)
     and print throughput, p50/p95/p99 latency and errors."""
     from ..bench.service_load import offline_expected, report_lines, run_load, server_info
 
     startup.need_serve_extra()
-    info = server_info(url, api_key)
+    info = server_info(run.url, run.api_key)
     names = [t["name"] for t in info["tasks"]]
+    task_name = run.task_name
     if task_name is None:
         if len(names) != 1:
             raise TaskError(f"the server has tasks {names}; pick one with --task")
         task_name = names[0]
     elif task_name not in names:
         raise TaskError(f"the server has no task {task_name!r}; tasks are {names}")
-    texts = bench_texts(input_path, text_column, 1 << 30) if input_path else bench_texts(None, None, 600)
+    texts = run.texts()
     expected = None
-    if check_task:
-        expected, offline_rate = offline_expected(texts, Task.from_toml(check_task), model,
+    if run.check_task:
+        expected, offline_rate = offline_expected(texts, Task.from_toml(run.check_task), run.model,
                                                   info["limits"].get("max_text_tokens"))
         click.echo(f"offline classify: {len(texts)} texts at {offline_rate:.2f} items/s", err=True)
-    report = run_load(url, task_name, texts, concurrency=concurrency, duration=duration, max_requests=max_requests,
-                      api_key=api_key, expected=expected, tolerance=1e-4)
+    report = run_load(run.url, task_name, texts, concurrency=run.concurrency, duration=run.duration,
+                      max_requests=run.max_requests, api_key=run.api_key, expected=expected, tolerance=1e-4)
     lines = report_lines([report])
     click.echo("\n".join(lines))
-    if json_path:
-        Path(json_path).write_text(lines[-1] + "\n")
+    if run.json_path:
+        Path(run.json_path).write_text(lines[-1] + "\n")

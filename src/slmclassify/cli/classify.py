@@ -2,7 +2,7 @@
 
 classify's options arrive as four frozen bundles: what to read and write (`ClassifyOptions`, which
 builds the job's `ClassifyRequest`), where to run (`RayOptions`), the head (`HeadOptions`) and the
-task and model (`ModelOptions`)."""
+task and model (`ModelOptions`); verify's as `VerifyOptions` and `ModelOptions`."""
 
 from __future__ import annotations
 
@@ -162,24 +162,47 @@ def _classify_on_ray(run: ClassifyOptions, ray: RayOptions, task, settings, mode
     summaries.print_ray(summary)
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+    """What verify reads and how closely the paths must agree (the old --n merged into --probes)."""
+
+    input_path: str
+    text_column: str = "text"
+    fmt: str | None = None
+    errors: str = "strict"
+    probes: int = 16
+    tolerance: float = 1e-3
+    """Largest allowed |Δ log-prob| between the fast and the per-item path."""
+
+    @classmethod
+    def from_flags(cls, *, probes, old_probes, **flags) -> VerifyOptions:
+        probes = merged(probes, old_probes, "--probes", "--n")
+        return cls(probes=16 if probes is None else probes, **flags)
+
+
+verify_options = bundle("run", VerifyOptions.from_flags, [
+    click.argument("input_path", metavar="INPUT"),
+    click.option("--text-column", default="text", show_default=True),
+    click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), help="Format for - (stdin)."),
+    click.option("--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True),
+    click.option("--probes", type=int, help="Probe items, spread over the length range (e.g. --precision int8 "
+                 "--probes 200)  [default: 16]"),
+    hidden_alias("--n", "old_probes", type=int),
+    click.option("--tolerance", type=float, default=1e-3, show_default=True, help="Max allowed |Δ log-prob|."),
+])
+
+
 @click.command()
-@click.argument("input_path", metavar="INPUT")
-@click.option("--text-column", default="text", show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), help="Format for - (stdin).")
-@click.option("--errors", type=click.Choice(["strict", "replace"]), default="strict", show_default=True)
-@click.option("--probes", type=int, help="Probe items, spread over the length range (e.g. --precision int8 "
-              "--probes 200)  [default: 16]")
-@hidden_alias("--n", "old_probes", type=int)
-@click.option("--tolerance", type=float, default=1e-3, show_default=True, help="Max allowed |Δ log-prob|.")
+@verify_options
 @task_options
-def verify(input_path, text_column, fmt, errors, probes, old_probes, tolerance, opts: ModelOptions):
+def verify(run: VerifyOptions, opts: ModelOptions):
     """Run probe items of INPUT through the fast and the per-item path and compare them."""
     from ..jobs.verify import verify_table
 
-    probes = merged(probes, old_probes, "--probes", "--n")
-    summary = verify_table(input_path, opts.task(), opts.settings(), model=opts.model, text_column=text_column,
-                           fmt=fmt, errors=errors, probes=16 if probes is None else probes, tolerance=tolerance)
+    summary = verify_table(run.input_path, opts.task(), opts.settings(), model=opts.model, text_column=run.text_column,
+                           fmt=run.fmt, errors=run.errors, probes=run.probes, tolerance=run.tolerance)
     summaries.print_verify(summary)
     report = summary.report
     if not report.ok:
-        raise VerificationError(f"verification failed: {report.summary()}; disagreeing rows {list(report.disagreements)}")
+        raise VerificationError(f"verification failed: {report.summary()}; "
+                                f"disagreeing rows {list(report.disagreements)}")
