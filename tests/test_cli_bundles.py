@@ -10,9 +10,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from slmclassify.cli.bench import BenchOptions, bench_options
+from slmclassify.cli.bench import (BenchOptions, LoadtestOptions, SweepOptions, bench_options, loadtest_options,
+                                   sweep_options)
 from slmclassify.cli.label import LabelOptions, label_options
-from slmclassify.cli.classify import ClassifyOptions, RayOptions, classify_options, ray_options
+from slmclassify.cli.classify import (ClassifyOptions, RayOptions, VerifyOptions, classify_options, ray_options,
+                                      verify_options)
 from slmclassify.cli.evaluate import EvaluateOptions, FitOptions, evaluate_options, fit_options
 from slmclassify.cli.options import HeadOptions, ModelOptions, bundle, head_options, task_options
 from slmclassify.cli.serve import ServeOptions, serve_options
@@ -98,6 +100,14 @@ def test_ray_refuses_what_it_cannot_do(run_main, tmp_path, flag):
     assert not (tmp_path / "out.csv").exists()
 
 
+def test_verify_flags_merge_the_old_probes_name():
+    assert _read([verify_options], ["in.csv", "--n", "5"])["run"] == VerifyOptions("in.csv", probes=5)
+    assert _read([verify_options], ["in.csv"])["run"] == VerifyOptions("in.csv", probes=16)
+    with pytest.raises(TaskError, match="^--n is the old name of --probes; give one of them$"):
+        VerifyOptions.from_flags(input_path="in.csv", text_column="text", fmt=None, errors="strict", probes=1,
+                                 old_probes=2, tolerance=1e-3)
+
+
 def test_evaluate_flags_merge_the_old_names():
     run = _read([evaluate_options], ["in.csv", "--label-column", "gold", "--limit", "7", "--plots", "p",
                                      "--target-accuracy", "0.9"])["run"]
@@ -159,6 +169,27 @@ def test_bench_refuses_no_items(run_main, monkeypatch):
 
     monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda *a, **k: pytest.fail("must refuse first"))
     assert run_main("bench", "--n", "0") == (2, "", "slmclassify: error: --n must be positive, got 0\n")
+
+
+def test_sweep_flags_make_its_lists():
+    run = _read([sweep_options], ["--budgets", "64,128", "--row-caps", "4", "--windows", ""])["run"]
+    assert isinstance(run, SweepOptions)
+    assert (run.budget_list(), run.rows_list(), run.window_list()) == ([64, 128], [4], [])
+    assert _read([sweep_options], ["data.csv"])["run"].window_list() == [128, 1024]
+
+
+def test_sweep_refuses_a_bad_list_before_loading(run_main, monkeypatch):
+    import slmclassify.models.loading
+
+    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda *a, **k: pytest.fail("must refuse first"))
+    assert run_main("sweep", "--budgets", "a") == (2, "", "slmclassify: error: --budgets must be comma-separated "
+                                                         "integers, got 'a'\n")
+
+
+def test_loadtest_flags_make_its_options():
+    run = _read([loadtest_options], ["--concurrency", "4", "--requests", "10", "--task", "t"])["run"]
+    assert run == LoadtestOptions("http://127.0.0.1:8080", 4, 30.0, 10, None, "text", "t", None, None, None, None)
+    assert len(run.texts()) == 600
 
 
 def test_serve_flags_make_the_settings(tmp_path):
