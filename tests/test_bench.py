@@ -326,7 +326,7 @@ def test_sweep_interleaves_the_settings(llama_loaded, monkeypatch):
     assert all(p.items_per_s > 0 and p.batches >= 1 and p.peak_rss_mb > 0 for p in points)
     assert points[0].batches > points[1].batches  # the smaller budget makes more batches
     seen.clear()
-    windows = run_window_sweep(llama_loaded, ARTICLE_TASK, texts, [4, 16, 4], log=lambda m: None, rounds=2)
+    windows = run_window_sweep(llama_loaded, ARTICLE_TASK, texts, [4, 16, 4], rounds=2)
     assert [w.window for w in windows] == [4, 16]
     runs = [s[2] for s in seen if s[2] != 1024]  # not calibration and warm-up; windows of 4: 3 calls, of 16: one
     assert runs == [4, 4, 4, 16, 16, 4, 4, 4]

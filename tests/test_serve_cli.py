@@ -114,7 +114,7 @@ def test_serve_names_engine_settings_as_classify_does(tmp_path, monkeypatch, arg
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no saved defaults
     (tmp_path / "t.toml").write_text(TASK_TOML)
-    monkeypatch.setattr(sys.modules["slmclassify.cli.main"], "_need_serve_extra", lambda: None)
+    monkeypatch.setattr(sys.modules["slmclassify.cli.startup"], "need_serve_extra", lambda: None)
     monkeypatch.setattr(server, "bind", lambda host, port: type("S", (), {"close": lambda self: None})())
     monkeypatch.setattr(server, "build_service", lambda tasks, model, engine, settings: seen.setdefault("e", engine))
     monkeypatch.setattr(server, "serve", lambda *a: None)

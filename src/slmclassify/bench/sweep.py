@@ -9,6 +9,7 @@ can be saved as the user's default.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .compare import peak_rss_mb, reset_peak_rss
@@ -22,6 +23,32 @@ from ..timing import Side, interleave
 
 ROUNDS = 2
 """Runs of every setting: two, so that each setting runs once early and once late in the sweep."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One variant's runs in `_interleaved`."""
+
+    seconds: float
+    """Of its median round."""
+    figures: tuple
+    """What its last run returned (its figures do not vary between runs, unlike its time)."""
+    peak_rss_mb: float
+    """The highest peak resident memory of its runs."""
+
+
+def _interleaved(variants: dict, run: Callable[[Classifier], tuple], rounds: int) -> dict:
+    """{key: `_Run`}: `run(variant)` for every variant, `rounds` times, interleaved round after round
+    (the order rotates each round), the peak RSS reset before each run and read inside its timing."""
+    def measured(variant: Classifier) -> tuple[tuple, float]:
+        return run(variant), peak_rss_mb()
+
+    names = {key: str(key) for key in variants}
+    timings = interleave([Side(names[key], lambda _, v=variant: measured(v), reset_peak_rss)
+                          for key, variant in variants.items()], rounds=rounds, warmup=0)
+    return {key: _Run(timings.median(name), timings.last(name)[0][0],
+                      max(value[0][1] for value in timings.values[name]))
+            for key, name in names.items()}
 
 
 @dataclass(frozen=True)
@@ -40,7 +67,8 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
               rounds: int = ROUNDS) -> list[SweepPoint]:
     """Score `texts` `rounds` times per (budget, row cap), the settings interleaved, items cut at
     `max_text_tokens` (None: no cap); a first run of 8 items warms the model up. `loaded`: a prepared
-    model (`load_model`; with `--precision auto`, decided on `task`)."""
+    model (`load_model`; with `--precision auto`, decided on `task`). `log` gets the precision and
+    engine lines; the figures are returned, for the caller's table."""
     clf = Classifier(task, model=loaded, settings=EngineSettings(max_text_tokens=max_text_tokens))
     if line := auto_line(clf.loaded):
         log(line)
@@ -53,22 +81,12 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
                                                                  max_text_tokens=max_text_tokens))
                 for rows in row_caps for budget in budgets}
 
-    def score(variant: Classifier) -> tuple[float, int, float]:
+    def score(variant: Classifier) -> tuple[float, int]:
         stats = variant.score(encoded).stats
-        return stats.padding_share, stats.batches, peak_rss_mb()
+        return stats.padding_share, stats.batches
 
-    timings = interleave([Side(f"{budget} {rows}", lambda _, v=variant: score(v), reset_peak_rss)
-                          for (budget, rows), variant in variants.items()], rounds=rounds, warmup=0)
-    points = []
-    for budget, rows in variants:
-        name = f"{budget} {rows}"
-        padding, batches, _ = timings.last(name)[0]
-        point = SweepPoint(budget, rows, len(texts) / timings.median(name), padding, batches,
-                           max(value[0][2] for value in timings.values[name]))
-        points.append(point)
-        log(f"  budget {budget:>6}, rows {rows:>4}: {point.items_per_s:7.2f} items/s, "
-            f"padding {100 * point.padding:5.1f}%, {point.batches} batches, peak RSS {point.peak_rss_mb:.0f} MB")
-    return points
+    return [SweepPoint(budget, rows, len(texts) / run.seconds, *run.figures, run.peak_rss_mb)
+            for (budget, rows), run in _interleaved(variants, score, rounds).items()]
 
 
 def best(points: list[SweepPoint]) -> SweepPoint:
@@ -116,7 +134,7 @@ class WindowPoint:
 
 
 def run_window_sweep(loaded: LoadedModel, task: Task, texts: list[str], windows, settings: EngineSettings | None = None,
-                     log=print, rounds: int = ROUNDS) -> list[WindowPoint]:
+                     rounds: int = ROUNDS) -> list[WindowPoint]:
     """Stream `texts` through `classify_iter` `rounds` times per window size, the sizes interleaved
     (rows sorted and batched per window): a small window holds less and pads more; duplicates are
     found within a window only."""
@@ -124,19 +142,10 @@ def run_window_sweep(loaded: LoadedModel, task: Task, texts: list[str], windows,
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up
     windows = list(dict.fromkeys(windows))  # each size once
 
-    def stream(variant: Classifier) -> tuple[float, int, float]:
+    def stream(variant: Classifier) -> tuple[float, int]:
         stats = RunStats.total(scored.stats for scored in variant.classify_windows(texts))
-        return stats.padding_share, stats.reused, peak_rss_mb()
+        return stats.padding_share, stats.reused
 
     variants = {window: clf.with_settings(dataclasses.replace(clf.settings, window=window)) for window in windows}
-    timings = interleave([Side(str(window), lambda _, v=variant: stream(v), reset_peak_rss)
-                          for window, variant in variants.items()], rounds=rounds, warmup=0)
-    points = []
-    for window in windows:
-        padding, reused, _ = timings.last(str(window))[0]
-        point = WindowPoint(window, len(texts) / timings.median(str(window)), padding, reused,
-                            max(value[0][2] for value in timings.values[str(window)]))
-        points.append(point)
-        log(f"  window {window:>6}: {point.items_per_s:7.2f} items/s, padding {100 * point.padding:5.1f}%, "
-            f"{point.reused} duplicates reused, peak RSS {point.peak_rss_mb:.0f} MB")
-    return points
+    return [WindowPoint(window, len(texts) / run.seconds, *run.figures, run.peak_rss_mb)
+            for window, run in _interleaved(variants, stream, rounds).items()]

@@ -5,14 +5,35 @@ The library (slmclassify.label) prints nothing; the lines a person reads are pri
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
 from ..errors import TaskError
 from ..io.formats import check_writes
-from ..label.store import LabelStore
 from ..interrupts import Interrupted, terminate_as_interrupt
+from . import startup
+from .options import ModelOptions, bundle, task_options
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelOptions:
+    """label's options, as typed (checked by `run_label`, after the task and settings)."""
+
+    input_path: str
+    store_path: str | None = None
+    """None: `default_store(input_path)`."""
+    port: int = 0
+    api_key: str | None = None
+    export_path: str | None = None
+    fit_path: str | None = None
+    sample: int = 20000
+    seed: int = 0
+    text_column: str = "text"
+    id_column: str | None = None
+    review_first: bool = False
+    target_accuracy: float | None = 0.9
 
 
 def default_store(input_path: str | Path) -> Path:
@@ -27,48 +48,48 @@ def page_outputs(store_path: Path) -> tuple[Path, Path]:
     return store_path.with_name(f"{base}.labelled.csv"), store_path.with_name(f"{base}.head.npz")
 
 
-def run_label(input_path, task, settings, *, model, store_path, port, api_key, export_path, fit_path, sample, seed,
-              text_column, review_first, target_accuracy, task_file=None, id_column=None) -> None:
+def run_label(run: LabelOptions, task, settings, *, model, task_file=None) -> None:
     """Start the session; with --export/--fit write those and exit, else serve the page."""
     from ..label.server import new_token, run_page
     from ..label.session import LabelSession
+    from ..label.store import LabelStore
 
-    if sample < 1:
-        raise TaskError(f"--sample must be a positive number of rows, got {sample}")
-    if target_accuracy is not None and not 0 < target_accuracy <= 1:
-        raise TaskError(f"--target-accuracy must be in (0, 1], got {target_accuracy}")
-    if api_key is not None and not api_key.strip():
+    if run.sample < 1:
+        raise TaskError(f"--sample must be a positive number of rows, got {run.sample}")
+    if run.target_accuracy is not None and not 0 < run.target_accuracy <= 1:
+        raise TaskError(f"--target-accuracy must be in (0, 1], got {run.target_accuracy}")
+    if run.api_key is not None and not run.api_key.strip():
         raise TaskError("--api-key is empty; give a token or leave it out for a random one")
-    store_path = Path(store_path) if store_path else default_store(input_path)
+    store_path = Path(run.store_path) if run.store_path else default_store(run.input_path)
     page_export, page_fit = page_outputs(store_path)
-    reads = {"the input": input_path, "--task": task_file, "--model": model}
+    reads = {"the input": run.input_path, "--task": task_file, "--model": model}
     check_writes(reads, {"--store": store_path})
-    check_writes({**reads, "the store": store_path}, {"--export": export_path, "--fit": fit_path,
+    check_writes({**reads, "the store": store_path}, {"--export": run.export_path, "--fit": run.fit_path,
                                                       "the page's export file": page_export,
                                                       "the page's head file": page_fit})
-    if export_path and fit_path:
-        check_writes({"--export": export_path}, {"--fit": fit_path})
+    if run.export_path and run.fit_path:
+        check_writes({"--export": run.export_path}, {"--fit": run.fit_path})
 
     def start(**more):
-        return LabelSession.start(input_path, task, model=model, settings=settings, store_path=store_path,
-                                  sample=sample, seed=seed, text_column=text_column, review_first=review_first,
-                                  id_column=id_column,
-                                  target_accuracy=target_accuracy, **more)
+        return LabelSession.start(run.input_path, task, model=model, settings=settings, store_path=store_path,
+                                  sample=run.sample, seed=run.seed, text_column=run.text_column,
+                                  review_first=run.review_first, id_column=run.id_column,
+                                  target_accuracy=run.target_accuracy, **more)
 
-    if export_path or fit_path:
+    if run.export_path or run.fit_path:
         if not store_path.exists():
-            raise TaskError(f"no label store at {store_path}: label first (`slmclassify label {input_path} --task ...`), "
-                            "or give the store with --store")
+            raise TaskError(f"no label store at {store_path}: label first (`slmclassify label {run.input_path} "
+                            "--task ...`), or give the store with --store")
         session = start(first_slice=1)  # the answered rows are scored first; no pool to pick from
         try:
-            if export_path:
-                rows = session.export(export_path)
-                click.echo(f"wrote {rows} labelled rows to {export_path}")
-            if fit_path:
+            if run.export_path:
+                rows = session.export(run.export_path)
+                click.echo(f"wrote {rows} labelled rows to {run.export_path}")
+            if run.fit_path:
                 session.wait_ready()  # the answered rows' hidden states are scored first
-                head = session.fit(fit_path)
-                click.echo(f"wrote {fit_path}: a head fitted on {head.info['items']} answers; "
-                           f"classify with it: slmclassify classify {input_path} -o OUT --head {fit_path}")
+                head = session.fit(run.fit_path)
+                click.echo(f"wrote {run.fit_path}: a head fitted on {head.info['items']} answers; "
+                           f"classify with it: slmclassify classify {run.input_path} -o OUT --head {run.fit_path}")
         finally:
             session.close()
         return
@@ -80,12 +101,45 @@ def run_label(input_path, task, settings, *, model, store_path, port, api_key, e
 
     # the URL is kept across restarts: the port and token of the store's last page, unless given
     saved = LabelStore.page_address(store_path)
-    token = api_key or (saved[1] if saved else new_token())
-    reuse = not port and saved is not None
+    token = run.api_key or (saved[1] if saved else new_token())
+    reuse = not run.port and saved is not None
     try:
-        run_page(start, port=saved[0] if reuse else port, token=token, export_path=page_export, fit_path=page_fit,
+        run_page(start, port=saved[0] if reuse else run.port, token=token, export_path=page_export, fit_path=page_fit,
                  on_ready=ready, fallback_port=reuse, on_progress=lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:  # before the page was up: the answers given earlier are in the store already
         raise Interrupted(f"interrupted; the answers given so far are kept in {store_path}",
                           143 if terminate_as_interrupt.received else 130) from None
     click.echo(f"stopped; the answers are kept in {store_path}", err=True)
+
+
+label_options = bundle("run", LabelOptions, [
+    click.argument("input_path", metavar="INPUT"),
+    click.option("--store", "store_path", help="SQLite file of the answers (default: INPUT's name + .labels.sqlite, "
+                 "here); starting again with it continues where it stopped."),
+    click.option("--port", type=int, default=0, show_default=True, help="Port on 127.0.0.1 (0: a free one)."),
+    click.option("--api-key", envvar="SLMCLASSIFY_API_KEY",
+                 help="The page's token (also from $SLMCLASSIFY_API_KEY; default: a random one, in the printed URL)."),
+    click.option("--export", "export_path", help="Write the labelled input rows with a gold column to this file "
+                 "and exit (no page)."),
+    click.option("--fit", "fit_path",
+                 help="Fit a head (.npz, for `classify --head`) on the answers and exit (no page)."),
+    click.option("--sample", type=int, default=20000, show_default=True,
+                 help="Work on a seeded sample of this many rows."),
+    click.option("--seed", type=int, default=0, show_default=True),
+    click.option("--text-column", default="text", show_default=True),
+    click.option("--id-column", help="A column of row ids, shown on the page next to each item."),
+    click.option("--review-first", is_flag=True,
+                 help="INPUT is a `classify` output: offer its needs_review rows first."),
+    click.option("--target-accuracy", type=float, default=0.9, show_default=True,
+                 help="Accuracy the automatic share must reach (its threshold from the cross-validated predictions)."),
+])
+
+
+@click.command()
+@label_options
+@task_options
+def label(run: LabelOptions, opts: ModelOptions):
+    """Label INPUT by hand on a local web page, one item at a time, picked by active learning; a head
+    is refitted as you go (needs the 'serve' and 'head' extras)."""
+    startup.need_serve_extra()
+    run_label(run, opts.task(), opts.settings(), model=opts.model, task_file=opts.task_file)

@@ -1,6 +1,8 @@
-"""Option groups shared by the commands, the one place that builds a Task and EngineSettings from
-them, and the names of the flags that set each library field (library errors name fields; the CLI
-names flags). The same setting has the same flag in every command; old names stay as hidden aliases."""
+"""Option groups shared by the commands, `bundle` (a command gets a group's values as one frozen
+options object, not one parameter per flag), the one place that builds a Task and EngineSettings
+from them, and the names of the flags that set each library field (library errors name fields; the
+CLI names flags). The same setting has the same flag in every command; old names stay as hidden
+aliases."""
 
 from __future__ import annotations
 
@@ -88,17 +90,31 @@ class ModelOptions:
         return settings if window is None else dataclasses.replace(settings, window=window)
 
 
-TASK_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ModelOptions))
+def bundle(param: str, make, options: list):
+    """A decorator adding `options` to a command, which gets their values as one argument,
+    `param=make(**values)` (a frozen options object), instead of one parameter per option. `make`
+    may raise: it runs when the command is invoked, before its body."""
+    names = _names(options)
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def command(**kwargs):
+            kwargs[param] = make(**{name: kwargs.pop(name) for name in names})
+            return fn(**kwargs)
+
+        return _apply(command, options)
+
+    return decorate
 
 
-def _bundled(fn, names=TASK_OPTION_NAMES):
-    """`fn` called with `opts=ModelOptions(...)` in place of the options in `names`."""
-    @functools.wraps(fn)
-    def command(**kwargs):
-        opts = ModelOptions(**{name: kwargs.pop(name) for name in names if name in kwargs})
-        return fn(opts=opts, **kwargs)
+def _names(options: list) -> tuple[str, ...]:
+    """The parameter names `options` pass to a command (each click decorator makes a new parameter
+    when applied, so applying them to a throw-away function changes nothing)."""
+    def probe():
+        pass
 
-    return command
+    _apply(probe, options)
+    return tuple(param.name for param in reversed(probe.__click_params__))
 
 
 def _apply(fn, options):
@@ -110,7 +126,7 @@ def _apply(fn, options):
 def task_options(fn):
     """Options that define the task and run the model, shared by every command that scores; the
     command gets them as one `opts: ModelOptions`."""
-    return _apply(_bundled(fn), [
+    return bundle("opts", ModelOptions, [
         click.option("--task", "task_file", type=click.Path(dir_okay=False), help="TOML task file."),
         click.option("--labels", help="Comma-separated labels, e.g. billing,technical,account; CSV quoting "
                                       "for a comma inside a name: '\"x,y\",z'."),
@@ -129,7 +145,7 @@ def task_options(fn):
         max_rows_option(),
         max_tokens_option(),
         *device_options(),
-    ])
+    ])(fn)
 
 
 def model_option():
@@ -204,38 +220,33 @@ def int_list(spec: str, option: str) -> list[int]:
     return values
 
 
-def ray_options(fn):
-    """`classify --ray`: the run on a Ray cluster (the `slmclassify[ray]` extra)."""
-    return _apply(fn, [
-        click.option("--ray", "use_ray", is_flag=True, help="Run on Ray actors (without --ray-address: the Ray of "
-                     "RAY_ADDRESS or `ray start` on this machine, else a new local one); INPUT may be a folder, "
-                     "OUTPUT a folder of Parquet parts."),
-        click.option("--ray-address", help="Ray to join: auto, HOST:PORT, ray://HOST:10001, or local for a new "
-                     "local Ray (implies --ray)."),
-        click.option("--actors", type=int, help="Classifier actors under --ray (default 2)."),
-        click.option("--cpus-per-actor", type=float, default=1, show_default=True, help="CPUs (torch threads) per actor."),
-        click.option("--block-rows", type=int, help="Most rows per Ray block, sorted and batched together (default "
-                     "256; one small file is cut into blocks of equal work, at least 4 per actor)."),
-    ])
+@dataclasses.dataclass(frozen=True)
+class HeadOptions:
+    """--head and --scorer, as typed (None: not given)."""
+
+    head_path: str | None = None
+    scorer: str | None = None
 
 
-def head_options(fn):
-    """--head and --scorer, for the commands that can apply a learned head (`slmclassify fit`)."""
-    fn = click.option("--scorer", type=click.Choice(["zero-shot", "head", "combined"]),
-                      help="zero-shot label scoring, the head, or their product (default: the head when given).")(fn)
-    return click.option("--head", "head_path", type=click.Path(dir_okay=False),
-                        help="A head fitted by `slmclassify fit` (or `head = ...` in the task file).")(fn)
+head_options = bundle("head", HeadOptions, [
+    click.option("--head", "head_path", type=click.Path(dir_okay=False),
+                 help="A head fitted by `slmclassify fit` (or `head = ...` in the task file)."),
+    click.option("--scorer", type=click.Choice(["zero-shot", "head", "combined"]),
+                 help="zero-shot label scoring, the head, or their product (default: the head when given)."),
+])
+"""--head and --scorer, for the commands that can apply a learned head (`slmclassify fit`); the
+command gets them as one `head: HeadOptions`."""
 
 
-def task_and_head(head_path, scorer, opts: ModelOptions):
+def task_and_head(head: HeadOptions, opts: ModelOptions):
     """(task, `HeadChoice`): a head without task flags brings the task it was fitted with."""
     from ..head.apply import HeadChoice, head_path_in_task_file, resolve_scorer, task_of
     from ..head.model import Head
 
-    head_path = head_path or head_path_in_task_file(opts.task_file)
-    head = Head.load(head_path) if head_path else None
-    if head is not None and not opts.has_task:
-        task = task_of(head).with_overrides(**opts.overrides())
+    head_path = head.head_path or head_path_in_task_file(opts.task_file)
+    loaded = Head.load(head_path) if head_path else None
+    if loaded is not None and not opts.has_task:
+        task = task_of(loaded).with_overrides(**opts.overrides())
     else:
         task = opts.task()
-    return task, HeadChoice(head, resolve_scorer(head, scorer), head_path)
+    return task, HeadChoice(loaded, resolve_scorer(loaded, head.scorer), head_path)
