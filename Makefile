@@ -26,7 +26,7 @@ demo: $(STAMP)
 # most laptops) and as one with AVX-512 but without VNNI (Skylake servers) would run them: oneDNN,
 # PyTorch, MKL, FBGEMM and our C kernels (backends/isa.py) all honour these caps, so an AVX-512
 # machine catches what those CPUs would.
-ISA_TESTS := tests/test_backends.py tests/test_int8_fused.py tests/test_int8_smoothing.py \
+ISA_TESTS := tests/test_backends.py tests/test_csrc.py tests/test_int8_fused.py tests/test_int8_smoothing.py \
 	tests/test_fp32_kernels.py tests/test_engine.py tests/test_head.py tests/test_precision_auto.py \
 	tests/test_streaming.py tests/test_model_configs.py tests/test_families.py
 AVX2_CAP := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2
