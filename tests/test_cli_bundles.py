@@ -165,9 +165,9 @@ def test_bench_flags_hold_the_model_options():
 
 
 def test_bench_refuses_no_items(run_main, monkeypatch):
-    import slmclassify.models.loading
+    import slmclassify.models.prepare
 
-    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda *a, **k: pytest.fail("must refuse first"))
+    monkeypatch.setattr(slmclassify.models.prepare, "load_model", lambda *a, **k: pytest.fail("must refuse first"))
     assert run_main("bench", "--n", "0") == (2, "", "slmclassify: error: --n must be positive, got 0\n")
 
 
@@ -179,9 +179,9 @@ def test_sweep_flags_make_its_lists():
 
 
 def test_sweep_refuses_a_bad_list_before_loading(run_main, monkeypatch):
-    import slmclassify.models.loading
+    import slmclassify.models.prepare
 
-    monkeypatch.setattr(slmclassify.models.loading, "load_model", lambda *a, **k: pytest.fail("must refuse first"))
+    monkeypatch.setattr(slmclassify.models.prepare, "load_model", lambda *a, **k: pytest.fail("must refuse first"))
     assert run_main("sweep", "--budgets", "a") == (2, "", "slmclassify: error: --budgets must be comma-separated "
                                                          "integers, got 'a'\n")
 
