@@ -33,12 +33,25 @@ AVX2_CAP := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCT
 AVX512_NO_VNNI_CAP := ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512 \
 	FBGEMM_ENABLE_INSTRUCTIONS=AVX512
 
+# A cap only emulates a CPU with less than this one: where the CPU has no AVX-512 (no VNNI), the
+# AVX2-capped (VNNI-less) run would repeat the run above exactly, so it is skipped, saying so.
+HAS_AVX512 := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
+HAS_VNNI := $(shell grep -qw avx512_vnni /proc/cpuinfo 2>/dev/null && echo yes)
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+ifeq ($(HAS_AVX512),yes)
 	@echo "== the same kernels as an AVX2-only CPU: $(AVX2_CAP)"
 	$(AVX2_CAP) $(BIN)/python -m pytest -q $(ISA_TESTS)
+else
+	@echo "== this CPU has no AVX-512: it is an AVX2-only CPU, so the run above was the AVX2 run"
+endif
+ifeq ($(HAS_VNNI),yes)
 	@echo "== as an AVX-512 CPU without VNNI: $(AVX512_NO_VNNI_CAP)"
 	$(AVX512_NO_VNNI_CAP) $(BIN)/python -m pytest -q $(ISA_TESTS)
+else
+	@echo "== this CPU has no AVX-512 VNNI: the run above already ran without it"
+endif
 
 bench: $(STAMP)
 	$(BIN)/slmclassify bench
