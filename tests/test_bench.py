@@ -279,7 +279,7 @@ def test_sweep_honours_max_tokens_and_calibrate(run_main, monkeypatch, llama_loa
 
     seen = {}
 
-    def fake_sweep(loaded, task, texts, budgets, rows, max_text_tokens, log, precision_sample=None):
+    def fake_sweep(loaded, task, texts, budgets, rows, max_text_tokens, log):
         seen.update(cap=max_text_tokens, calibrate=task.calibrate)
         return [SweepPoint(64, 2, 1.0, 0.0, 1, 1.0)]
 

@@ -8,13 +8,13 @@ only if ≥ `MIN_AGREEMENT` of its predictions equal the float32 fast path's (wh
 against the reference). Otherwise the next candidate, and float32 when none passes.
 
 The decision is made by the preparation stage only (`prepare.load_model(..., task=, sample=)`, which
-`Classifier(task, model=path, precision_sample=texts)` calls), before any engine is built. The sample is the user's data (passed by every command that has an
-input): its first `AGREEMENT_ITEMS` distinct non-empty texts, topped up with article
-tickets when it has fewer; only the article tickets when there is no data (`serve`, the library
-without a sample). A low precision can agree on one kind of text and not on another (bf16 agreed on
-200/200 article tickets and on 97.3% of the demo's tickets), so the decision is cached per
-machine, model, task and sample (a hash of its texts and the item-token cap): a new file is checked
-again, the same file is not.
+`Classifier(task, model=path, precision_sample=texts)` calls), before any engine is built. The
+sample is the user's data (passed by every command that has an input): its first `AGREEMENT_ITEMS`
+distinct non-empty texts, topped up with article tickets when it has fewer; only the article tickets
+when there is no data (`serve`, the library without a sample). A low precision can agree on one kind
+of text and not on another (bf16 agreed on 200/200 article tickets and on 97.3% of the demo's
+tickets), so the decision is cached per machine, model, task and sample (a hash of its texts and the
+item-token cap): a new file is checked again, the same file is not.
 """
 
 from __future__ import annotations

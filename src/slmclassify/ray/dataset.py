@@ -82,7 +82,8 @@ def classify_dataset(dataset: ray.data.Dataset, task: Task, *, model=None, setti
 
     `model` is what `load_model` takes (None: the embedded model; a path must exist on every node).
     Needs `ray.init()` (or a running cluster) first. Returns lazily; consume `run.dataset`.
-    `precision_sample`: texts of the input for `--precision auto`'s check (`Classifier`), the same on every actor.
+    `precision_sample`: texts of the input for `--precision auto`'s check (each actor's `load_model`),
+    the same on every actor.
     """
     rs = ray_settings or RaySettings()
     check_model(model)
