@@ -144,6 +144,10 @@ class LinearOp:
         """h += x @ w (+ bias), in place; returns h."""
         return h.add_(self(x))
 
+    def add_scaled_(self, h: torch.Tensor, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """h += scale * (x @ w (+ bias)), in place (Granite's residual multiplier); returns h."""
+        return h.add_(self(x), alpha=scale)
+
     def normed(self, h: torch.Tensor, eps: float) -> torch.Tensor:
         """rms_norm(h, eps) @ w (+ bias) for the residual stream h [N, in]."""
         return self(rms_norm(h, eps))
@@ -165,6 +169,10 @@ class MmLinear(LinearOp):
     def add_(self, h, x):
         h.addmm_(x, self.weight)
         return h if self.bias is None else h.add_(self.bias)
+
+    def add_scaled_(self, h, x, scale):
+        h.addmm_(x, self.weight, alpha=scale)  # the scale applied in the GEMM's own write-back
+        return h if self.bias is None else h.add_(self.bias, alpha=scale)
 
     def normed(self, h, eps):
         lib = fp32_passes.elementwise() if h.device.type == "cpu" and h.stride(-1) == 1 else None

@@ -460,12 +460,23 @@ class Engine:
 
     @torch.inference_mode()
     def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: tuple[int, ...] = ()):
-        """[B, L] label scores of every row (mode of `trie`).
+        """[B, L] label scores of every row (mode of `trie`): `read_states`, then `label_scores`.
 
         With `taps` (layer numbers as in Hugging Face's `hidden_states`: 1 .. n_layers, the last one
         after the final norm), returns (scores, [B, len(taps), hidden] states at each row's last item
         token), read from the same forward (the head's features, `head/`).
         """
+        read, states = self.read_states(batch, prefix, trie, taps)
+        scores = self.label_scores(read, trie)
+        return scores if not taps else (scores, states)
+
+    @torch.inference_mode()
+    def read_states(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: tuple[int, ...] = ()):
+        """The decoder over a batch: ([B, 1+T, hidden] final-normed states at the read positions, the
+        [B, len(taps), hidden] tapped states on the CPU or None). The output layer is not run here:
+        a caller scoring many small batches stacks their read states for `label_scores`, which then
+        streams the output layer's weights (the whole vocabulary, ~400 MB for a 100k one) once
+        for all of them instead of once per batch."""
         prefix = prefix if (batch.cached and prefix is not None and prefix.length) else None
         layout = self._layout(batch, trie, prefix.length if prefix else 0)
         B = batch.input_ids.shape[0]
@@ -473,11 +484,21 @@ class Engine:
                          trie.node_tokens.to(self.device).expand(B, -1)], dim=1)  # [B, S+T], left-padded
         states = [] if taps else None
         read = self.final_norm(self._layers(ids.reshape(-1)[layout.source], layout, prefix, states=states))
-        scores = trie.score(self._step_logprobs(read, trie).float().cpu())  # read: [B, 1+T, hidden]
         if not taps:
-            return scores
+            return read, None
         states.append(read[:, 0])
-        return scores, torch.stack([states[t - 1] for t in taps], dim=1).float().cpu()
+        return read, torch.stack([states[t - 1] for t in taps], dim=1).float().cpu()
+
+    @torch.inference_mode()
+    def label_scores(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
+        """[R, 1+T, hidden] read states (`read_states`, of one batch or several stacked) → [R, L]
+        float32 label scores on the CPU."""
+        return trie.score(self._step_logprobs(read, trie).float().cpu())
+
+    def output_rows(self, trie: LabelTrie) -> int:
+        """Rows per output-layer call (`_LOGITS_CHUNK`): how many read states `label_scores` takes
+        at once at no more memory; fewer read the output layer's weights for fewer rows."""
+        return max(1, _LOGITS_CHUNK // ((1 + trie.n_nodes) * self.lm_head.out_features))
 
     def _layout(self, batch: Batch, trie: LabelTrie, n_prefix: int) -> _Layout:
         dev = self.device
@@ -688,16 +709,14 @@ class Engine:
             flat.copy_(rms_norm(flat, eps).mul_(weight))
 
     def _residual(self, h: torch.Tensor, op: LinearOp, x: torch.Tensor, post: tuple | None) -> torch.Tensor:
-        """h += post_norm(x @ w) * residual scale, in place; returns h. Without a post norm or
-        scale, the op adds itself (the int8 ops fuse the add into their dequantising pass)."""
-        if post is None and self.residual_scale is None:
-            return op.add_(h, x)
-        y = op(x)
-        if post is not None:
-            y = rms_norm(y.float(), post[1]).mul_(post[0])
-        if self.residual_scale is not None:
-            y = y.mul_(self.residual_scale)
-        return h.add_(y)
+        """h += post_norm(x @ w) * residual scale, in place; returns h. Without a post norm, the op
+        adds itself (the int8 ops fuse the add into their dequantising pass, `torch.mm` the scale
+        into its write-back)."""
+        scale = self.residual_scale
+        if post is None:
+            return op.add_(h, x) if scale is None else op.add_scaled_(h, x, scale)
+        y = rms_norm(op(x).float(), post[1]).mul_(post[0])
+        return h.add_(y) if scale is None else h.add_(y, alpha=scale)
 
     def _conv_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, read_only: bool = False):
         """h += out_proj(C * conv(B * x)) for [B | C | x] = in_proj(norm(h)) (LFM2's short convolution):
@@ -735,9 +754,8 @@ class Engine:
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
         """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
-        B, n_pos, _ = read.shape
-        vocab = self.lm_head.out_features
-        per_call = max(1, _LOGITS_CHUNK // (n_pos * vocab))
+        B = read.shape[0]
+        per_call = self.output_rows(trie)
         step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
         out = []
         for start in range(0, B, per_call):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .batching import Batch, collate, plan_batches
 from .config_check import context_limit
@@ -118,24 +119,41 @@ class Scorer:
         """Label scores of every item through `engine` with its `prefix` cache (`prefill(engine)`).
 
         `taps` (layer numbers, see `Engine.score`): the hidden states of those layers from the same
-        pass. `progress(n)` is called as each batch of n items finishes."""
+        pass. `progress(n)` is called as each batch's n items get their scores (consecutive batches
+        share an output-layer call, so a few at a time)."""
         start = time.perf_counter()
         scores = np.full((len(encoded), len(self.trie.labels)), np.nan, dtype=np.float64)
         states = np.full((len(encoded), len(taps) * self.hidden_size), np.nan, np.float32) if taps else None
         stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
+        # The read states of consecutive batches go through the output layer together, up to the
+        # rows one call takes: its weights (the whole vocabulary) are read once for all of them.
+        pending, rows_per_call = [], engine.output_rows(self.trie)
+
+        def flush():
+            read = pending[0][1] if len(pending) == 1 else torch.cat([r for _, r in pending])
+            done = engine.label_scores(read, self.trie).double().numpy()  # [sum B, L]
+            offset = 0
+            for batch, _ in pending:
+                scores[batch.rows] = done[offset : offset + len(batch.rows)]
+                offset += len(batch.rows)
+                if progress is not None:
+                    progress(len(batch.rows))
+            pending.clear()
+
         for batch in self.batches(encoded):
-            batch_scores = engine.score(batch, prefix, self.trie, taps=taps)  # [B, L]
+            read, batch_states = engine.read_states(batch, prefix, self.trie, taps=taps)  # [B, 1+T, hidden]
             if taps:
-                batch_scores, batch_states = batch_scores
                 states[batch.rows] = batch_states.flatten(1).numpy()
-            scores[batch.rows] = batch_scores.double().numpy()
+            pending.append((batch, read))
+            if sum(len(b.rows) for b, _ in pending) >= rows_per_call:
+                flush()
             stats.batches += 1
             stats.real_tokens += batch.real_tokens
             stats.processed_tokens += batch.padded_tokens
             if batch.cached:
                 stats.prefix_reused += len(self.prefix_ids) * len(batch.rows)
-            if progress is not None:
-                progress(len(batch.rows))
+        if pending:
+            flush()
         stats.scored = len(encoded.scored)
         stats.seconds = time.perf_counter() - start
         return Scored(scores=scores, states=states, stats=stats)

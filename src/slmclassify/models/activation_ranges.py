@@ -60,6 +60,10 @@ class _Recorder:
         self._see(x)
         return self.op.add_(h, x)
 
+    def add_scaled_(self, h, x, scale):
+        self._see(x)
+        return self.op.add_scaled_(h, x, scale)
+
     def normed(self, h, eps):
         x = rms_norm(h, eps)
         self._see(x)

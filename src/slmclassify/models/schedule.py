@@ -12,8 +12,9 @@ and precision (keyed like the GEMM choice, `choice.machine_key`, cached beside i
 
 Each phase takes the smallest setting within `WITHIN` of its fastest (smaller batches hold less
 memory and pad less). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
-read positions only): per-layer cost is what the budget changes, and the probe stays at a few
-seconds (~1.5 s for SmolLM2-135M on 2 cores). Sorting by length is not measured: it only ever
+read positions only), without the output layer: per-layer cost is what the budget changes (the
+output layer takes the read states of several batches at once, `Scorer.score`, whatever the
+budget), and the probe stays at a few seconds (~1.5 s for SmolLM2-135M on 2 cores). Sorting by length is not measured: it only ever
 removes padding (docs/performance.md, *The schedule*).
 
 A measurement is provisional, used and measured again at a later start, when the machine was busy
@@ -46,7 +47,7 @@ WITHIN = 0.10
 """A smaller budget (row cap) is taken when it is within this share of the fastest: the probe's
 items are all one length, while a bigger sorted batch of real items spans more lengths and pads
 more (on the article's tickets 26% at 4096 tokens against 16% at 2048), which the probe cannot see."""
-VERSION = 2
+VERSION = 3
 """Bumped when the probe changes, so that schedules measured by another probe are measured again."""
 
 
@@ -82,8 +83,8 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
         """{setting: items/s} of one batch of (rows, length) per setting, and the rounds' largest spread."""
         batches = {k: collate([ids(n) for _ in range(rows)], torch.arange(rows).numpy(), 0, cached=True)
                    for k, (rows, n) in shapes.items()}
-        probe.score(batches[min(batches)], prefix, trie)  # first calls allocate
-        timings = interleave([Side(str(k), lambda _, b=b: probe.score(b, prefix, trie)) for k, b in batches.items()],
+        probe.read_states(batches[min(batches)], prefix, trie)  # first calls allocate
+        timings = interleave([Side(str(k), lambda _, b=b: probe.read_states(b, prefix, trie)) for k, b in batches.items()],
                              rounds=ROUNDS, warmup=0, sync=sync)
         # a setting's second-best round over its best: a busy machine makes repeated rounds disagree
         spread = max(timings.spread(str(k), STEADY_ROUND_S) for k in batches)
