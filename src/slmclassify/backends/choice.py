@@ -71,9 +71,20 @@ def model_key(config) -> str:
             f"a{config.num_attention_heads}|kv{config.num_key_value_heads or config.num_attention_heads}")
 
 
+def mlp_width(config) -> int:
+    """The MLP's intermediate width as the model builds it (LFM2 derives it from `intermediate_size`)."""
+    inter = config.intermediate_size
+    if getattr(config, "block_auto_adjust_ff_dim", False):  # transformers' Lfm2MLP
+        inter = int(2 * inter / 3)
+        if config.block_ffn_dim_multiplier is not None:
+            inter = int(config.block_ffn_dim_multiplier * inter)
+        inter = config.block_multiple_of * ((inter + config.block_multiple_of - 1) // config.block_multiple_of)
+    return inter
+
+
 def gemm_shapes(config) -> list[tuple[int, int]]:
     """[in, out] of the engine's four GEMMs per layer: qkv, o, gate_up, down."""
-    hidden, inter = config.hidden_size, config.intermediate_size
+    hidden, inter = config.hidden_size, mlp_width(config)
     heads = config.num_attention_heads
     kv = config.num_key_value_heads or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads

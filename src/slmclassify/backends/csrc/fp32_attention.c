@@ -10,10 +10,12 @@
    vectors split in two are several times slower under -march=x86-64-v3). */
 #ifdef __AVX512F__
 #define VW 16
-#define NV 4           /* value vectors per output chunk: 4 x 16 = a 64-wide head */
+#define NV 2           /* value vectors per output chunk: 2 x 16 */
+#define QB 8           /* queries per block: each transposed key load feeds QB FMAs (16 accumulators) */
 #else
 #define VW 8
 #define NV 2
+#define QB 4           /* AVX2: 16 registers in all */
 #endif
 typedef float vf __attribute__((vector_size(VW * 4)));
 int vector_width(void) { return VW; }
@@ -24,7 +26,6 @@ int built_with_avx2(void) { return 0; }
 #endif
 
 #define KB (2 * VW)    /* keys per score block: QB x 2 accumulators hide the FMA latency */
-#define QB 4           /* queries per block: each transposed key load feeds QB FMAs */
 #define DMAX 256
 
 /* o[q][c .. c + VW n) = sum_j p[q][j] v_j[c ..] for the QB queries of a block, j < kend: key j < P is
@@ -108,7 +109,8 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
                             const float *qr = qkv + (base + i0 + (qi < nb ? qi : 0)) * ld + h * D;
                             for (int64_t d = 0; d < D; d++) qv[qi][d] = qr[d] * scale;
                         }
-                        for (int64_t j0 = 0; j0 < kend; j0 += KB) {
+                        int64_t j0 = 0;
+                        for (; j0 + VW < kend; j0 += KB) {
                             vf acc[QB][2];
                             for (int qi = 0; qi < QB; qi++) acc[qi][0] = acc[qi][1] = (vf){0};
                             for (int64_t d = 0; d < D; d++) {
@@ -124,6 +126,16 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
                                 *(vf *)(s + qi * kpad + j0 + VW) = acc[qi][1];
                             }
                         }
+                        if (j0 < kend) {  /* the last VW keys or fewer: one vector of them */
+                            vf acc[QB];
+                            for (int qi = 0; qi < QB; qi++) acc[qi] = (vf){0};
+                            for (int64_t d = 0; d < D; d++) {
+                                const vf k0 = *(const vf *)(kt + d * kpad + j0);
+                                for (int qi = 0; qi < QB; qi++) acc[qi] += qv[qi][d] * k0;
+                            }
+                            for (int qi = 0; qi < QB; qi++) *(vf *)(s + qi * kpad + j0) = acc[qi];
+                        }
+                        float inv[QB];
                         for (int qi = 0; qi < nb; qi++) {
                             const int64_t i = i0 + qi, last = P + i + 1;  /* keys after the query: never seen */
                             float *sr = s + qi * kpad;
@@ -133,12 +145,11 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
                             float mx = -INFINITY;
                             #pragma omp simd reduction(max:mx)
                             for (int64_t j = 0; j < last; j++) mx = sr[j] > mx ? sr[j] : mx;
-                            float sum = exp_shifted(sr, last, mx);
+                            float sum = exp_shifted_padded(sr, last, mx);  /* s rows hold kpad, a multiple of VW */
                             if (i >= L)
                                 for (int64_t u = L; u < i; u++)
                                     if (!anc[(i - L) * T + (u - L)]) { sum -= sr[P + u]; sr[P + u] = 0.0f; }
-                            const float inv = 1.0f / sum;
-                            for (int64_t j = 0; j < last; j++) sr[j] *= inv;
+                            inv[qi] = 1.0f / sum;  /* applied to the output, not to every weight */
                             for (int64_t j = last; j < kend; j++) sr[j] = 0.0f;
                         }
                         for (int qi = nb; qi < QB; qi++)
@@ -151,7 +162,7 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
                             weigh_plain(o, s, kpad, kend, pv, g, P, D, qkv, base, ld, H + Hkv + g);
                         for (int qi = 0; qi < nb; qi++) {
                             float *orow = out + (orow0 + i0 + qi - q0) * H * D + h * D;
-                            for (int64_t d = 0; d < D; d++) orow[d] = o[qi][d];
+                            for (int64_t d = 0; d < D; d++) orow[d] = o[qi][d] * inv[qi];
                         }
                     }
                 }
