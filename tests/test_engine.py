@@ -249,3 +249,31 @@ def test_scoring_leaves_the_classifier_unchanged(tiny_loaded):
     np.testing.assert_allclose(wide.score(clf.encode(texts)).scores, first.scores, atol=1e-5)
     with pytest.raises(TaskError, match="not prefix_cache"):
         clf.with_settings(EngineSettings(prefix_cache=False))
+
+
+@pytest.mark.parametrize("mode", ["first", "full"])
+def test_output_layer_takes_several_batches(tiny_loaded, monkeypatch, mode):
+    """`Scorer.score` stacks consecutive batches' read states for one output-layer call (up to
+    `Engine.output_rows`): the same scores as each batch scored alone, every item reported once
+    to `progress`, and fewer output-layer calls than batches."""
+    labels = ("billing", "technical", "account") if mode == "first" else ("billing", "technical", "account", "accounting")
+    clf = Classifier(Task(labels=labels, mode=mode), model=tiny_loaded,
+                     settings=EngineSettings(token_budget=100, max_rows=2))
+    texts = random_texts(17, seed=11, max_words=20)
+    encoded = clf.encode(texts)
+    batches = list(clf.scorer.batches(encoded))
+    assert len(batches) > 4
+    alone = np.full((len(texts), len(labels)), np.nan)
+    for batch in batches:
+        alone[batch.rows] = clf.engine.score(batch, clf.prefix, clf.trie).double().numpy()
+
+    calls, reported = [], []
+    label_scores = type(clf.engine).label_scores
+    monkeypatch.setattr(type(clf.engine), "label_scores",
+                        lambda self, read, trie: calls.append(read.shape[0]) or label_scores(self, read, trie))
+    monkeypatch.setattr(type(clf.engine), "output_rows", lambda self, trie: 5)
+    scored = clf.scorer.score(encoded, clf.engine, clf.prefix, progress=reported.append)
+    np.testing.assert_allclose(scored.scores, alone, atol=1e-5)
+    assert sum(reported) == len(texts) and sum(calls) == len(texts)
+    assert len(calls) < len(batches) and all(n >= 5 for n in calls[:-1])
+    assert_matches_reference(clf, texts)

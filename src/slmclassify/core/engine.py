@@ -17,10 +17,11 @@ Part 1 is one dense product (no copies of the prefix per row, no mask). Without 
 (first-token scoring, single-token labels) part 2 is plain causal attention without a mask,
 whose kernel skips the blocks above the diagonal; with nodes it takes a mask.
 
-Only the item's last token and the trie nodes reach the output layer. What differs between model
-families (norm placement, q/k norms, scales, sliding windows, no-rotary layers, fused projections,
-LFM2's short convolutions) is read from the family's description (`families.py`); the code below
-follows it. The weights are the Hugging Face model's own, held ONCE: each linear weight is
+Only the item's last token and the trie nodes reach the output layer (`read_states`; the scorer
+stacks several batches' for one `label_scores` call, which reads the vocabulary's weights once).
+What differs between model families (norm placement, q/k norms, scales, sliding windows, no-rotary
+layers, fused projections, LFM2's short convolutions) is read from the family's description
+(`families.py`); the code below follows it. The weights are the Hugging Face model's own, held ONCE: each linear weight is
 stored here in [in, out] layout (q/k/v and gate/up concatenated) and the Hugging Face module's
 `weight` becomes a transposed view of it, so the reference path computes with the very same
 tensors. Arranging goes layer by layer, writing each arranged tensor block by block, and each
