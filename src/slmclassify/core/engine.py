@@ -21,9 +21,9 @@ Only the item's last token and the trie nodes reach the output layer (`read_stat
 stacks several batches' for one `label_scores` call, which reads the vocabulary's weights once).
 What differs between model families (norm placement, q/k norms, scales, sliding windows, no-rotary
 layers, fused projections, LFM2's short convolutions) is read from the family's description
-(`families.py`); the code below follows it. The weights are the Hugging Face model's own, held ONCE: each linear weight is
-stored here in [in, out] layout (q/k/v and gate/up concatenated) and the Hugging Face module's
-`weight` becomes a transposed view of it, so the reference path computes with the very same
+(`families.py`); the code below follows it. The weights are the Hugging Face model's own, held
+ONCE: each linear weight is stored here in [in, out] layout (q/k/v and gate/up concatenated) and
+the Hugging Face module's `weight` becomes a transposed view of it, so the reference path computes with the very same
 tensors. Arranging goes layer by layer, writing each arranged tensor block by block, and each
 source tensor is freed when its module's weight is replaced, so the transient is about one layer
 (the loaded weights are in memory of their own, not a file's memory map: `weights.py`). Each

@@ -125,15 +125,14 @@ class Scorer:
         scores = np.full((len(encoded), len(self.trie.labels)), np.nan, dtype=np.float64)
         states = np.full((len(encoded), len(taps) * self.hidden_size), np.nan, np.float32) if taps else None
         stats = RunStats(items=len(encoded), prefix_tokens=len(self.prefix_ids), fallbacks=encoded.fallbacks)
-        # The read states of consecutive batches go through the output layer together, up to the
-        # rows one call takes: its weights (the whole vocabulary) are read once for all of them.
-        pending, rows_per_call = [], engine.output_rows(self.trie)
+        # The read states of consecutive batches go through the output layer together, as many as
+        # one call takes: its weights (the whole vocabulary) are read once for all of them.
+        pending, pending_rows, rows_per_call = [], 0, engine.output_rows(self.trie)
 
         def flush():
-            read = pending[0][1] if len(pending) == 1 else torch.cat([r for _, r in pending])
-            done = engine.label_scores(read, self.trie).double().numpy()  # [sum B, L]
+            done = engine.label_scores(torch.cat([read for _, read in pending]), self.trie).double().numpy()
             offset = 0
-            for batch, _ in pending:
+            for batch, _ in pending:  # done: [rows of the pending batches, L]
                 scores[batch.rows] = done[offset : offset + len(batch.rows)]
                 offset += len(batch.rows)
                 if progress is not None:
@@ -144,9 +143,11 @@ class Scorer:
             read, batch_states = engine.read_states(batch, prefix, self.trie, taps=taps)  # [B, 1+T, hidden]
             if taps:
                 states[batch.rows] = batch_states.flatten(1).numpy()
-            pending.append((batch, read))
-            if sum(len(b.rows) for b, _ in pending) >= rows_per_call:
+            if pending and pending_rows + len(batch.rows) > rows_per_call:
                 flush()
+                pending_rows = 0
+            pending.append((batch, read))
+            pending_rows += len(batch.rows)
             stats.batches += 1
             stats.real_tokens += batch.real_tokens
             stats.processed_tokens += batch.padded_tokens

@@ -145,7 +145,7 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
                             float mx = -INFINITY;
                             #pragma omp simd reduction(max:mx)
                             for (int64_t j = 0; j < last; j++) mx = sr[j] > mx ? sr[j] : mx;
-                            float sum = exp_shifted_padded(sr, last, mx);  /* s rows hold kpad, a multiple of VW */
+                            float sum = exp_shifted(sr, last, mx);  /* s rows hold kpad, a multiple of VW */
                             if (i >= L)
                                 for (int64_t u = L; u < i; u++)
                                     if (!anc[(i - L) * T + (u - L)]) { sum -= sr[P + u]; sr[P + u] = 0.0f; }

@@ -1,5 +1,5 @@
 /* exp(x) for the C kernels (int8.c, fp32_attention.c): `vexp` (scalar), `vexp8` (8 lanes), `vexpv`
-   (VEXP_W lanes: the machine's width), and the loops built on them, `exp_shifted` (`exp_shifted_padded`) and `silu_mul`. */
+   (VEXP_W lanes: the machine's width), and the two loops built on them, `exp_shifted` and `silu_mul`. */
 #ifndef SLMCLASSIFY_VEXP_H
 #define SLMCLASSIFY_VEXP_H
 
@@ -62,28 +62,10 @@ typedef v8f vexp_f;
 #define vexpv vexp8
 #endif
 
-/* s[j] = exp(s[j] - shift) for j < n; returns their sum (a softmax's numerators and denominator). */
+/* s[j] = exp(s[j] - shift) for j < n; returns their sum (a softmax's numerators and denominator).
+   s has room up to n rounded up to VEXP_W floats: the last, partial vector is computed whole and
+   its lanes from n on written as 0 (no scalar tail; whatever those lanes held is discarded). */
 static inline float exp_shifted(float *s, int64_t n, float shift)
-{
-    vexp_f sums = {0};
-    int64_t j = 0;
-    for (; j + VEXP_W <= n; j += VEXP_W) {
-        vexp_f v;
-        memcpy(&v, s + j, sizeof v);
-        v = vexpv(v - shift);
-        memcpy(s + j, &v, sizeof v);
-        sums += v;
-    }
-    float sum = 0.0f;
-    for (int i = 0; i < VEXP_W; i++) sum += sums[i];
-    for (; j < n; j++) { const float p = vexp(s[j] - shift); s[j] = p; sum += p; }
-    return sum;
-}
-
-/* exp_shifted for a row with room up to n rounded up to VEXP_W floats: the last, partial vector is
-   computed whole and its lanes from n on written as 0 (no scalar tail; whatever those lanes held is
-   discarded). */
-static inline float exp_shifted_padded(float *s, int64_t n, float shift)
 {
     vexp_f sums = {0};
     for (int64_t j = 0; j < n; j += VEXP_W) {
