@@ -75,6 +75,47 @@ def test_family_is_exact(family_loaded, name, mode, settings):
         assert scored.stats.prefix_reused == clf.prefix.length * len(texts)
 
 
+@pytest.mark.parametrize("mode", ["first", "full"])
+def test_layers_after_the_last_attention_compute_only_the_rows_read_later(family_dir, mode, monkeypatch):
+    """LFM2 with two convolution layers after its attention layer: the last layer computes only the
+    read positions, the one before them and their two predecessors (its K - 1 lags), the attention
+    layer's output only those tokens again; still the reference's scores, with the trie's nodes,
+    padded batches and one row, and the heads' states."""
+    from slmclassify.core import engine as engine_module
+
+    loaded = load_model(str(family_dir("lfm2", num_hidden_layers=4,
+                                   layer_types=["conv", "full_attention", "conv", "conv"])),
+                        device="cpu", precision="fp32")
+    sizes = []
+    needed_rows = engine_module.Engine._needed_rows
+
+    def recorded(self, layout):
+        needed = needed_rows(self, layout)
+        sizes.append(([None if n is None else n.numel() for n in needed], layout.source.numel(),
+                      layout.read.numel(), layout.B))
+        return needed
+
+    monkeypatch.setattr(engine_module.Engine, "_needed_rows", recorded)
+    texts = random_texts(8, seed=5, max_words=40)
+    for settings in (EngineSettings(token_budget=300, max_rows=4), EngineSettings(max_rows=1)):
+        clf = Classifier(Task(labels=LABELS[mode], mode=mode), model=loaded, settings=settings)
+        assert_matches_reference(clf, texts)
+    full = [s for s in sizes if len(s[0]) == 4]  # not the schedule probe's first layers
+    assert full
+    for (first, attention, third, last), n, read, rows in full:
+        assert first is None and last == read
+        assert third is not None and read < third <= read + 2 * rows < n  # + K - 1 lags before each row's read tokens
+        assert attention is not None and third < attention <= third + 2 * rows < n
+    clf = Classifier(Task(labels=LABELS[mode], mode=mode), model=loaded, settings=EngineSettings(token_budget=300))
+    encoded = clf.encode(texts)
+    states = clf.score(encoded, taps=(1, 2, 3, 4)).states
+    for i in range(len(texts)):
+        with torch.inference_mode():
+            out = loaded.model(input_ids=torch.tensor([encoded.ids[i]]), output_hidden_states=True)
+        ref = torch.stack([out.hidden_states[t][0, -1] for t in (1, 2, 3, 4)]).numpy()
+        assert np.abs(states[i].reshape(4, -1) - ref).max() <= 1e-4
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_hidden_states_equal_hugging_face(family_loaded, name):
     """The head's features: every layer's state at the item's last token from the fast path's padded,

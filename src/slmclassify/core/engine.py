@@ -603,9 +603,10 @@ class Engine:
                 keys: list | None = None, values: list | None = None, states: list | None = None) -> torch.Tensor:
         """Embed the packed ids and run every decoder layer.
 
-        Returns [B, 1+T, hidden] (before the final norm) at the read positions: the last layer
-        computes its attention queries and MLP only there. With `keys` given (the prefill), every
-        layer's keys and values are collected and nothing is read. With `states` given, every layer
+        Returns [B, 1+T, hidden] (before the final norm) at the read positions: each layer computes
+        the outputs later layers read (`_needed_rows`), the last one its attention queries and MLP
+        only at the read positions. With `keys` given (the prefill), every layer's keys and values
+        are collected, every token is computed and nothing is read. With `states` given, every layer
         but the last appends its output at each row's last item token, [B, hidden].
         """
         h = self.embed(ids)  # [N, hidden]
@@ -625,32 +626,58 @@ class Engine:
         if (keys is not None or layout.starts is None or layout.windows
                 or not self.backend.packs_attention(self.head_dim)):
             padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim, dtype=self.dtype)
-        last = len(self.layers) - 1 if keys is None else None
+        needed = self._needed_rows(layout) if keys is None else [None] * len(self.layers)
+        rows = None  # the packed tokens h holds (None: all of them)
         for i, layer in enumerate(self.layers):
             past = None if prefix is None else (prefix.keys[i], prefix.values[i])
-            mixer = self._conv_block if layer.kind.mixer == "conv" else self._attention_block
-            if i == last:
-                h = mixer(h, layer, cis, padded, layout, past, read_only=True)  # [B*(1+T), hidden]
-                self._mlp_block(h, layer)
-                return h.view(layout.B, -1, h.shape[-1])
-            k, v = mixer(h, layer, cis, padded, layout, past)
-            if keys is not None:
-                keys.append(k.clone(memory_format=torch.contiguous_format))  # views of `padded`, which the next layer overwrites
-                values.append(v.clone(memory_format=torch.contiguous_format))
+            keep = needed[i]
+            if layer.kind.mixer == "conv":
+                out = self._conv_block(h, layer, padded, layout, past, keep, rows)
+            else:
+                out = self._attention_block(h, layer, cis, padded, layout, past, keep,
+                                            read_only=keep is not None and i == len(needed) - 1)
+            if keep is None:
+                if keys is not None:
+                    k, v = out
+                    keys.append(k.clone(memory_format=torch.contiguous_format))  # views of `padded`, which the next layer overwrites
+                    values.append(v.clone(memory_format=torch.contiguous_format))
+            else:
+                h, rows = out, keep
             self._mlp_block(h, layer)
-            if states is not None:
-                states.append(h.index_select(0, layout.read[:, 0]))
-        return h
+            if states is not None and i < len(self.layers) - 1:
+                at = layout.read[:, 0] if rows is None else _local_index(rows, layout.source.numel())[layout.read[:, 0]]
+                states.append(h.index_select(0, at))
+        return h.view(layout.B, -1, h.shape[-1]) if keys is None else h
 
-    def _attention_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, read_only: bool = False):
+    def _needed_rows(self, layout: _Layout) -> list:
+        """Per layer, the packed tokens whose output a later layer (or the output layer) reads, in
+        packed order; None: all of them. The last layer's are the read positions; a convolution
+        layer reads its tokens' K - 1 predecessors too (those among the packed tokens; the others
+        are the prefix's cached inputs), an attention layer every token (its keys and values), so
+        only the layers after the last attention layer compute fewer rows (LFM2's last layers)."""
+        need, out = layout.read.reshape(-1), []
+        for layer in reversed(self.layers):
+            out.append(need)
+            if need is None or layer.kind.mixer != "conv":
+                need = None
+                continue
+            prev = layout.conv_prev.index_select(0, need).reshape(-1) - (self.conv_taps - 1)
+            need = torch.unique(torch.cat([need, prev[prev >= 0]]))  # sorted: packed order
+            if need.numel() == layout.source.numel():
+                need = None
+        return out[::-1]
+
+    def _attention_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, keep: torch.Tensor | None = None,
+                         read_only: bool = False):
         """h += attention(norm(h)); returns this block's [B, H_kv, W, D] keys and values.
 
         Attention to the shared prefix and attention within each row run as two flash-attention
         calls, merged with their log-sum-exps: the prefix part is one dense product for all
         queries of the batch (no copies of the prefix per row, no mask), the row part is causal.
         Rows much wider than the prefix (`layout.prefix_cols`) take it inline instead: one call.
-        With `read_only`, queries are computed at the read positions only, and the updated hidden
-        states of those positions, [B*(1+T), hidden], are returned instead.
+        With `keep` (packed indices, `_needed_rows`), the updated hidden states of those tokens only,
+        [len(keep), hidden], are returned instead; with `read_only` too, `keep` is the read positions
+        and the queries are computed there only.
         """
         N = h.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
@@ -669,7 +696,9 @@ class Engine:
             out = self.backend.attend_packed(qkv.contiguous(), H, layout.starts, layout.lengths, layout.ancestors,
                                              prefix_kv, read_only).view(-1, H * D)  # [N or B*(1+T), H D]
             if read_only:
-                return self._residual(h.index_select(0, layout.read.reshape(-1)), layer.o, out, layer.post_attention)
+                return self._residual(h.index_select(0, keep), layer.o, out, layer.post_attention)
+            if keep is not None:
+                return self._residual(h.index_select(0, keep), layer.o, out.index_select(0, keep), layer.post_attention)
             self._residual(h, layer.o, out, layer.post_attention)
             return None, None
         padded.index_copy_(0, layout.index, qkv)
@@ -698,7 +727,9 @@ class Engine:
             out = _merge(out, lse, out_p.float().reshape(-1, H, D), lse_p.reshape(-1, H))
         out = out.reshape(-1, H * D)
         if read_only:
-            return self._residual(h.index_select(0, layout.read.reshape(-1)), layer.o, out, layer.post_attention)
+            return self._residual(h.index_select(0, keep), layer.o, out, layer.post_attention)
+        if keep is not None:
+            return self._residual(h.index_select(0, keep), layer.o, out.index_select(0, keep), layer.post_attention)
         self._residual(h, layer.o, out, layer.post_attention)
         return k, v
 
@@ -719,26 +750,37 @@ class Engine:
         y = rms_norm(op(x).float(), post[1]).mul_(post[0])
         return h.add_(y) if scale is None else h.add_(y, alpha=scale)
 
-    def _conv_block(self, h, layer: _Layer, cis, padded, layout: _Layout, past, read_only: bool = False):
+    def _conv_block(self, h, layer: _Layer, padded, layout: _Layout, past, keep: torch.Tensor | None = None,
+                    rows: torch.Tensor | None = None):
         """h += out_proj(C * conv(B * x)) for [B | C | x] = in_proj(norm(h)) (LFM2's short convolution):
         each token's conv reads its K - 1 predecessors (`layout.conv_prev`). Returns the last K - 1
-        inputs B * x [K-1, hidden] (the prefill keeps them as this layer's cache) and an empty tensor."""
+        inputs B * x [K-1, hidden] (the prefill keeps them as this layer's cache) and an empty tensor.
+        With `keep` (packed indices, `_needed_rows`), h holds the packed tokens `rows` (None: all),
+        among them `keep` and their predecessors, and the updated hidden states of `keep` only,
+        [len(keep), hidden], are computed and returned instead."""
         lags = self.conv_taps - 1
-        bcx = layer.qkv.normed(h, layer.eps) if layer.eps is not None else layer.qkv(h)  # [N, 3 hidden]
+        bcx = layer.qkv.normed(h, layer.eps) if layer.eps is not None else layer.qkv(h)  # [n, 3 hidden]
         b, c, x = bcx.float().chunk(3, dim=-1)
-        bx = b * x  # [N, hidden]
+        bx = b * x  # [n, hidden]
         tail = past[0] if past is not None else bx.new_zeros(lags, bx.shape[1])
-        pool = torch.cat([tail, bx])  # [K-1 + N, hidden]
+        pool = torch.cat([tail, bx])  # [K-1 + n, hidden]
+        prev, here = layout.conv_prev, None  # indices into [tail; all packed tokens]
+        if keep is not None:
+            prev, here = prev.index_select(0, keep), keep
+            if rows is not None:  # into [tail; h's rows]
+                local = _local_index(rows, layout.source.numel())
+                prev = torch.where(prev < lags, prev, lags + local[(prev - lags).clamp(min=0)])
+                here = local[keep]
+            bx, c, h = bx.index_select(0, here), c.index_select(0, here), h.index_select(0, here)
         taps = layer.conv  # [K, hidden]
         conv = bx * taps[lags]
         for lag in range(1, lags + 1):
-            conv.addcmul_(pool.index_select(0, layout.conv_prev[:, lag - 1]), taps[lags - lag])
+            conv.addcmul_(pool.index_select(0, prev[:, lag - 1]), taps[lags - lag])
         if layer.conv_bias is not None:
             conv.add_(layer.conv_bias)
-        y = c.mul_(conv)  # [N, hidden]
-        if read_only:
-            read = layout.read.reshape(-1)
-            return self._residual(h.index_select(0, read), layer.o, y.index_select(0, read), layer.post_attention)
+        y = c.mul_(conv)  # [n or len(keep), hidden]
+        if keep is not None:
+            return self._residual(h, layer.o, y, layer.post_attention)
         self._residual(h, layer.o, y, layer.post_attention)
         last = pool[-lags:] if pool.shape[0] >= lags else pool
         return last.clone(), bx.new_empty(0)
@@ -768,6 +810,13 @@ class Engine:
             logprobs = torch.log_softmax(logits, dim=-1)
             out.append(logprobs[:, step_pos, step_token])  # [b, N_steps]
         return torch.cat(out)
+
+
+def _local_index(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] each packed token's index among `rows` (-1 where it is not one of them)."""
+    local = torch.full((n,), -1, dtype=torch.long, device=rows.device)
+    local[rows] = torch.arange(rows.numel(), device=rows.device)
+    return local
 
 
 def _setting(config, name: str | None) -> float | None:
