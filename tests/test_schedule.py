@@ -162,3 +162,18 @@ def test_a_spread_counts_only_on_rounds_long_enough_to_tell():
 
     t = Timings(("a",), {"a": np.array([[0.002], [0.004]])}, {"a": [[None], [None]]})
     assert t.spread("a") == pytest.approx(1.0) and t.spread("a", shortest=0.005) == 0.0
+
+
+def test_the_probe_times_a_workload_of_mixed_lengths_planned_as_real_items_are():
+    """Phase 1's items span short and long texts (so each budget's padding and partly filled last
+    batch are timed), are the same at every start, and fill more than the largest budget."""
+    from slmclassify.core.batching import plan_batches
+
+    lengths = schedule.probe_lengths(schedule.PROBE_TOKENS["cpu"])
+    assert lengths == schedule.probe_lengths(schedule.PROBE_TOKENS["cpu"])
+    median, _, low, high = schedule.PROBE_LENGTHS
+    assert sum(lengths) >= schedule.PROBE_TOKENS["cpu"] > max(schedule.BUDGETS["cpu"])
+    assert low <= min(lengths) < median < max(lengths) <= high
+    for budget in schedule.BUDGETS["cpu"]:
+        batches = plan_batches(np.array(lengths), budget, max(schedule.ROW_CAPS))
+        assert len(batches) >= 2 and sorted(np.concatenate(batches)) == list(range(len(lengths)))

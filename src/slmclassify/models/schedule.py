@@ -5,17 +5,22 @@ here) wants bigger batches than one that is not (an Intel Xeon). So on first use
 and precision (keyed like the GEMM choice, `choice.machine_key`, cached beside it in
 `backends.json`), the engine's own layers are timed on synthetic batches, interleaved round by round:
 
-    phase 1  items of `ITEM_TOKENS` tokens after a `PREFIX_TOKENS`-token cached prefix, one batch
-             per budget in `BUDGETS` (rows = budget / item length): items per second of each
+    phase 1  a workload of items of lognormal lengths (`PROBE_LENGTHS`, about `PROBE_TOKENS` tokens
+             in all) after a `PREFIX_TOKENS`-token cached prefix, planned into sorted batches per
+             budget in `BUDGETS` exactly as a run plans real items (`plan_batches`, so each
+             budget's padding, its rows' spread of lengths and its last, partly filled batch are
+             timed too): items per second of each
     phase 2  items of `SHORT_TOKENS` tokens at the chosen budget, rows capped at each of `ROW_CAPS`
              (a cap binds only for short items): items per second of each
 
+Each setting's batches run once before the timed rounds (the first call at a size allocates).
 Each phase takes the smallest setting within `WITHIN` of its fastest (smaller batches hold less
-memory and pad less). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
+memory). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
 read positions only), without the output layer: per-layer cost is what the budget changes (the
 output layer takes the read states of several batches at once, `Scorer.score`, whatever the
-budget), and the probe stays at a few seconds (~1.5 s for SmolLM2-135M on 2 cores). Sorting by length is not measured: it only ever
-removes padding (docs/performance.md, *The schedule*).
+budget), and the probe stays at a few seconds (~2 s for SmolLM2-135M on 2 cores, ~7 s at 350M
+parameters). Sorting by length is not measured: it only ever removes padding (docs/performance.md,
+*The schedule*).
 
 A measurement is provisional, used and measured again at a later start, when the machine was busy
 (load average above `choice.BUSY_LOAD_PER_CORE` per core) or its repeated rounds disagree by more
@@ -29,6 +34,7 @@ import copy
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..timing import Side, interleave
@@ -38,16 +44,23 @@ from ..backends.sync import sync_of
 
 BUDGETS = {"cpu": (1024, 2048, 4096, 8192), "cuda": (8192, 16384, 32768, 65536)}
 ROW_CAPS = (64, 128, 256, 512)
-ITEM_TOKENS = 64
+PROBE_LENGTHS = (48, 0.8, 8, 384)
+"""Phase 1's item lengths: lognormal with this median (tokens after the prefix) and sigma, clipped
+to [low, high]: short texts with a long tail, as support tickets and messages are (not the
+article's tickets, which the bench times)."""
+PROBE_TOKENS = {"cpu": 9000, "cuda": 70000}
+"""Phase 1's workload: just over the largest budget, so that every budget fills a batch."""
 SHORT_TOKENS = 16
 PREFIX_TOKENS = 128
 PROBE_LAYERS = 2
 ROUNDS = 2
-WITHIN = 0.10
-"""A smaller budget (row cap) is taken when it is within this share of the fastest: the probe's
-items are all one length, while a bigger sorted batch of real items spans more lengths and pads
-more (on the article's tickets 26% at 4096 tokens against 16% at 2048), which the probe cannot see."""
-VERSION = 3
+WITHIN = 0.03
+"""A smaller budget (row cap) is taken when it is within this share of the fastest (about the
+rounds' noise on a quiet machine): it holds less memory. The padding a bigger sorted batch of
+items of mixed lengths adds is in phase 1's timing itself. (Probe v3 timed one batch of
+equal-length items per budget and took the smallest within 10%: on the Xeon that was 1024 tokens
+while 4096 ran the article's tickets 1.05x faster, docs/performance.md.)"""
+VERSION = 4
 """Bumped when the probe changes, so that schedules measured by another probe are measured again."""
 
 
@@ -67,7 +80,7 @@ def measured_schedule(loaded, cache_dir: Path | None) -> dict:
 
 def measure(engine, vocab_size: int, device: torch.device) -> dict:
     """Time the probe (see the module docstring); the chosen budget and row cap and the rates behind them."""
-    from ..core.batching import collate
+    from ..core.batching import collate, plan_batches
     from ..core.labels import build_trie
 
     started = time.perf_counter()
@@ -79,23 +92,27 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
     trie = build_trie(("a", "b", "c"), [tuple(ids(2)) for _ in range(3)], "full")
     sync = sync_of(device)
 
-    def rates(shapes: dict[int, tuple[int, int]]) -> tuple[dict[int, float], float]:
-        """{setting: items/s} of one batch of (rows, length) per setting, and the rounds' largest spread."""
-        batches = {k: collate([ids(n) for _ in range(rows)], torch.arange(rows).numpy(), 0, cached=True)
-                   for k, (rows, n) in shapes.items()}
-        probe.read_states(batches[min(batches)], prefix, trie)  # first calls allocate
-        timings = interleave([Side(str(k), lambda _, b=b: probe.read_states(b, prefix, trie)) for k, b in batches.items()],
-                             rounds=ROUNDS, warmup=0, sync=sync)
+    def rates(plans: dict[int, list[list[list[int]]]]) -> tuple[dict[int, float], float]:
+        """{setting: items/s} of each setting's batches (each a list of items' ids), and the rounds' largest spread."""
+        batches = {k: [collate(items, torch.arange(len(items)).numpy(), 0, cached=True) for items in plan]
+                   for k, plan in plans.items()}
+        for planned in batches.values():  # first calls at a size allocate
+            probe.read_states(planned[0], prefix, trie)
+        timings = interleave([Side(str(k), lambda _, bs=bs: [probe.read_states(b, prefix, trie) for b in bs])
+                              for k, bs in batches.items()], rounds=ROUNDS, warmup=0, sync=sync)
         # a setting's second-best round over its best: a busy machine makes repeated rounds disagree
         spread = max(timings.spread(str(k), STEADY_ROUND_S) for k in batches)
-        return {k: shapes[k][0] / timings.best_round(str(k)) for k in batches}, spread
+        return {k: sum(len(b.lengths) for b in bs) / timings.best_round(str(k)) for k, bs in batches.items()}, spread
 
     budgets = BUDGETS.get(device.type, BUDGETS["cpu"])
-    by_budget, spread = rates({b: (b // ITEM_TOKENS, ITEM_TOKENS) for b in budgets})
+    items = [ids(n) for n in probe_lengths(PROBE_TOKENS.get(device.type, PROBE_TOKENS["cpu"]))]
+    lengths = np.array([len(item) for item in items])
+    by_budget, spread = rates({b: [[items[i] for i in rows] for rows in plan_batches(lengths, b, max(ROW_CAPS))]
+                               for b in budgets})
     budget = _smallest_near_best(by_budget)
     caps = sorted({min(cap, budget // SHORT_TOKENS) for cap in ROW_CAPS})
     if len(caps) > 1:
-        by_cap, spread2 = rates({cap: (cap, SHORT_TOKENS) for cap in caps})
+        by_cap, spread2 = rates({cap: [[ids(SHORT_TOKENS) for _ in range(cap)]] for cap in caps})
         max_rows, spread = _smallest_near_best(by_cap), max(spread, spread2)
     else:
         by_cap, max_rows = {}, max(caps[0], ROW_CAPS[0])
@@ -104,6 +121,15 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
             "row_cap_rates": {str(k): round(v, 1) for k, v in by_cap.items()},
             "spread": round(spread, 3), "measured": time.strftime("%Y-%m-%d %H:%M"),
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+def probe_lengths(tokens: int) -> list[int]:
+    """Phase 1's item lengths (`PROBE_LENGTHS`, seeded): drawn until they add up to `tokens`."""
+    median, sigma, low, high = PROBE_LENGTHS
+    rng, out = np.random.default_rng(0), []
+    while sum(out) < tokens:
+        out.append(int(np.clip(rng.lognormal(np.log(median), sigma), low, high)))
+    return out
 
 
 def _smallest_near_best(rates: dict[int, float]) -> int:
