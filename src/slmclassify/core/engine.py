@@ -695,10 +695,9 @@ class Engine:
             prefix_kv = None if past is None else (past[0][0].contiguous(), past[1][0].contiguous())  # [Hkv, P, D]
             out = self.backend.attend_packed(qkv.contiguous(), H, layout.starts, layout.lengths, layout.ancestors,
                                              prefix_kv, read_only).view(-1, H * D)  # [N or B*(1+T), H D]
-            if read_only:
-                return self._residual(h.index_select(0, keep), layer.o, out, layer.post_attention)
-            if keep is not None:
-                return self._residual(h.index_select(0, keep), layer.o, out.index_select(0, keep), layer.post_attention)
+            if keep is not None:  # read_only: `out` is at `keep` already
+                return self._residual(h.index_select(0, keep), layer.o,
+                                      out if read_only else out.index_select(0, keep), layer.post_attention)
             self._residual(h, layer.o, out, layer.post_attention)
             return None, None
         padded.index_copy_(0, layout.index, qkv)
@@ -726,10 +725,9 @@ class Engine:
             out_p, lse_p = attend(q[None].transpose(1, 2), *past, mask=None, causal=False)  # all rows at once
             out = _merge(out, lse, out_p.float().reshape(-1, H, D), lse_p.reshape(-1, H))
         out = out.reshape(-1, H * D)
-        if read_only:
-            return self._residual(h.index_select(0, keep), layer.o, out, layer.post_attention)
         if keep is not None:
-            return self._residual(h.index_select(0, keep), layer.o, out.index_select(0, keep), layer.post_attention)
+            return self._residual(h.index_select(0, keep), layer.o,
+                                  out if read_only else out.index_select(0, keep), layer.post_attention)
         self._residual(h, layer.o, out, layer.post_attention)
         return k, v
 
@@ -779,9 +777,9 @@ class Engine:
         if layer.conv_bias is not None:
             conv.add_(layer.conv_bias)
         y = c.mul_(conv)  # [n or len(keep), hidden]
+        h = self._residual(h, layer.o, y, layer.post_attention)
         if keep is not None:
-            return self._residual(h, layer.o, y, layer.post_attention)
-        self._residual(h, layer.o, y, layer.post_attention)
+            return h
         last = pool[-lags:] if pool.shape[0] >= lags else pool
         return last.clone(), bx.new_empty(0)
 

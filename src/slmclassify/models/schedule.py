@@ -18,7 +18,7 @@ Each phase takes the smallest setting within `WITHIN` of its fastest (smaller ba
 memory). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
 read positions only), without the output layer: per-layer cost is what the budget changes (the
 output layer takes the read states of several batches at once, `Scorer.score`, whatever the
-budget), and the probe stays at a few seconds (~2 s for SmolLM2-135M on 2 cores, ~7 s at 350M
+budget), and the probe stays at a few seconds (~3 s for SmolLM2-135M on 2 cores, 4-9 s at 350M
 parameters). Sorting by length is not measured: it only ever removes padding (docs/performance.md,
 *The schedule*).
 
@@ -126,9 +126,10 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
 def probe_lengths(tokens: int) -> list[int]:
     """Phase 1's item lengths (`PROBE_LENGTHS`, seeded): drawn until they add up to `tokens`."""
     median, sigma, low, high = PROBE_LENGTHS
-    rng, out = np.random.default_rng(0), []
-    while sum(out) < tokens:
+    rng, out, total = np.random.default_rng(0), [], 0
+    while total < tokens:
         out.append(int(np.clip(rng.lognormal(np.log(median), sigma), low, high)))
+        total += out[-1]
     return out
 
 
