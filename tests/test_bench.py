@@ -92,6 +92,10 @@ def test_bench_report_schema(llama_loaded):
     assert all(row["vs_d"] is None for row in data["rows"][:4])
     for row in data["rows"][4:7]:  # (e): whole runs interleaved with whole runs of (d)
         assert row["vs_d"] > 0 and row["seconds"] == pytest.approx(ours["seconds"] / row["vs_d"])
+        # each round's ratio is kept, so a reader can tell a difference from the rounds' noise
+        assert len(row["vs_d_rounds"]) == 3 and row["vs_d"] == pytest.approx(np.median(row["vs_d_rounds"]), abs=1e-3)
+        assert f"(rounds {min(row['vs_d_rounds']):.2f}-{max(row['vs_d_rounds']):.2f})" in row["description"]
+    assert all(row["vs_d_rounds"] is None for row in data["rows"] if not row["name"].startswith("e "))
     # The roofline's inputs, recomputed: useful tokens are every item's prompt after the shared prefix.
     from slmclassify import Classifier
 

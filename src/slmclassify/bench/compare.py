@@ -77,6 +77,9 @@ class BenchRow:
     vs_d: float | None = None
     """items/s over (d), timed interleaved with it: batch by batch on the same batches (g, i, m
     rows), or whole run by whole run (e rows)."""
+    vs_d_rounds: list[float] | None = None
+    """(e) rows: `vs_d` in each interleaved round (its median is `vs_d`): how far repeated rounds of
+    the same comparison disagree, so a ratio within their range of 1.00 is not a difference."""
     peak_rss_mb: float | None = None
 
     @property
@@ -261,9 +264,10 @@ class _Rows:
         self.reference_seconds = 0.0
         """(a)'s seconds."""
 
-    def add(self, name, description, seconds, scores, padding=None, roofline=None, rss=None, vs_d=None) -> BenchRow:
+    def add(self, name, description, seconds, scores, padding=None, roofline=None, rss=None, vs_d=None,
+            vs_d_rounds=None) -> BenchRow:
         row = BenchRow(name, description, seconds, self.items, self.prompt_tokens, padding=padding,
-                       roofline=roofline, peak_rss_mb=rss, vs_d=vs_d)
+                       roofline=roofline, peak_rss_mb=rss, vs_d=vs_d, vs_d_rounds=vs_d_rounds)
         if self.reference is None:
             row.speedup, row.agree, row.max_abs_diff = 1.0, self.items, 0.0
             self.reference, self.reference_seconds = scores, seconds
@@ -273,6 +277,8 @@ class _Rows:
             row.max_abs_diff = float(np.abs(scores - self.reference).max())
         self.report.rows.append(row)
         self.log(f"  {name}: {seconds:.2f} s, {row.items_per_s:.2f} items/s, agree {row.agree}/{row.items}")
+        if vs_d_rounds:
+            self.log(f"    {vs_d:.2f}x d; rounds {' / '.join(f'{r:.2f}' for r in vs_d_rounds)}")
         return row
 
 
@@ -400,10 +406,12 @@ def _ablations(inputs: _Inputs, rows: _Rows, report: BenchReport, d: BenchRow) -
                          rounds=E_ROUNDS, warmup=0, sync=sync_of(inputs.device))
     for name, description, _ in variants:
         ratio = timings.speedup("d", name)  # d's seconds over e's, round by round: e's speed over d's
+        each = [round(float(r), 3) for r in timings.ratios("d", name)]
         scored = timings.last(name)[0]
         seconds = d.seconds / ratio
-        rows.add(name, f"{description}; {ratio:.2f}x d, whole runs interleaved with d", seconds, scored.scores,
-                 padding=scored.stats.padding_share, roofline=report.roofline_of(seconds), vs_d=ratio)
+        rows.add(name, f"{description}; {ratio:.2f}x d (rounds {min(each):.2f}-{max(each):.2f}), whole runs "
+                 "interleaved with d", seconds, scored.scores, padding=scored.stats.padding_share,
+                 roofline=report.roofline_of(seconds), vs_d=ratio, vs_d_rounds=each)
 
 
 def _other_precisions_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow) -> None:
