@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from slmclassify.bench.article import article_batched
-from slmclassify.bench.compare import non_embedding_params, roofline, run_bench
+from slmclassify.bench.compare import E_ROUNDS, non_embedding_params, roofline, run_bench
 from slmclassify.cli.main import cli
 from slmclassify.core.article_tickets import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
 
@@ -93,7 +93,7 @@ def test_bench_report_schema(llama_loaded):
     for row in data["rows"][4:7]:  # (e): whole runs interleaved with whole runs of (d)
         assert row["vs_d"] > 0 and row["seconds"] == pytest.approx(ours["seconds"] / row["vs_d"])
         # each round's ratio is kept, so a reader can tell a difference from the rounds' noise
-        assert len(row["vs_d_rounds"]) == 3 and row["vs_d"] == pytest.approx(np.median(row["vs_d_rounds"]), abs=1e-3)
+        assert len(row["vs_d_rounds"]) == E_ROUNDS and row["vs_d"] == pytest.approx(np.median(row["vs_d_rounds"]), abs=1e-3)
         assert f"(rounds {min(row['vs_d_rounds']):.2f}-{max(row['vs_d_rounds']):.2f})" in row["description"]
     assert all(row["vs_d_rounds"] is None for row in data["rows"] if not row["name"].startswith("e "))
     # The roofline's inputs, recomputed: useful tokens are every item's prompt after the shared prefix.

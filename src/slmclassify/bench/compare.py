@@ -78,8 +78,8 @@ class BenchRow:
     """items/s over (d), timed interleaved with it: batch by batch on the same batches (g, i, m
     rows), or whole run by whole run (e rows)."""
     vs_d_rounds: list[float] | None = None
-    """(e) rows: `vs_d` in each interleaved round (its median is `vs_d`): how far repeated rounds of
-    the same comparison disagree, so a ratio within their range of 1.00 is not a difference."""
+    """(e) rows: the ratio to (d) in each interleaved round (`vs_d` is their median). How far repeated
+    rounds of one comparison disagree: rounds on both sides of 1.00 show no difference."""
     peak_rss_mb: float | None = None
 
     @property
