@@ -13,7 +13,8 @@ and precision (keyed like the GEMM choice, `choice.machine_key`, cached beside i
     phase 2  items of `SHORT_TOKENS` tokens at the chosen budget, rows capped at each of `ROW_CAPS`
              (a cap binds only for short items): items per second of each
 
-Each setting's batches run once before the timed rounds (the first call at a size allocates).
+Each setting's first batch runs once before the timed rounds (the first call at a size allocates),
+and each setting's best of its `ROUNDS` rounds counts.
 Each phase takes the smallest setting within `WITHIN` of its fastest (smaller batches hold less
 memory). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
 read positions only), without the output layer: per-layer cost is what the budget changes (the
