@@ -99,6 +99,38 @@ def test_a_provisional_schedule_is_measured_again_at_a_later_start(tmp_path, lla
     assert Classifier(TASK, model=loaded).schedule["cached"] is False  # quiet machine: measured again
 
 
+def test_one_settings_slow_first_round_is_not_a_busy_machine(tmp_path, llama_dir, monkeypatch):
+    """A big budget's first rounds run slow on a quiet machine (the heap settles at its size): the
+    probe's spread is the median over its settings, so one setting's slow rounds do not mark the
+    schedule provisional, while rounds that disagree in most settings (other work) do."""
+    from slmclassify.timing import Timings
+
+    monkeypatch.setattr(choice, "UNSTEADY", 0.25)
+    loaded = load_model(str(llama_dir), device="cpu")
+    real = schedule.interleave
+
+    def planted(slow: int):
+        def timed(sides, *a, **k):
+            t = real(sides, *a, **k)
+            seconds = {}
+            for i, name in enumerate(t.names):
+                s = np.full_like(t.seconds[name], 0.1)  # steady rounds long enough to count (STEADY_ROUND_S)
+                if i < slow:
+                    s[:-1] *= 3.0  # all but the last round slow: its second-best round 3x its best
+                seconds[name] = s
+            return Timings(t.names, seconds, t.values, t.calls)
+        return timed
+
+    monkeypatch.setattr(schedule, "interleave", planted(1))
+    one = schedule.measure(loaded.engine, loaded.model.config.vocab_size, loaded.backend.device)
+    assert one["spread"] == 0.0
+    monkeypatch.setattr(schedule, "interleave", planted(99))
+    busy = schedule.measure(loaded.engine, loaded.model.config.vocab_size, loaded.backend.device)
+    assert busy["spread"] == pytest.approx(2.0)
+    monkeypatch.setattr(schedule, "measure", lambda *a: busy)
+    assert Classifier(TASK, model=loaded).schedule["provisional"] is True
+
+
 def test_gemm_rates_whose_rounds_disagree_are_provisional(tmp_path, llama_dir, monkeypatch):
     from slmclassify.backends import gemm
 

@@ -14,13 +14,20 @@ and precision (keyed like the GEMM choice, `choice.machine_key`, cached beside i
              (a cap binds only for short items): items per second of each
 
 Each setting's first batch runs once before the timed rounds (the first call at a size allocates),
-and each setting's best of its `ROUNDS` rounds counts.
+and each setting's best of its `ROUNDS` rounds counts. How steady the rounds were is the median
+over the settings of each one's second-best round over its best: other work on the machine slows
+every setting's rounds, while on a quiet machine only the big budgets' first rounds in a fresh
+process run slow, as the heap settles at their sizes (an AMD Zen 4, 2 cores: 4096 tokens' rounds
+0.92, 0.57, 0.59 s, 8192's 1.16, 0.83, 0.69 s, 1024's 0.67, 0.61, 0.63 s; a whole run is not
+faster with glibc's trim and mmap thresholds raised, docs/performance.md). Probe v4 took the
+largest setting's spread of two rounds and so saw a busy machine in a quiet one (48-56% on every
+start of that Zen 4: measured again at every start).
 Each phase takes the smallest setting within `WITHIN` of its fastest (smaller batches hold less
 memory). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
 read positions only), without the output layer: per-layer cost is what the budget changes (the
 output layer takes the read states of several batches at once, `Scorer.score`, whatever the
-budget), and the probe stays at a few seconds (~3 s for SmolLM2-135M on 2 cores, 4-9 s at 350M
-parameters). Sorting by length is not measured: it only ever removes padding (docs/performance.md,
+budget), and the probe stays at seconds (on an AMD Zen 4's 2 cores 2.5 s for SmolLM2-135M, 7.5 s
+at Granite 350M's shapes, 15 s at Qwen3-0.6B's). Sorting by length is not measured: it only ever removes padding (docs/performance.md,
 *The schedule*).
 
 A measurement is provisional, used and measured again at a later start, when the machine was busy
@@ -43,25 +50,30 @@ from ..backends import choice
 from ..backends.gemm import STEADY_ROUND_S
 from ..backends.sync import sync_of
 
-BUDGETS = {"cpu": (1024, 2048, 4096, 8192), "cuda": (8192, 16384, 32768, 65536)}
+BUDGETS = {"cpu": (1024, 2048, 4096), "cuda": (8192, 16384, 32768, 65536)}
+"""Token budgets timed in phase 1. 8192 on a CPU was never chosen in the probes logged on the Xeon,
+the Zen 4 and the AVX2 caps (2026-12-02/03): never more than 3% faster than every smaller budget (its
+best, 129 items/s against 2048's 126 under the caps). It cost half of the probe's time, so v6 no
+longer times it."""
 ROW_CAPS = (64, 128, 256, 512)
 PROBE_LENGTHS = (48, 0.8, 8, 384)
 """Phase 1's item lengths: lognormal with this median (tokens after the prefix) and sigma, clipped
 to [low, high]: short texts with a long tail, as support tickets and messages are (not the
 article's tickets, which the bench times)."""
-PROBE_TOKENS = {"cpu": 9000, "cuda": 70000}
+PROBE_TOKENS = {"cpu": 4500, "cuda": 70000}
 """Phase 1's workload: just over the largest budget, so that every budget fills a batch."""
 SHORT_TOKENS = 16
 PREFIX_TOKENS = 128
 PROBE_LAYERS = 2
-ROUNDS = 2
+ROUNDS = 3
+"""Timed rounds per setting; its best counts, its second-best tells how steady they were (see above)."""
 WITHIN = 0.03
 """A smaller budget (row cap) is taken when it is within this share of the fastest (about the
 rounds' noise on a quiet machine): it holds less memory. The padding a bigger sorted batch of
 items of mixed lengths adds is in phase 1's timing itself. (Probe v3 timed one batch of
 equal-length items per budget and took the smallest within 10%: on the Xeon that was 1024 tokens
 while 4096 ran the article's tickets 1.05x faster, docs/performance.md.)"""
-VERSION = 4
+VERSION = 6
 """Bumped when the probe changes, so that schedules measured by another probe are measured again."""
 
 
@@ -93,8 +105,8 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
     trie = build_trie(("a", "b", "c"), [tuple(ids(2)) for _ in range(3)], "full")
     sync = sync_of(device)
 
-    def rates(plans: dict[int, list[list[list[int]]]]) -> tuple[dict[int, float], float]:
-        """{setting: items/s} of each setting's batches (each a list of items' ids), and the rounds' largest spread."""
+    def rates(plans: dict[int, list[list[list[int]]]]) -> tuple[dict[int, float], list[float]]:
+        """{setting: items/s} of each setting's batches (each a list of items' ids), and each setting's spread."""
         batches = {k: [collate(items, torch.arange(len(items)).numpy(), 0, cached=True) for items in plan]
                    for k, plan in plans.items()}
         for planned in batches.values():  # first calls at a size allocate
@@ -102,21 +114,22 @@ def measure(engine, vocab_size: int, device: torch.device) -> dict:
         timings = interleave([Side(str(k), lambda _, bs=bs: [probe.read_states(b, prefix, trie) for b in bs])
                               for k, bs in batches.items()], rounds=ROUNDS, warmup=0, sync=sync)
         # a setting's second-best round over its best: a busy machine makes repeated rounds disagree
-        spread = max(timings.spread(str(k), STEADY_ROUND_S) for k in batches)
-        return {k: sum(len(b.lengths) for b in bs) / timings.best_round(str(k)) for k, bs in batches.items()}, spread
+        spreads = [timings.spread(str(k), STEADY_ROUND_S) for k in batches]
+        return {k: sum(len(b.lengths) for b in bs) / timings.best_round(str(k)) for k, bs in batches.items()}, spreads
 
     budgets = BUDGETS.get(device.type, BUDGETS["cpu"])
     items = [ids(n) for n in probe_lengths(PROBE_TOKENS.get(device.type, PROBE_TOKENS["cpu"]))]
     lengths = np.array([len(item) for item in items])
-    by_budget, spread = rates({b: [[items[i] for i in rows] for rows in plan_batches(lengths, b, max(ROW_CAPS))]
-                               for b in budgets})
+    by_budget, spreads = rates({b: [[items[i] for i in rows] for rows in plan_batches(lengths, b, max(ROW_CAPS))]
+                                for b in budgets})
     budget = _smallest_near_best(by_budget)
     caps = sorted({min(cap, budget // SHORT_TOKENS) for cap in ROW_CAPS})
     if len(caps) > 1:
-        by_cap, spread2 = rates({cap: [[ids(SHORT_TOKENS) for _ in range(cap)]] for cap in caps})
-        max_rows, spread = _smallest_near_best(by_cap), max(spread, spread2)
+        by_cap, spreads2 = rates({cap: [[ids(SHORT_TOKENS) for _ in range(cap)]] for cap in caps})
+        max_rows, spreads = _smallest_near_best(by_cap), spreads + spreads2
     else:
         by_cap, max_rows = {}, max(caps[0], ROW_CAPS[0])
+    spread = float(np.median(spreads))
     return {"token_budget": int(budget), "max_rows": int(max_rows),
             "rates": {str(k): round(v, 1) for k, v in by_budget.items()},
             "row_cap_rates": {str(k): round(v, 1) for k, v in by_cap.items()},
