@@ -203,6 +203,7 @@ def test_rates_measured_on_a_busy_machine_are_measured_again_when_quiet(llama_di
     from slmclassify.cache import cache_root
 
     monkeypatch.setattr(choice, "machine_load", lambda: 3.0)  # busy: 3 runnable tasks per core
+    monkeypatch.setattr(choice, "others_share", lambda before: 0.0)  # only the load average says busy here
     busy = load_model(str(llama_dir), device="cpu").gemm_rates
     assert busy["cached"] is False and busy["provisional"] is True and busy["load_per_core"] == 3.0
     assert load_model(str(llama_dir), device="cpu").gemm_rates["cached"] is True  # still busy: reused

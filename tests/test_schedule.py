@@ -6,6 +6,7 @@ the schedule it started with, and the suite keeps its choices out of the user's 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.backends import choice
+from slmclassify.backends.choice import cpu_seconds, others_share
 from slmclassify.models import schedule
 from slmclassify.models.prepare import load_model
 
@@ -27,6 +29,7 @@ TASK = Task(labels=("billing", "technical", "account"), user_template="Ticket: {
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(choice, "machine_load", lambda: 0.0)
+    monkeypatch.setattr(choice, "others_share", lambda before: 0.0)
     # rounds of the tiny models jitter on a shared machine (the suite runs beside other work): only
     # the tests of unsteady rounds below (which plant a spread) mark a measurement provisional by it
     monkeypatch.setattr(choice, "UNSTEADY", 1e9)
@@ -97,6 +100,38 @@ def test_a_provisional_schedule_is_measured_again_at_a_later_start(tmp_path, lla
     monkeypatch.setattr(schedule, "measure", lambda *a: {**real(*a), "spread": 0.0})
     monkeypatch.setattr(choice, "_MEASURED_HERE", set())  # a later start
     assert Classifier(TASK, model=loaded).schedule["cached"] is False  # quiet machine: measured again
+
+
+def test_other_work_during_a_measurement_makes_it_provisional(tmp_path, llama_dir, monkeypatch):
+    """The load average lags and counts the measuring process itself (a whole `make test` beside a
+    2-core run read 1.03 per core): the CPU time other processes used while it measured counts."""
+    loaded = load_model(str(llama_dir), device="cpu")
+    monkeypatch.setattr(choice, "others_share", lambda before: 0.6)
+    busy = Classifier(TASK, model=loaded).schedule
+    assert busy["provisional"] is True and busy["others_share"] == 0.6
+    assert "other work used 60% of the cores meanwhile" in choice.provisional_reason(busy)
+    monkeypatch.setattr(choice, "others_share", lambda before: 0.05)
+    monkeypatch.setattr(choice, "_MEASURED_HERE", set())  # a later start
+    quiet = Classifier(TASK, model=loaded).schedule
+    assert quiet["cached"] is False and "provisional" not in quiet
+
+
+@pytest.mark.skipif(cpu_seconds() is None, reason="no /proc/stat here (not Linux): nothing to measure other work by")
+def test_others_share_sees_another_process_computing():
+    """A child process spinning on one core is other work; this process's own computing is not."""
+    import subprocess
+    import sys
+
+    before = cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+    child.wait()
+    spun = others_share(before)
+    assert spun is not None and spun >= 0.5 / (os.cpu_count() or 1)
+    before = cpu_seconds()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:  # this process busy: not counted as other work
+        pass
+    assert others_share(before) < spun
 
 
 def test_one_settings_slow_first_round_is_not_a_busy_machine(tmp_path, llama_dir, monkeypatch):

@@ -27,11 +27,12 @@ memory). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a
 read positions only), without the output layer: per-layer cost is what the budget changes (the
 output layer takes the read states of several batches at once, `Scorer.score`, whatever the
 budget), and the probe stays at seconds (on an AMD Zen 4's 2 cores 2.5 s for SmolLM2-135M, 7.5 s
-at Granite 350M's shapes, 15 s at Qwen3-0.6B's). Sorting by length is not measured: it only ever removes padding (docs/performance.md,
-*The schedule*).
+at Granite 350M's shapes, 15 s at Qwen3-0.6B's). Sorting by length is not measured: it only ever
+removes padding (docs/performance.md, *The schedule*).
 
 A measurement is provisional, used and measured again at a later start, when the machine was busy
-(load average above `choice.BUSY_LOAD_PER_CORE` per core) or its repeated rounds disagree by more
+(other processes using more than `choice.OTHERS_BUSY_SHARE` of the cores while it ran, or a load
+average above `choice.BUSY_LOAD_PER_CORE` per core) or its repeated rounds disagree by more
 than `choice.UNSTEADY` (another process computing at the same time); measurements in progress are
 serialised across processes (`choice.measuring`), so two runs starting at once do not time each other.
 """
