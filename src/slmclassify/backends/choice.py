@@ -277,7 +277,8 @@ def _provisional(entry: dict) -> bool:
 
 
 def cpu_seconds() -> tuple[float, float, float] | None:
-    """(wall clock, busy CPU seconds of the whole machine, this process's CPU seconds) now, for
+    """(wall clock, busy CPU seconds of the whole machine, this process's and its finished children's
+    CPU seconds) now, for
     `others_share`; None where /proc/stat cannot be read (not Linux)."""
     try:
         with open("/proc/stat") as fh:
@@ -285,13 +286,14 @@ def cpu_seconds() -> tuple[float, float, float] | None:
         busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-    own = os.times()
-    return time.monotonic(), busy, own.user + own.system
+    own = os.times()  # its children's too: a C compiler it ran for its kernels is its own work
+    return time.monotonic(), busy, own.user + own.system + own.children_user + own.children_system
 
 
 def others_share(before: tuple[float, float, float] | None) -> float | None:
     """The share of the machine's cores that other work kept busy since `before` (`cpu_seconds()`):
-    the busy CPU time this process (all its threads) did not use, over wall time × cores."""
+    the busy CPU time this process (all its threads, the children it waited for) did not use, over
+    wall time × cores."""
     after = cpu_seconds()
     if before is None or after is None or after[0] - before[0] <= 0:
         return None
