@@ -118,19 +118,25 @@ def test_other_work_during_a_measurement_makes_it_provisional(tmp_path, llama_di
 
 @pytest.mark.skipif(cpu_seconds() is None, reason="no /proc/stat here (not Linux): nothing to measure other work by")
 def test_others_share_sees_another_process_computing():
-    """A child process spinning on one core is other work; this process's own computing is not."""
+    """A process spinning on one core is other work while it runs; this process's own computing is
+    not (nor are children it has waited for: a compiler it ran counts as its own)."""
     import subprocess
     import sys
 
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 2.5\nwhile time.time() < end: pass"])
+    time.sleep(0.5)  # past the child's start
     before = cpu_seconds()
-    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+    time.sleep(1.5)
+    spun = others_share(before)  # measured while it still spins, before it is waited for
     child.wait()
-    spun = others_share(before)
     assert spun is not None and spun >= 0.5 / (os.cpu_count() or 1)
     before = cpu_seconds()
     end = time.monotonic() + 1.0
     while time.monotonic() < end:  # this process busy: not counted as other work
         pass
+    assert others_share(before) < spun
+    before = cpu_seconds()  # a child it waits for (a C compiler for its kernels) is its own work
+    subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"])
     assert others_share(before) < spun
 
 
