@@ -164,13 +164,13 @@ def cached_or_measured(cache_dir: Path | None, key: str, device: torch.device, m
         entry = usable()  # another process may have measured it meanwhile
         if entry is not None:
             return {**entry, "cached": True}
-        load, before = machine_load(), cpu_seconds()
+        on_cpu = device.type == "cpu"  # other work on the CPU does not slow a GPU's kernels
+        load, before = machine_load(), cpu_seconds() if on_cpu else None
         entry = {**measure(), "load_per_core": round(load, 2)}
-        others = others_share(before)
-        if others is not None:
+        if (others := others_share(before)) is not None:
             entry["others_share"] = round(others, 2)
-        busy = load > BUSY_LOAD_PER_CORE or (others or 0.0) > OTHERS_BUSY_SHARE
-        if (device.type == "cpu" and busy) or entry.get("spread", 0.0) > UNSTEADY:
+        busy = load > BUSY_LOAD_PER_CORE or entry.get("others_share", 0.0) > OTHERS_BUSY_SHARE
+        if (on_cpu and busy) or entry.get("spread", 0.0) > UNSTEADY:
             entry["provisional"] = True
         store_entry(cache_dir, key, entry)
     return {**entry, "cached": False}
@@ -278,8 +278,7 @@ def _provisional(entry: dict) -> bool:
 
 def cpu_seconds() -> tuple[float, float, float] | None:
     """(wall clock, busy CPU seconds of the whole machine, this process's and its finished children's
-    CPU seconds) now, for
-    `others_share`; None where /proc/stat cannot be read (not Linux)."""
+    CPU seconds) now, for `others_share`; None where /proc/stat cannot be read (not Linux)."""
     try:
         with open("/proc/stat") as fh:
             ticks = [int(x) for x in fh.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
