@@ -146,11 +146,18 @@ def test_engine_refuses_a_config_changed_after_loading(loaded_configs):
 def test_weights_are_held_once(loaded_configs):
     """The Hugging Face modules compute with the engine's tensors (transposed views): all weights
     together take the model's parameter bytes plus the interleaved q/k copies, nothing more."""
-    loaded = loaded_configs("llama-attention-and-mlp-bias")
+    import torch
+
+    from slmclassify.backends.device import Backend
+    from slmclassify.models.engines import with_backend
+
+    # The float32 kernel `mm` (MmLinear: `torch.mm` on the shared [in, out] tensors), whichever kernel
+    # this CPU's GEMM choice picked for the loaded model (oneDNN keeps a blocked copy: `weight_copy_bytes`)
+    loaded = with_backend(loaded_configs("llama-attention-and-mlp-bias"),
+                          Backend(device=torch.device("cpu"), precision="fp32", gemm="mm"))
     clf = Classifier(Task(labels=("billing", "technical")), model=loaded)
     layer, arranged = loaded.model.model.layers[0], clf.engine.layers[0]
     mlp, attn = layer.mlp, layer.self_attn
-    # float32 on the CPU: the linear ops are `torch.mm` on the shared [in, out] tensors (MmLinear)
     for module, op in ((mlp.gate_proj, arranged.gate_up), (mlp.up_proj, arranged.gate_up),
                        (mlp.down_proj, arranged.down), (attn.o_proj, arranged.o), (attn.v_proj, arranged.qkv)):
         assert module.weight.untyped_storage().data_ptr() == op.weight.untyped_storage().data_ptr()
