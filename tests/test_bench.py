@@ -334,3 +334,20 @@ def test_sweep_interleaves_the_settings(llama_loaded, monkeypatch):
     assert [w.window for w in windows] == [4, 16]
     runs = [s[2] for s in seen if s[2] != 1024]  # not calibration and warm-up; windows of 4: 3 calls, of 16: one
     assert runs == [4, 4, 4, 16, 16, 4, 4, 4]
+
+
+@pytest.mark.parametrize("caps, expected", [({"ATEN_CPU_CAPABILITY": "avx2"}, "AVX2"),
+                                            ({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx512"}, "AVX2"),
+                                            ({}, None)])
+def test_ctranslate2_is_capped_like_ours(monkeypatch, caps, expected):
+    """Under an instruction-set cap the (i) rows run CTranslate2 at the same level as ours
+    (CT2_FORCE_CPU_ISA), and a value the user set wins."""
+    from slmclassify.bench.ctranslate2 import cap_like_ours
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in caps.items():
+        monkeypatch.setenv(name, value)
+    assert cap_like_ours() == expected
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "GENERIC")
+    assert cap_like_ours() == "GENERIC"

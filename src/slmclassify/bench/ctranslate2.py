@@ -16,6 +16,10 @@ Its recipe (what a CTranslate2 user would write for first-token scoring):
   - items sorted by length, either one call per item or one call per batch (ragged tails of the
     longer prompts of a batch are decoded step by step, so per item can be the faster).
 
+Under an instruction-set cap (`backends/isa.py`: `ONEDNN_MAX_CPU_ISA` / `ATEN_CPU_CAPABILITY` below
+this CPU's level), CTranslate2's own kernels are capped alike (`CT2_FORCE_CPU_ISA`, which it reads
+when it loads), unless the user set that variable: a capped bench compares both on the same CPU level.
+
 Every item is fed exactly the token ids our encoder gives it (`EncodedItems`): the prefix ids as
 the static prompt and its own ids after them; an item whose prompt does not start with the
 prefix (a fallback) runs its whole prompt without a static prompt.
@@ -59,10 +63,28 @@ class PeerRow:
     """Both modes' ratios over (d), for the log."""
 
 
+def cap_like_ours() -> str | None:
+    """Set `CT2_FORCE_CPU_ISA` to the level this process's kernels are capped at (AVX2 or AVX512;
+    see the module docstring), before CTranslate2 loads; returns the value in force (None: no cap)."""
+    from ..backends import isa
+
+    level = isa.cap()
+    if level is not None and "CT2_FORCE_CPU_ISA" not in os.environ:
+        index = isa.LEVELS.index(level)
+        if index < isa.LEVELS.index("AVX2"):
+            os.environ["CT2_FORCE_CPU_ISA"] = "AVX" if index >= isa.LEVELS.index("AVX") else "GENERIC"
+        elif index < isa.LEVELS.index("AVX512_CORE"):
+            os.environ["CT2_FORCE_CPU_ISA"] = "AVX2"
+        elif "avx512f" in isa.native_flags():
+            os.environ["CT2_FORCE_CPU_ISA"] = "AVX512"
+    return os.environ.get("CT2_FORCE_CPU_ISA")
+
+
 def skipped(device: torch.device) -> str | None:
     """Why the (i) rows are skipped here (one line), or None when they run."""
     if device.type != "cpu":
         return "CPU only: the bench compares it with ours on the CPU"
+    cap_like_ours()
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -73,10 +95,12 @@ def skipped(device: torch.device) -> str | None:
 def measure(loaded, task, clf, encoded, device: torch.device) -> list[PeerRow]:
     """fp32 and int8, per item and batched, all four timed interleaved with (d) (`clf`) on d's
     batches (`on_batches.against_base`); each precision's row is its faster mode."""
+    forced = cap_like_ours()
     import ctranslate2
 
     from ..cache import cache_root
 
+    isa = f", CT2_FORCE_CPU_ISA={forced}" if forced else ""
     folder = converted(loaded.model, loaded.tokenizer, cache_root())
     first = first_ids(loaded.tokenizer, task.labels).tolist()
     threads = torch.get_num_threads()  # as ours
@@ -91,7 +115,7 @@ def measure(loaded, task, clf, encoded, device: torch.device) -> list[PeerRow]:
                 f"{ratios[f'{p} batched']:.2f}x d")
         rows.append(PeerRow(
             p, f"i ctranslate2 {p} {best}",
-            f"ctranslate2 {ctranslate2.__version__} {PRECISIONS[p]}, static prompt cached, sorted, one step of "
+            f"ctranslate2 {ctranslate2.__version__} {PRECISIONS[p]}{isa}, static prompt cached, sorted, one step of "
             f"vocabulary logits; {both}, timed interleaved with d",
             ratios[f"{p} {best}"], scores[f"{p} {best}"], both))
     return rows
