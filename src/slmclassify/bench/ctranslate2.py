@@ -64,19 +64,14 @@ class PeerRow:
 
 
 def cap_like_ours() -> str | None:
-    """Set `CT2_FORCE_CPU_ISA` to the level this process's kernels are capped at (AVX2 or AVX512;
-    see the module docstring), before CTranslate2 loads; returns the value in force (None: no cap)."""
+    """Set `CT2_FORCE_CPU_ISA` to the level this process's C kernels are built for under a cap
+    (`isa.march`: x86-64-v3 is AVX2, v4 AVX512; see the module docstring), before CTranslate2 loads;
+    returns the value in force (None: no cap, or not x86)."""
     from ..backends import isa
 
-    level = isa.cap()
-    if level is not None and "CT2_FORCE_CPU_ISA" not in os.environ:
-        index = isa.LEVELS.index(level)
-        if index < isa.LEVELS.index("AVX2"):
-            os.environ["CT2_FORCE_CPU_ISA"] = "AVX" if index >= isa.LEVELS.index("AVX") else "GENERIC"
-        elif index < isa.LEVELS.index("AVX512_CORE"):
-            os.environ["CT2_FORCE_CPU_ISA"] = "AVX2"
-        elif "avx512f" in isa.native_flags():
-            os.environ["CT2_FORCE_CPU_ISA"] = "AVX512"
+    level = {"x86-64-v2": "GENERIC", "x86-64-v3": "AVX2", "x86-64-v4": "AVX512"}.get(isa.march())
+    if level is not None:
+        os.environ.setdefault("CT2_FORCE_CPU_ISA", level)
     return os.environ.get("CT2_FORCE_CPU_ISA")
 
 
