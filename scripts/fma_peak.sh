@@ -22,20 +22,22 @@ typedef __m256 vec;
 #endif
 int main(void) {
     const long iters = 1000000000L;
-    float sink = 0;
+    float sum = 0;
     double t0 = omp_get_wtime();
-#pragma omp parallel reduction(+ : sink)
+#pragma omp parallel reduction(+ : sum)
     {
         vec a[12], b = SET(1.0000001f), c = SET(1e-7f);  /* 12 chains: more than latency x pipes */
         for (int i = 0; i < 12; i++) a[i] = SET((float)i);
         for (long n = 0; n < iters; n++)
             for (int i = 0; i < 12; i++) a[i] = FMA(a[i], b, c);
-        for (int i = 0; i < 12; i++) sink += ((float *)&a[i])[0];
+        for (int i = 0; i < 12; i++) sum += ((float *)&a[i])[0];
     }
     double t = omp_get_wtime() - t0;
+    volatile float keep = sum;  /* the chains' results are used, so the compiler keeps every FMA */
+    (void)keep;
     int threads = omp_get_max_threads();
-    printf("%-8s %d threads: %6.1f GFLOP/s float32 FMA peak (%.2f s, %g)\n", LANES == 16 ? "AVX-512" : "AVX2",
-           threads, threads * (double)iters * 12 * LANES * 2 / t / 1e9, t, sink > 0 ? 1.0 : 0.0);
+    printf("%-8s %d threads: %6.1f GFLOP/s float32 FMA peak (%.2f s)\n", LANES == 16 ? "AVX-512" : "AVX2",
+           threads, threads * (double)iters * 12 * LANES * 2 / t / 1e9, t);
     return 0;
 }
 C
