@@ -1,6 +1,7 @@
-"""Random-weight model folders with the shapes of the small models users pick, for `slmclassify bench
---model FOLDER` (docs/models.md, "Speed at real shapes"): no download, the embedded SmolLM2 tokenizer
-(`scripts/tokenizer`; the vocabulary rows beyond it are never read, but the output layer pays for them).
+"""Random-weight models with the shapes of the small models users pick: folders for `slmclassify bench
+--model FOLDER` (docs/models.md, "Speed at real shapes"), and the models `scripts/gpu_check.py` builds
+on the GPU itself (`random_model`). No download, the embedded SmolLM2 tokenizer (`scripts/tokenizer`; the
+vocabulary rows beyond it are never read, but the output layer pays for them).
 
     .venv/bin/python scripts/real_shapes.py /tmp/realshapes granite-350m lfm2-350m
 """
@@ -17,6 +18,14 @@ import transformers
 # name: (config class, model class, settings): each model's sizes (vocabulary, widths, layers, heads, layer
 # kinds), what the speed depends on; the parameter counts printed match docs/models.md's table
 SHAPES = {
+    "smollm2-135m": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+        tie_word_embeddings=True)),
+    "qwen2.5-0.5b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True)),
     "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960)),
@@ -38,19 +47,30 @@ SHAPES = {
 }
 
 
-def build(name: str, folder: Path) -> None:
-    from slmclassify.models.loading import save_hf_folder
+def tokenizer():
+    """The embedded model's tokenizer (committed in `scripts/tokenizer`)."""
+    return transformers.AutoTokenizer.from_pretrained(str(Path(__file__).parent / "tokenizer"))
 
-    config_cls, model_cls, settings = SHAPES[name]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(Path(__file__).parent / "tokenizer"))
+
+def random_model(name: str, tokenizer, device: str = "cpu") -> torch.nn.Module:
+    """A float32 model of shape `name` (`SHAPES`) with seeded random weights, initialised on `device`."""
+    config_cls, modelcls, settings = SHAPES[name]
     config = getattr(transformers, config_cls)(pad_token_id=tokenizer.pad_token_id or 0,
                                                eos_token_id=tokenizer.eos_token_id, **settings)
     torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(config).eval()
+    with torch.device(device):
+        return getattr(transformers, modelcls)(config).eval()
+
+
+def build(name: str, folder: Path) -> None:
+    from slmclassify.models.loading import save_hf_folder
+
+    tok = tokenizer()
+    model = random_model(name, tok)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    save_hf_folder(model, tokenizer, folder)
+    save_hf_folder(model, tok, folder)
     print(f"{folder}: {name}, {sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters")
 
 

@@ -18,6 +18,19 @@ _CACHE = tempfile.mkdtemp(prefix="slmclassify-tests-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
+TEST_DEVICE = os.environ.get("SLMCLASSIFY_TEST_DEVICE", "cpu")
+"""Where the engine and family tests run their tiny models, in float32: cpu, or cuda (`scripts/gpu_check.sh`
+runs tests/test_engine.py and tests/test_families.py again with SLMCLASSIFY_TEST_DEVICE=cuda)."""
+if TEST_DEVICE.startswith("cuda"):
+    # The tests' own Hugging Face forwards (hidden states, logits) in true float32 like the reference
+    # path's (`core/reference.py`): cuDNN convolutions (LFM2's) default to TF32.
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def on_test_device(ids) -> torch.Tensor:
+    """[1, n] token ids as a tensor on `TEST_DEVICE`, for a model's own forward in a test."""
+    return torch.tensor([list(ids)], device=TEST_DEVICE)
+
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -94,7 +107,7 @@ def tiny_model_dir(request, tmp_path_factory, tiny_tokenizer):
 def tiny_loaded(tiny_model_dir):
     from slmclassify import load_model
 
-    return load_model(str(tiny_model_dir))
+    return load_model(str(tiny_model_dir), device=TEST_DEVICE, precision="fp32")
 
 
 @pytest.fixture(scope="session")

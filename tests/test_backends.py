@@ -41,7 +41,7 @@ def _scores(model_dir, precision, device="cpu", n=24, task=TASK):
 # Tolerances on |Δ label log-prob|. The tiny random models have label log-probs of -10 .. -50
 # (random weights of std 0.2): int8's ~1% per-GEMM error becomes up to ~0.9 there (measured 0.86),
 # bf16's up to ~0.25; a wrong kernel (transposed weight, lost bias) gives tens.
-TOLERANCE = {"fp32": 1e-4, "int8": 1.5, "bf16": 0.5}
+TOLERANCE = {"fp32": 1e-4, "int8": 1.5, "bf16": 0.5, "fp16": 0.5}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
@@ -326,7 +326,7 @@ def test_bad_device_and_precision_are_clear_errors():
 
 
 @cuda
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_cuda_matches_reference(tiny_model_dir, precision):
     clf, fast, ref = _scores(tiny_model_dir, precision, device="cuda")
     assert clf.engine.device.type == "cuda" and clf.loaded.model.device.type == "cuda"

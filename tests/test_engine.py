@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import TEST_DEVICE
 from slmclassify import Classifier, EngineSettings, Task, TaskError
 from slmclassify.core.batching import collate
 from slmclassify.core.verify import compare, pick_probes
@@ -194,6 +195,7 @@ def test_inline_and_merged_prefix_attention_equal_reference(tiny_loaded, monkeyp
     assert columns and set(columns) == ({clf.prefix.length} if inline else {0})
 
 
+@pytest.mark.skipif(TEST_DEVICE != "cpu", reason="query blocks are the CPU attention kernel's (attend_cpu)")
 @pytest.mark.parametrize("mode", ["first", "full"])
 @pytest.mark.parametrize("inline", [True, False])
 def test_causal_attention_in_query_blocks_equals_reference(tiny_loaded, monkeypatch, inline, mode):
@@ -246,7 +248,10 @@ def test_scoring_leaves_the_classifier_unchanged(tiny_loaded):
         clf.trie = None
     wide = clf.with_settings(EngineSettings(token_budget=4096, window=64))
     assert wide.settings.window == 64 and clf.settings.window == 4 and wide.prefix is clf.prefix
-    np.testing.assert_allclose(wide.score(clf.encode(texts)).scores, first.scores, atol=1e-5)
+    # cuBLAS picks its float32 GEMM kernel (split-K or not) by shape: another batch composition moves
+    # a label log-prob by ~1e-5 there (1.1e-5 seen on an H200), within the reference's 1e-4
+    np.testing.assert_allclose(wide.score(clf.encode(texts)).scores, first.scores,
+                               atol=1e-5 if TEST_DEVICE == "cpu" else 1e-4)
     with pytest.raises(TaskError, match="not prefix_cache"):
         clf.with_settings(EngineSettings(prefix_cache=False))
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import TEST_DEVICE, on_test_device
 from family_models import FAMILY_MODELS, family_model
 from slmclassify import Classifier, EngineSettings, Task, load_model
 from slmclassify.backends.device import cpu_native
@@ -47,7 +48,7 @@ def family_loaded(family_dir):
 
     def get(name: str):
         if name not in cache:
-            cache[name] = load_model(str(family_dir(name)), device="cpu", precision="fp32")
+            cache[name] = load_model(str(family_dir(name)), device=TEST_DEVICE, precision="fp32")
         return cache[name]
 
     return get
@@ -85,7 +86,7 @@ def test_layers_after_the_last_attention_compute_only_the_rows_read_later(family
 
     loaded = load_model(str(family_dir("lfm2", num_hidden_layers=4,
                                    layer_types=["conv", "full_attention", "conv", "conv"])),
-                        device="cpu", precision="fp32")
+                        device=TEST_DEVICE, precision="fp32")
     sizes = []
     needed_rows = engine_module.Engine._needed_rows
 
@@ -111,8 +112,8 @@ def test_layers_after_the_last_attention_compute_only_the_rows_read_later(family
     states = clf.score(encoded, taps=(1, 2, 3, 4)).states
     for i in range(len(texts)):
         with torch.inference_mode():
-            out = loaded.model(input_ids=torch.tensor([encoded.ids[i]]), output_hidden_states=True)
-        ref = torch.stack([out.hidden_states[t][0, -1] for t in (1, 2, 3, 4)]).numpy()
+            out = loaded.model(input_ids=on_test_device(encoded.ids[i]), output_hidden_states=True)
+        ref = torch.stack([out.hidden_states[t][0, -1] for t in (1, 2, 3, 4)]).cpu().numpy()
         assert np.abs(states[i].reshape(4, -1) - ref).max() <= 1e-4
 
 
@@ -129,24 +130,27 @@ def test_family_hidden_states_equal_hugging_face(family_loaded, name):
     states = clf.score(encoded, taps=taps).states
     for i in range(5):
         with torch.inference_mode():
-            out = loaded.model(input_ids=torch.tensor([encoded.ids[i]]), output_hidden_states=True)
-        ref = torch.stack([out.hidden_states[t][0, -1] for t in taps]).numpy()
+            out = loaded.model(input_ids=on_test_device(encoded.ids[i]), output_hidden_states=True)
+        ref = torch.stack([out.hidden_states[t][0, -1] for t in taps]).cpu().numpy()
         diff = np.abs(states[i].reshape(len(taps), -1) - ref).max()
         assert diff <= 1e-4, f"item {i}: max |Δ state| {diff:.2e}"
 
 
 # As in test_backends: int8's ~1% per-GEMM error reaches ~1 on the random models' label log-probs of
-# -10 .. -50; a wrong kernel or a dropped norm gives tens.
-TOLERANCE = {"int8": 1.5, "bf16": 0.6}
+# -10 .. -50; a wrong kernel or a dropped norm gives tens. fp16 keeps 3 more mantissa bits than bf16.
+TOLERANCE = {"int8": 1.5, "bf16": 0.6, "fp16": 0.6}
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("precision", ["int8", "bf16"])
+@pytest.mark.parametrize("precision", ["int8", "bf16", "fp16"])
 def test_family_low_precision_is_close(family_dir, name, precision, tmp_path, monkeypatch):
-    if precision == "bf16" and not cpu_native("bf16"):
-        pytest.skip("this CPU has no native bf16")
+    on_gpu = TEST_DEVICE.startswith("cuda")
+    if precision == "int8" and on_gpu:
+        pytest.skip("int8 runs on the CPU only")
+    if precision in ("bf16", "fp16") and not on_gpu and not cpu_native(precision):
+        pytest.skip(f"this CPU has no native {precision}")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    loaded = load_model(str(family_dir(name)), device="cpu", precision=precision)
+    loaded = load_model(str(family_dir(name)), device=TEST_DEVICE, precision=precision)
     clf = Classifier(Task(labels=LABELS["first"]), model=loaded)
     assert clf.engine.backend.precision == precision
     encoded = clf.encode(random_texts(16, seed=5))
@@ -183,7 +187,7 @@ def test_sliding_windows_are_exact_beyond_the_window(family_dir, name, settings,
     """Prompts longer than the window (the prefix alone is ~60 tokens here): queries whose window ends
     inside the cached prefix, inside the item or among the trie nodes, with padded batches, one row,
     and the prefix cache off; no prompt is cut for the window."""
-    loaded = load_model(str(family_dir(name, **settings)), device="cpu", precision="fp32")
+    loaded = load_model(str(family_dir(name, **settings)), device=TEST_DEVICE, precision="fp32")
     assert context_limit(loaded.model.config) == loaded.model.config.max_position_embeddings
     assert any(k.window == settings["sliding_window"] for k in layer_kinds(loaded.model.config))
     texts = random_texts(6, seed=3, max_words=60) + [" ".join(["refund parcel login"] * 20)]
@@ -268,7 +272,7 @@ def test_each_family_template_splits_into_a_cached_prefix_and_is_exact(tmp_path,
         config = json.loads((folder / "tokenizer_config.json").read_text())
         config.pop("chat_template", None)
         (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    loaded = load_model(str(folder), device="cpu", precision="fp32")
+    loaded = load_model(str(folder), device=TEST_DEVICE, precision="fp32")
     assert bool(getattr(loaded.tokenizer, "chat_template", None)) == (template is not None)
     task = Task(labels=LABELS["full"], mode="full", instruction="Sort the tickets.",
                 examples=(Example("my card was charged twice", "billing"),))
@@ -303,10 +307,11 @@ def test_a_gguf_file_of_each_family_loads_and_is_exact(tmp_path, monkeypatch, ti
     arch, overrides = GGUF_CASES[name]
     model = family_model(name, len(tiny_tokenizer), **overrides)
     path = write_gguf(model, tiny_tokenizer, tmp_path / f"{name}.gguf", arch)
-    loaded = load_model(str(path), device="cpu", precision="fp32")
-    ids = torch.tensor([tiny_tokenizer("my card was charged twice, the app crashes")["input_ids"]])
+    loaded = load_model(str(path), device=TEST_DEVICE, precision="fp32")
+    ids = tiny_tokenizer("my card was charged twice, the app crashes")["input_ids"]
     with torch.inference_mode():
-        torch.testing.assert_close(loaded.model(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=1e-4)
+        torch.testing.assert_close(loaded.model(input_ids=on_test_device(ids)).logits.cpu(),
+                                   model(input_ids=torch.tensor([ids])).logits, rtol=0, atol=1e-4)
     clf = Classifier(Task(labels=LABELS["full"], mode="full"), model=loaded)
     assert_matches_reference(clf, random_texts(5, seed=2, max_words=30))
     assert list((tmp_path / "cache" / "slmclassify").glob("gguf-*"))  # converted once, cached

@@ -54,3 +54,23 @@ def test_prompt_runs_once_per_probe(tiny_loaded, monkeypatch):
     reference_scores(tiny_loaded.model, ids, clf.trie)
     multi = [len(s) - 1 for s in clf.trie.sequences if len(s) > 1]
     assert lengths == [len(ids)] + multi
+
+
+def test_the_oracle_runs_convolutions_in_true_float32_on_cuda():
+    """On CUDA the reference path turns cuDNN's TF32 off while it runs (LFM2's convolution would move by
+    ~1e-3 under TF32) and restores the user's setting after, also when the forward raises; on a CPU it
+    touches nothing. Only the flag is read here, so this runs without a GPU."""
+    from slmclassify.core.reference import true_float32
+
+    before = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        with true_float32(torch.device("cpu")):
+            assert torch.backends.cudnn.allow_tf32
+        with pytest.raises(RuntimeError):
+            with true_float32(torch.device("cuda")):
+                assert not torch.backends.cudnn.allow_tf32
+                raise RuntimeError("the forward failed")
+        assert torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32 = before

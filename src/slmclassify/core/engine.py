@@ -265,7 +265,7 @@ class Engine:
         self.windows = sorted({k.window for k in self.kinds if k.window})
         self.linear_params = sum(m.weight.numel() for layer in base.layers for m in layer.modules()
                                  if isinstance(m, torch.nn.Linear))
-        probe = torch.arange(min(8, cfg.vocab_size))[None]  # [1, 8] any ids: the function must not change
+        probe = torch.arange(min(8, cfg.vocab_size), device=model.device)[None]  # [1, 8] any ids: the function must not change
         with torch.inference_mode():
             before = model(input_ids=probe, logits_to_keep=1).logits
         if not torch.isfinite(before).all():
@@ -332,7 +332,8 @@ class Engine:
         """R: how many of each head's dimensions the rotary embedding turns (D, or less: partial rotary)."""
         if not self.rope_keys:
             return self.head_dim
-        cos, _ = self._rotary(torch.zeros(1, 1, device=self.embed.weight.device), torch.zeros(1, 1, dtype=torch.long),
+        dev = self.embed.weight.device
+        cos, _ = self._rotary(torch.zeros(1, 1, device=dev), torch.zeros(1, 1, dtype=torch.long, device=dev),
                               self.rope_keys[0])
         return int(cos.shape[-1])
 

@@ -9,6 +9,7 @@ a few label tokens per label instead of one full forward per label.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -16,9 +17,30 @@ import torch
 from .labels import LabelTrie
 
 
+@contextlib.contextmanager
+def true_float32(device: torch.device):
+    """On CUDA, cuDNN's convolutions in IEEE float32 while the oracle runs: their default is TF32 (a
+    10-bit mantissa), which moves LFM2's short convolution by ~1e-3. Matrix products are float32
+    already (PyTorch's default, `torch.backends.cuda.matmul.allow_tf32` False)."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
 @torch.inference_mode()
 def reference_scores(model: torch.nn.Module, prompt_ids: list[int], trie: LabelTrie) -> torch.Tensor:
     """[L] label scores for one prompt: one prompt forward, then each label's continuation."""
+    with true_float32(model.device):
+        return _scores(model, prompt_ids, trie)
+
+
+def _scores(model: torch.nn.Module, prompt_ids: list[int], trie: LabelTrie) -> torch.Tensor:
     sequences = trie.sequences
     continued = any(len(seq) > 1 for seq in sequences)
     out = model(input_ids=torch.tensor([prompt_ids], device=model.device), logits_to_keep=1, use_cache=continued)

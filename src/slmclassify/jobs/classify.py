@@ -380,7 +380,7 @@ def _model_fingerprint(classifier: Classifier) -> str:
     import hashlib
 
     model = classifier.loaded.model
-    weights = model.get_input_embeddings().weight.detach().contiguous().numpy()
+    weights = model.get_input_embeddings().weight.detach().cpu().contiguous().numpy()  # the same bytes on any device
     return digest([model.config.to_json_string(), len(classifier.loaded.tokenizer),
                    hashlib.sha256(weights.tobytes()).hexdigest()])
 
