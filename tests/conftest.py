@@ -18,6 +18,12 @@ _CACHE = tempfile.mkdtemp(prefix="slmclassify-tests-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
+# The float32 kernel pinned (`backends.choice.fp32_kernel_of`), for the suite and the commands it starts: mm
+# and oneDNN are both exact but round differently in the last digits, and which one a measurement
+# picks can change between two measurements on a loaded machine (and each test's own cache folder
+# measures again). Scores are the same bits in any batch for a given kernel (test_batch_invariance).
+os.environ.setdefault("SLMCLASSIFY_FP32_KERNEL", "mm")
+
 TEST_DEVICE = os.environ.get("SLMCLASSIFY_TEST_DEVICE", "cpu")
 """Where the engine and family tests run their tiny models, in float32: cpu, or cuda (`scripts/gpu_check.sh`
 runs tests/test_engine.py and tests/test_families.py again with SLMCLASSIFY_TEST_DEVICE=cuda)."""
@@ -25,6 +31,29 @@ if TEST_DEVICE.startswith("cuda"):
     # The tests' own Hugging Face forwards (hidden states, logits) in true float32 like the reference
     # path's (`core/reference.py`): cuDNN convolutions (LFM2's) default to TF32.
     torch.backends.cudnn.allow_tf32 = False
+
+
+def kernels_or_skip(missing: str | None) -> pytest.MarkDecorator:
+    """A C-kernel test module's `pytestmark`: skip it where its kernels do not build (`missing` says
+    why; None: they built). With SLMCLASSIFY_REQUIRE_KERNELS=1 (`.ci/run`) a machine with a C compiler
+    fails instead: a kernel that stopped compiling must not pass as a skipped module."""
+    from slmclassify.backends import native
+
+    if missing is not None and os.environ.get("SLMCLASSIFY_REQUIRE_KERNELS") == "1" and native.compiler():
+        pytest.fail(f"SLMCLASSIFY_REQUIRE_KERNELS=1 and a C compiler is here ({native.compiler()}), but the C "
+                    f"kernels are missing: {missing}", pytrace=False)
+    return pytest.mark.skipif(missing is not None, reason=f"no C kernels: {missing}")
+
+
+def assert_same_scores(got, want, engine, err_msg: str = "") -> None:
+    """Scores of the same items from other batches: the same bits where `engine` is batch-invariant
+    (`Engine.batch_variance`: its GEMMs probed so, and attention per row), else within float32 rounding."""
+    import numpy as np
+
+    if engine.batch_invariant:
+        np.testing.assert_array_equal(got, want, err_msg=err_msg)
+    else:
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, equal_nan=True, err_msg=err_msg)
 
 
 def on_test_device(ids) -> torch.Tensor:

@@ -178,6 +178,7 @@ def test_c_kernels_follow_the_isa_cap(monkeypatch, env, march):
 
 
 def test_gemm_choice_is_cached_and_reused(llama_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("SLMCLASSIFY_FP32_KERNEL", raising=False)  # the measured choice, not the suite's pin
     loaded = load_model(str(llama_dir), device="cpu")
     assert loaded.gemm_rates["cached"] is False
     assert loaded.backend.gemm == loaded.gemm_rates["gemm"] in loaded.gemm_rates["rates"]
@@ -422,3 +423,18 @@ def test_machine_key_changes_with_the_int8_kernels(monkeypatch, tmp_path):
     with open(tmp_path / "csrc" / "vexp.h", "a") as fh:
         fh.write("/* changed */\n")
     assert machine_key(torch.device("cpu")) != before
+
+
+def test_the_float32_kernel_can_be_pinned(llama_dir, monkeypatch):
+    """SLMCLASSIFY_FP32_KERNEL picks the exact kernel whatever was measured; a kernel that does not run
+    here is one clear error naming the variable and what it can be."""
+    from slmclassify.errors import TaskError
+
+    kernels = ["mm"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
+    for kernel in kernels:
+        monkeypatch.setenv("SLMCLASSIFY_FP32_KERNEL", kernel)
+        assert load_model(str(llama_dir), device="cpu", precision="fp32").backend.gemm == kernel
+    monkeypatch.setenv("SLMCLASSIFY_FP32_KERNEL", "int8-fused")
+    with pytest.raises(TaskError, match=r"^SLMCLASSIFY_FP32_KERNEL=int8-fused is not a float32 kernel that runs "
+                                        r"here; set it to one of mm"):
+        load_model(str(llama_dir), device="cpu", precision="fp32")

@@ -789,9 +789,9 @@ def test_ctrl_c_while_starting_is_one_line(llama_dir, tmp_path):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         err = err.decode()
-        if proc.returncode == 0:  # finished before the signal: nothing to check
-            continue
-        assert proc.returncode == 130, err
+        # The signal lands while torch is still importing (it takes seconds), so the command cannot have
+        # finished first; if it ever does, this test checks nothing and must be changed, not skipped.
+        assert proc.returncode == 130, f"exit {proc.returncode}, not interrupted while starting: {err}"
         assert "Traceback" not in err, err
         assert err.strip().splitlines()[-1] == "slmclassify: interrupted; no output written"
         assert not (tmp_path / "out.csv").exists() and partial_files(tmp_path) == []

@@ -16,9 +16,10 @@ from slmclassify.backends import fp32_kernels, gemm, native
 from slmclassify.backends.device import Backend
 from slmclassify.models.prepare import load_model
 
+from conftest import kernels_or_skip
 from test_engine import random_texts
 
-pytestmark = pytest.mark.skipif(fp32_kernels.load() is None, reason=f"no C kernels: {fp32_kernels.unavailable()}")
+pytestmark = kernels_or_skip((fp32_kernels.unavailable() or "not loaded") if fp32_kernels.load() is None else None)
 
 FULL = Task(labels=("billing", "technical", "account", "accounting"), mode="full",
             user_template="Ticket: {text}\nCategory:")

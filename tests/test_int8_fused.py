@@ -17,11 +17,13 @@ from slmclassify.backends.smoothing import Smoothing
 from slmclassify.models.prepare import load_model
 from slmclassify.models.precision import agreement
 
+from conftest import kernels_or_skip
 from test_backends import TASK
 from test_engine import random_texts
 
-pytestmark = pytest.mark.skipif(int8_kernels.load() is None or gemm.int8_engine() is None,
-                                reason="no C compiler or no quantized CPU engine here")
+pytestmark = (pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")
+              if gemm.int8_engine() is None
+              else kernels_or_skip((int8_kernels.unavailable() or "not loaded") if int8_kernels.load() is None else None))
 
 
 FUSED = ["int8-fused", pytest.param("int8-maddubs", marks=pytest.mark.skipif(

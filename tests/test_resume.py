@@ -279,8 +279,8 @@ def test_a_resumed_run_computes_with_the_kernel_the_run_started_with(run_main, m
     monkeypatch.setattr(choice, "kernel_for", lambda *a, **k: other)  # the choice measured again: another kernel
     from slmclassify.jobs import classify as job
 
-    same = job._same_kernel
-    monkeypatch.setattr(job, "_same_kernel", lambda saved, clf, *a: used.append(same(saved, clf, *a)) or used[-1])
+    same = job._as_recorded
+    monkeypatch.setattr(job, "_as_recorded", lambda saved, clf, *a: used.append(same(saved, clf, *a)) or used[-1])
     code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
     assert code == 0, err
     assert used[-1].loaded.backend.gemm == first != other

@@ -210,15 +210,28 @@ def test_measurements_are_serialised_across_processes(tmp_path):
         pass
 
 
-def test_a_resumed_run_keeps_the_schedule_it_started_with(llama_dir, one_torch_thread):
-    from slmclassify.jobs.classify import _same_schedule
+def test_a_resumed_run_keeps_the_schedule_it_started_with_only_where_batches_change_bits(llama_dir, one_torch_thread):
+    """A batch-invariant backend scores an item with the same bits in any batch: a resumed run takes the
+    schedule measured now. Where the backend is not (a kernel whose rows share a quantisation range),
+    the schedule the run recorded is kept, so that its output is byte-identical."""
+    import dataclasses
 
-    clf = Classifier(TASK, model=load_model(str(llama_dir), device="cpu"))
-    kept = _same_schedule({"schedule": {"token_budget": 777, "max_rows": 9}}, clf)
+    from slmclassify.jobs.classify import _as_recorded
+    from slmclassify.models.engines import with_backend
+
+    loaded = load_model(str(llama_dir), device="cpu")
+    assert loaded.engine.batch_invariant, loaded.engine.batch_variance()
+    recorded = {"schedule": {"token_budget": 777, "max_rows": 9}}
+    clf = Classifier(TASK, model=loaded)
+    assert _as_recorded(recorded, clf, TASK, clf.settings) is clf
+    varying = with_backend(loaded, dataclasses.replace(loaded.backend, invariant=(("lm_head", None), ("mm", None))))
+    clf = Classifier(TASK, model=varying)
+    assert not clf.engine.batch_invariant
+    kept = _as_recorded(recorded, clf, TASK, clf.settings)
     assert (kept.settings.token_budget, kept.settings.max_rows) == (777, 9)
-    assert _same_schedule({"schedule": {"token_budget": clf.settings.token_budget,
-                                        "max_rows": clf.settings.max_rows}}, clf) is clf
-    assert _same_schedule(None, clf) is clf
+    assert _as_recorded({"schedule": {"token_budget": clf.settings.token_budget,
+                                      "max_rows": clf.settings.max_rows}}, clf, TASK, clf.settings) is clf
+    assert _as_recorded(None, clf, TASK, clf.settings) is clf
 
 
 def test_the_suite_keeps_its_choices_out_of_the_users_cache():

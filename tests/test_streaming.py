@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import assert_same_scores
 from slmclassify import Classifier, EngineSettings, InputError, Task
 from slmclassify.core.encode import PromptSplit, encode_items
 from slmclassify.core.results import RunStats
@@ -48,7 +49,7 @@ def test_order_across_windows(clf, alone, picks, window):
         want = alone[text]
         assert result.status == want.status, (i, text)
         assert result.label == want.label, (i, text)
-        np.testing.assert_allclose(_probs(result), _probs(want), atol=1e-5, err_msg=f"row {i}: {text!r}")
+        assert_same_scores(_probs(result), _probs(want), clf.engine, err_msg=f"row {i}: {text!r}")
     assert sum(w.stats.items for w in windows) == len(texts)
     assert [w.start for w in windows] == list(range(0, len(texts), window))
 
@@ -68,10 +69,9 @@ def test_duplicates_are_scored_once_per_window(clf):
     assert stats.reused == 4 + 1
     crash = [r for t, r in zip(texts, results) if t == "crash"]
     assert all(r.scores == crash[0].scores for r in crash[1:4])  # identical: one scoring, shared
-    # window 2 scores "crash" again in another batch: the same label, scores within float32 rounding
-    # (bit-equal only where every kernel is batch-invariant, which no guarantee covers; README)
+    # window 2 scores "crash" again in another batch: the same bits where the backend is batch-invariant
     assert all(r.label == crash[0].label for r in crash)
-    np.testing.assert_allclose(list(crash[4].scores.values()), list(crash[0].scores.values()), rtol=0, atol=1e-5)
+    assert_same_scores(list(crash[4].scores.values()), list(crash[0].scores.values()), clf.engine)
     assert crash[5].scores == crash[4].scores  # shared within window 2
     assert results[3].status == "empty"
 

@@ -162,6 +162,10 @@ class Classifier:
             line += f"; memory: the kernel's own copy of the linear weights, +{extra / 2**20:.0f} MiB"
         if auto := auto_line(loaded):
             line += f"; {auto}"
+        if loaded.engine is not None:
+            why = loaded.engine.batch_variance()
+            line += ("; batch-invariant (an item's scores are the same bits in any batch)" if why is None
+                     else f"; not batch-invariant: {why}")
         return line + f"; schedule: {describe(self.settings, self.schedule)}"
 
     def label_token_lines(self) -> list[str]:

@@ -74,7 +74,8 @@ def machine_key(device: torch.device) -> str:
 
 def model_key(config) -> str:
     return (f"{config.model_type}|h{config.hidden_size}|i{config.intermediate_size}|"
-            f"a{config.num_attention_heads}|kv{config.num_key_value_heads or config.num_attention_heads}")
+            f"a{config.num_attention_heads}|kv{config.num_key_value_heads or config.num_attention_heads}|"
+            f"v{config.vocab_size}")
 
 
 def mlp_width(config) -> int:
@@ -135,13 +136,16 @@ def int8_choice(rates: dict) -> str | None:
     return max(timed, key=lambda k: rates[k]) if timed else None
 
 
-def measure(config, device: torch.device, cache_dir: Path | None, log=None) -> dict:
-    """The machine's GEMM rates on this model's shapes: {"gemm": fp32 kernel, "rates": {kernel: GFLOP/s}}.
+def measure(config, device: torch.device, cache_dir: Path | None, log=None, head: torch.Tensor | None = None) -> dict:
+    """The machine's GEMM rates on this model's shapes: {"gemm": fp32 kernel, "rates": {kernel: GFLOP/s},
+    "invariant_rows": {kernel or "lm_head": rows from which its bits do not depend on the batch, or None}}
+    (`gemm.kernel_invariance`; `head`: the model's output-layer weight [vocab, hidden], probed
+    in place of a random one of its shape).
 
     Read from the cache when this machine and model were measured before.
     """
     key = f"{machine_key(device)}|{model_key(config)}"
-    entry = cached_or_measured(cache_dir, key, device, lambda: _measure_gemm(config, device),
+    entry = cached_or_measured(cache_dir, key, device, lambda: _measure_gemm(config, device, head),
                                usable=lambda: _usable(cache_dir, key, device))
     if log and not entry["cached"]:
         rates = entry["rates"]
@@ -178,14 +182,15 @@ def cached_or_measured(cache_dir: Path | None, key: str, device: torch.device, m
 
 def _usable(cache_dir: Path | None, key: str, device: torch.device) -> dict | None:
     """The cached GEMM measurement, unless it misses a kernel that runs here now (int8-fused,
-    int8-maddubs: measured before one existed) or is provisional and the machine is quiet."""
+    int8-maddubs: measured before one existed), has no invariance probe (measured by an older version)
+    or is provisional and the machine is quiet."""
     entry = cached_entry(cache_dir, key)
-    stale = (entry is not None and device.type == "cpu" and cpu_native("int8")
-             and not set(int8_candidates()) <= set(entry.get("rates", {})))
+    stale = entry is not None and ("invariant_rows" not in entry or (
+        device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= set(entry.get("rates", {}))))
     return None if stale else entry
 
 
-def _measure_gemm(config, device: torch.device) -> dict:
+def _measure_gemm(config, device: torch.device, head: torch.Tensor | None = None) -> dict:
     kernels = gemm.fp32_kernels(device)
     if device.type == "cpu":
         kernels += [k for k in ("bf16", "fp16") if cpu_native(k)]
@@ -199,9 +204,10 @@ def _measure_gemm(config, device: torch.device) -> dict:
     rates, spread = gemm.time_kernels(kernels, weights, _dtype_of, rows=rows, budget_s=MEASURE_SECONDS,
                                       smoothed=(True, False, True, False))  # qkv, gate_up divide their input (int8)
     fp32 = fp32_choice(rates, device)
+    invariant = gemm.kernel_invariance(kernels, weights, _dtype_of, (config.vocab_size, config.hidden_size), head)
     entry = {"gemm": fp32, "int8": int8_choice(rates), "rates": {k: round(v, 1) for k, v in rates.items()},
-             "measured": time.strftime("%Y-%m-%d %H:%M"), "seconds": round(time.perf_counter() - started, 2),
-             "spread": round(spread, 3)}
+             "invariant_rows": invariant, "measured": time.strftime("%Y-%m-%d %H:%M"),
+             "seconds": round(time.perf_counter() - started, 2), "spread": round(spread, 3)}
     return entry
 
 
@@ -308,6 +314,27 @@ def machine_load() -> float:
         return 0.0
 
 
+FP32_KERNEL_ENV = "SLMCLASSIFY_FP32_KERNEL"
+FP32_KERNELS = ("mm", "onednn")
+
+
+def fp32_kernel_of(measured: dict) -> str:
+    """The float32 kernel: the measured choice (`fp32_choice`), or the one `SLMCLASSIFY_FP32_KERNEL`
+    names (mm or onednn). Both are exact, but their float32 sums round differently in the last digits:
+    pinning one makes every run on this machine give the same bits whatever a measurement chose
+    (the test suite pins mm)."""
+    pinned = os.environ.get(FP32_KERNEL_ENV)
+    if not pinned:
+        return measured["gemm"]
+    here = [k for k in FP32_KERNELS if k in measured.get("rates", {})]
+    if pinned not in here:
+        from ..errors import TaskError
+
+        raise TaskError(f"{FP32_KERNEL_ENV}={pinned} is not a float32 kernel that runs here; set it to one of "
+                        f"{', '.join(here)}, or unset it to use the measured choice")
+    return pinned
+
+
 def fp32_choice(rates: dict, device: torch.device) -> str:
     """The float32 kernel: `mm` unless another is `MIN_COPY_SPEEDUP` faster. `mm` computes with
     the weights the Hugging Face modules share; oneDNN's blocked layout is a second copy of every
@@ -316,11 +343,14 @@ def fp32_choice(rates: dict, device: torch.device) -> str:
     return fastest if rates[fastest] >= MIN_COPY_SPEEDUP * rates["mm"] else "mm"
 
 
-def make_backend(config, device: torch.device, precision: str, cache_dir: Path | None, log=None) -> tuple[Backend, dict]:
-    """The backend for a concrete precision (not auto), with the (cached) measurement behind it."""
-    measured = measure(config, device, cache_dir, log)
-    kernel = kernel_for(precision, device, measured["gemm"], measured.get("int8"))
-    return Backend(device=device, precision=precision, gemm=kernel), measured
+def make_backend(config, device: torch.device, precision: str, cache_dir: Path | None, log=None,
+                 head: torch.Tensor | None = None) -> tuple[Backend, dict]:
+    """The backend for a concrete precision (not auto), with the (cached) measurement behind it
+    (`head`: the model's output-layer weight, for `measure`)."""
+    measured = measure(config, device, cache_dir, log, head)
+    kernel = kernel_for(precision, device, fp32_kernel_of(measured), measured.get("int8"))
+    invariant = tuple(sorted(measured.get("invariant_rows", {}).items()))
+    return Backend(device=device, precision=precision, gemm=kernel, invariant=invariant), measured
 
 
 def speedup(measured: dict, precision: str, device: torch.device) -> float:

@@ -29,6 +29,10 @@ class Backend:
     """fp32, bf16, fp16 or int8 (never auto: resolved before a backend is built)."""
     gemm: str
     """The linear-layer kernel: one of `gemm.KERNELS` (e.g. mkl, onednn, int8-onednn, bf16, cuda)."""
+    invariant: tuple[tuple[str, int | None], ...] = ()
+    """(kernel or "lm_head", rows) pairs: the fewest rows from which each computes a row's bits
+    independently of the rest of its call, None where it does not within `gemm.MAX_PADDED_ROWS`
+    (`gemm.kernel_invariance`, measured with the kernel rates). Empty: not probed (nothing padded)."""
 
     def __post_init__(self) -> None:
         if self.precision not in DTYPES:
@@ -45,10 +49,31 @@ class Backend:
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None, smooth=None) -> gemm.LinearOp:
         """A linear op computing x @ weight (+ bias) for `weight` [in, out] in float32. `smooth` (a
         `smoothing.Smoothing`, int8 kernels only) rescales it: the op then computes
-        (x @ weight + bias) / smooth.cols for inputs already divided upstream (see `smoothing.py`)."""
+        (x @ weight + bias) / smooth.cols for inputs already divided upstream (see `smoothing.py`).
+        Calls with fewer rows than the kernel is batch-invariant from are padded (`gemm.PaddedRows`)."""
         if smooth is None:
-            return gemm.KERNELS[self.gemm](weight, bias, self.dtype)
-        return gemm.KERNELS[self.gemm](weight, bias, self.dtype, smooth)
+            op = gemm.KERNELS[self.gemm](weight, bias, self.dtype)
+        else:
+            op = gemm.KERNELS[self.gemm](weight, bias, self.dtype, smooth)
+        rows = self.invariant_rows(self.gemm)
+        return op if not rows or rows <= 1 else gemm.PaddedRows(op, rows)
+
+    def invariant_rows(self, kernel: str) -> int | None:
+        """Rows from which `kernel` (or "lm_head") is batch-invariant here; 1 where not probed, None where it is not."""
+        return dict(self.invariant).get(kernel, 1) if self.invariant else 1
+
+    def gemm_variance(self) -> str | None:
+        """Why this backend's GEMMs make a row's bits depend on its batch (None: they do not, after padding,
+        as probed; or nothing was probed)."""
+        if not self.invariant:
+            return None
+        if self.invariant_rows(self.gemm) is None:
+            return f"the {self.gemm} GEMM" + (" shares one quantisation range across a call's rows"
+                                              if not gemm.KERNELS[self.gemm].rows_apart
+                                              else f" takes other paths above {gemm.MAX_PADDED_ROWS} rows")
+        if self.invariant_rows("lm_head") is None:
+            return f"the output layer's GEMM takes other paths above {gemm.MAX_PADDED_ROWS} rows"
+        return None
 
     @property
     def smooths(self) -> bool:

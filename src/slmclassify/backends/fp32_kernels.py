@@ -95,7 +95,8 @@ def attend_rows(lib, qkv: torch.Tensor, n_heads: int, starts: torch.Tensor, leng
     read_only: queries only at each row's last item token and its nodes (Nq = B (1 + T)), else at
     every token (Nq = N)."""
     N, heads, D = qkv.shape
-    assert qkv.dtype == torch.float32 and qkv.is_contiguous() and D <= MAX_HEAD_DIM
+    native.check(qkv.dtype == torch.float32 and qkv.is_contiguous() and D <= MAX_HEAD_DIM,
+                 f"q/k/v not contiguous float32 with heads of at most {MAX_HEAD_DIM}")
     n_kv = (heads - n_heads) // 2
     B = starts.shape[0]
     T = 0 if ancestors is None else ancestors.shape[0]
@@ -116,7 +117,8 @@ def elementwise():
 def rms_norm(lib, x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) per row, a new [N, d] tensor, for x [N, d] float32 on the CPU with unit
     stride along rows (`gemm.rms_norm` in one pass)."""
-    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.device.type == "cpu"
+    native.check(x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.device.type == "cpu",
+                 "an input not float32 [N, in] on the CPU with unit row stride")
     out = torch.empty(x.shape)
     lib.rms_rows(ptr(x), x.shape[0], x.shape[1], x.stride(0), eps, ptr(out), threads())
     return out
@@ -125,7 +127,8 @@ def rms_norm(lib, x: torch.Tensor, eps: float) -> torch.Tensor:
 def swiglu_(lib, gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up [N, I] for gate_up [N, 2I] = [gate | up] float32 contiguous on the CPU, written
     over the gate half (returned as a view with row stride 2I)."""
-    assert gate_up.dtype == torch.float32 and gate_up.is_contiguous() and gate_up.device.type == "cpu"
+    native.check(gate_up.dtype == torch.float32 and gate_up.is_contiguous() and gate_up.device.type == "cpu",
+                 "[gate | up] not contiguous float32 on the CPU")
     m = gate_up.shape[1] // 2
     lib.swiglu_rows(ptr(gate_up), gate_up.shape[0], m, threads())
     return gate_up[:, :m]

@@ -15,6 +15,13 @@
 
 `add_(h, x)` adds the product into the float32 residual stream in place; `normed(h, eps)` computes
 rms_norm(h) @ w (+ bias) (the RMSNorm's weight is folded into w by the engine).
+
+Batch invariance: a kernel computes a row's result with the same bits whatever else is in the
+call only from some number of rows on. Against a 4,096-row call on 2 threads (an AMD EPYC,
+2026-12-04), oneDNN's prepacked kernel matched at every count, MKL's `mm` from 12 rows on (and at 4
+and 8). `invariant_rows` finds that count for each kernel on the model's shapes when the kernels
+are timed, and `PaddedRows` makes smaller calls that many rows long, so that an item's scores do
+not depend on its batch (`Backend.linear`).
 """
 
 from __future__ import annotations
@@ -137,6 +144,9 @@ class LinearOp:
     """x @ w (+ bias) for x [N, in]."""
 
     out_features: int
+    rows_apart: bool = True
+    """Whether each row's arithmetic is its own (False: a call's rows share something, such as one
+    quantisation range, so a row's result depends on the others whatever the number of rows)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -157,6 +167,114 @@ class LinearOp:
         """silu(gate) * up [N, I] for [gate | up] = rms_norm(h, eps) @ w (+ bias) (gate_up's weight).
         The result may be a view of this thread's `scratch` buffer: consumed before the next call."""
         return swiglu_(self.normed(h, eps))
+
+
+class PaddedRows(LinearOp):
+    """`op` on at least `rows` rows: a call with fewer gets zero rows appended (the residual rows of
+    `add_` copied into the padded call and back), so that every row takes the kernel's path for
+    `rows` or more rows, whose bits do not depend on how many rows the call has (`invariant_rows`).
+    The padded call computes exactly what the unpadded one would for the same rows."""
+
+    def __init__(self, op: LinearOp, rows: int):
+        self.op, self.rows, self.out_features = op, rows, op.out_features
+
+    def __getattr__(self, name: str):  # the kernel's own fields (its weight, its library)
+        if name == "op":
+            raise AttributeError(name)
+        return getattr(self.op, name)
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x.new_zeros(self.rows - x.shape[0], *x.shape[1:])])
+
+    def __call__(self, x):
+        n = x.shape[0]
+        return self.op(x) if n >= self.rows else self.op(self._pad(x))[:n]
+
+    def add_(self, h, x):
+        n = h.shape[0]
+        return self.op.add_(h, x) if n >= self.rows else h.copy_(self.op.add_(self._pad(h), self._pad(x))[:n])
+
+    def add_scaled_(self, h, x, scale):
+        n = h.shape[0]
+        if n >= self.rows:
+            return self.op.add_scaled_(h, x, scale)
+        return h.copy_(self.op.add_scaled_(self._pad(h), self._pad(x), scale)[:n])
+
+    def normed(self, h, eps):
+        n = h.shape[0]
+        return self.op.normed(h, eps) if n >= self.rows else self.op.normed(self._pad(h), eps)[:n]
+
+    def normed_swiglu(self, h, eps):
+        n = h.shape[0]
+        return self.op.normed_swiglu(h, eps) if n >= self.rows else self.op.normed_swiglu(self._pad(h), eps)[:n]
+
+
+INVARIANCE_ROWS = (*range(1, 33), 48, 64, 100, 128)
+"""Row counts the invariance probe calls a kernel with, each against the same rows of one larger call:
+every count up to `MAX_PADDED_ROWS`, for paths change at odd counts (MKL on 2 threads: 1-3, 5-7 and
+9-11 rows differ from a 4,096-row call, 4, 8 and 12 on do not)."""
+INVARIANCE_BASE = 160
+"""Rows of that larger call: more than a GEMM takes at the smallest path-changing sizes seen."""
+MAX_PADDED_ROWS = 32
+"""A kernel that only matches from more rows than this is taken as not batch-invariant (padding
+every small call to more would cost more than it is worth)."""
+
+
+def invariant_rows(op: Callable[[torch.Tensor], torch.Tensor], in_features: int, device: torch.device,
+                   base: int = INVARIANCE_BASE) -> int | None:
+    """The fewest rows from which `op` (x [N, in] -> [N, out]) gives every row the bits a `base`-row
+    call gives it, at each of `INVARIANCE_ROWS` (1: any call; None: not within `MAX_PADDED_ROWS`), on
+    a CPU at every thread count a call may run with (`probe_threads`: a worker thread's count can
+    differ from the caller's, and a kernel's small-row paths with it). Seeded inputs of ±1-scale values."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(base, in_features, generator=g).to(device)
+    before = torch.get_num_threads()
+    first = 1
+    try:
+        with torch.inference_mode():
+            full = None
+            for threads in probe_threads(device):
+                torch.set_num_threads(threads)
+                if full is None:
+                    full = op(x)
+                elif not torch.equal(op(x), full):
+                    return None  # the big calls themselves differ with the thread count
+                for rows in INVARIANCE_ROWS:
+                    if rows <= base and not torch.equal(op(x[:rows]), full[:rows]):
+                        first = max(first, next((r for r in INVARIANCE_ROWS if r > rows), base + 1))
+    finally:
+        torch.set_num_threads(before)
+    return first if first <= MAX_PADDED_ROWS else None
+
+
+def probe_threads(device: torch.device) -> list[int]:
+    """The intra-op thread counts the invariance probe runs a CPU kernel at: this process's, one, and
+    the machine's cores (a thread that never set its count, such as the service's worker, may get them)."""
+    if device.type != "cpu":
+        return [torch.get_num_threads()]
+    import os
+
+    return sorted({torch.get_num_threads(), 1, os.cpu_count() or 1}, reverse=True)
+
+
+def kernel_invariance(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_of: Callable[[str], torch.dtype],
+                      head_shape: tuple[int, int], head: torch.Tensor | None = None) -> dict[str, int | None]:
+    """{kernel: `invariant_rows` on every one of `weights` (the most any needs), "lm_head": the same for
+    the output layer's float32 `F.linear` on `head` [vocab, hidden], or on a random weight of
+    `head_shape` (which path a kernel takes depends on the shapes, not the values). A kernel whose
+    rows share a quantisation range (`LinearOp.rows_apart` False) is not invariant at any count."""
+    out: dict[str, int | None] = {}
+    for name in kernels:
+        needs = []
+        for w in weights:
+            op = _timed_op(name, w, dtype_of(name), False)
+            needs.append(invariant_rows(lambda x, op=op: op(x), w.shape[0], w.device) if op.rows_apart else None)
+        out[name] = None if None in needs else max(needs)
+    device = weights[0].device
+    if head is None:
+        head = torch.randn(*head_shape, generator=torch.Generator().manual_seed(1)).mul_(0.02).to(device)
+    out["lm_head"] = invariant_rows(lambda x: F.linear(x, head.float()), head_shape[1], device, base=64)
+    return out
 
 
 class _Scratch(threading.local):
@@ -234,6 +352,7 @@ class Int8Linear(LinearOp):
     """
 
     engine = "onednn"
+    rows_apart = False  # the kernel quantises a call's activations with one range: a row's codes depend on the others
 
     def __init__(self, weight, bias, dtype, smooth=None):
         w, bias, self.outlier_weight = split_weight(weight, bias, smooth)  # [in, out], [out], [k, out]

@@ -72,7 +72,7 @@ def quantise(lib, x: torch.Tensor, mult: torch.Tensor, eps: float | None, outlie
     float32 with unit stride along rows; `eps`: x is un-normed and the row scale includes 1/rms(x)
     (None: no norm). x * mult ~ scale * (q + zero) per row. `width` (>= in): q is [N, width], zeros
     after in."""
-    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+    native.check(x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1, "an input not float32 [N, in] with unit row stride")
     n, d = x.shape
     width = d if width is None else width
     q = torch.empty(n, d, dtype=torch.uint8) if width == d else torch.zeros(n, width, dtype=torch.uint8)
@@ -90,7 +90,8 @@ def dequantise_(lib, out: torch.Tensor, acc: torch.Tensor, rows: torch.Tensor, c
                 add: bool) -> torch.Tensor:
     """out = (or += with `add`) (acc + zero[:, None] * colsum) * scale[:, None] + bias + values @ outlier_weight,
     in place, for `rows` = `quantise`'s [scale; zero]; returns out. `out` may be `acc` itself (add False)."""
-    assert out.dtype == acc.dtype == torch.float32 and out.stride(1) == 1 and acc.is_contiguous()
+    native.check(out.dtype == acc.dtype == torch.float32 and out.stride(1) == 1 and acc.is_contiguous(),
+                 "an output or accumulator not float32 with unit row stride")
     n, m = acc.shape
     k = 0 if values is None else values.shape[1]
     lib.dequantise_rows(ptr(out), out.stride(0), ptr(acc), n, m, ptr(rows[0]), ptr(rows[1]), ptr(colsum),
@@ -103,7 +104,8 @@ def swiglu_(lib, acc: torch.Tensor, rows: torch.Tensor, colsum: torch.Tensor, bi
     """silu(gate) * up [N, I] for acc [N, 2I] = [gate | up] without the row scales and zeros (as
     `dequantise_`), written over acc's first half (returned as a view with row stride 2I); acc itself
     ends up dequantised."""
-    assert acc.dtype == torch.float32 and acc.is_contiguous() and acc.shape[1] % 2 == 0
+    native.check(acc.dtype == torch.float32 and acc.is_contiguous() and acc.shape[1] % 2 == 0,
+                 "an accumulator not contiguous float32 [N, 2I]")
     n, m = acc.shape[0], acc.shape[1] // 2
     k = 0 if values is None else values.shape[1]
     lib.swiglu_rows(ptr(acc), 2 * m, ptr(acc), n, m, ptr(rows[0]), ptr(rows[1]), ptr(colsum), ptr(bias),
@@ -157,8 +159,9 @@ def maddubs_(w: MaddubsWeight, out: torch.Tensor, q: torch.Tensor, rows: torch.T
     """The product of `quantise`'s q [N, w.kp] (and rows, values) with w, dequantised into `out` (row stride
     free, unit column stride): mode "set" out [N, out] = f, "add" out += f, "swiglu" out [N, out / 2] =
     silu(gate) * up. col_scale, colsum, bias, outlier_weight in `w.columns` order. Returns out."""
-    assert out.dtype == torch.float32 and out.stride(1) == 1 and q.is_contiguous() and q.shape[1] == w.kp
-    assert mode != "swiglu" or w.half
+    native.check(out.dtype == torch.float32 and out.stride(1) == 1 and q.is_contiguous() and q.shape[1] == w.kp,
+                 "an output or quantised input of the wrong layout")
+    native.check(mode != "swiglu" or w.half, "swiglu on a weight not packed in gate/up halves")
     k = 0 if values is None else values.shape[1]
     w.lib.maddubs_rows(ptr(out), out.stride(0), ptr(q), q.shape[0], w.kp, ptr(w.packed), w.blocks, w.m, w.half,
                        ptr(col_scale), ptr(rows[0]), ptr(rows[1]), ptr(colsum), ptr(bias), ptr(values), k,

@@ -127,6 +127,13 @@ class Library:
         return None, f"loading {target} failed"
 
 
+def check(holds: bool, what: str) -> None:
+    """The contract of a C kernel call, checked before the call touches memory through ctypes (a real
+    error, not an `assert`: it must hold under `python -O` too)."""
+    if not holds:
+        raise ValueError(f"C kernel call with {what}: a bug in slmclassify, please report it")
+
+
 def compiler() -> str | None:
     """The C compiler to use (COMPILER_ENV, else cc, else gcc), or None."""
     named = os.environ.get(COMPILER_ENV)

@@ -280,7 +280,10 @@ class Engine:
             after = model(input_ids=probe, logits_to_keep=1).logits
         # Sharing and folding only re-associate float32 products (logits move by ~5e-4 on
         # SmolLM2-135M, whose logits reach ~30); a wrong arrangement moves them by units.
-        assert torch.allclose(after, before, rtol=1e-3, atol=1e-3), float((after - before).abs().max())
+        if not torch.allclose(after, before, rtol=1e-3, atol=1e-3):
+            raise ModelLoadError(f"arranging this model's weights for the fast path changed its logits by "
+                                 f"{float((after - before).abs().max()):.3g}: its configuration is one the engine "
+                                 "computes wrongly; please report it with the model's config.json")
         # A low-precision engine keeps the arranged float32 weights (shared with the model's modules,
         # except the interleaved q/k copy) so that `exact()` can compute in float32 without arranging again.
         self._arranged = arranged if self.backend.precision != "fp32" else None
@@ -300,6 +303,26 @@ class Engine:
             heads, kv, dim = self.n_heads, self.n_kv, self.head_dim
         return plan_layer(ranges, w["qkv"][0], w["o"][0], w["gate_up"][0], w["down"][0], heads, kv, dim)
 
+    def batch_variance(self) -> str | None:
+        """Why an item's scores could differ in their last bits with the batch it runs in; None: they
+        cannot. The GEMMs are invariant once padded (`Backend.gemm_variance`, probed where the kernels are
+        timed); attention computes each row alone only in the C kernel (`Backend.packs_attention`),
+        while torch's kernels reduce over the padded row length. Norms, rotary and the short
+        convolution compute each token alone."""
+        if (why := self.backend.gemm_variance()) is not None:
+            return why
+        if not self.backend.invariant:
+            return "its GEMMs were not probed"
+        if not self.backend.packs_attention(self.head_dim):
+            return "torch's attention kernel reduces over the batch's padded row length"
+        if self.windows:
+            return "sliding-window layers attend in the padded layout"
+        return None
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.batch_variance() is None
+
     def weight_copy_bytes(self) -> int:
         """Memory the GEMM kernel keeps beside the float32 weights the model's modules share: oneDNN's
         blocked float32 copy, or the low-precision copy a bf16, fp16 or int8 engine computes with."""
@@ -313,7 +336,7 @@ class Engine:
         if self._arranged is None:
             return self
         exact = copy.copy(self)
-        exact.backend = Backend(device=self.device, precision="fp32", gemm="mm")
+        exact.backend = Backend(device=self.device, precision="fp32", gemm="mm", invariant=self.backend.invariant)
         exact.dtype = exact.backend.dtype
         exact.layers = [self._ops(weights, exact.backend) for weights in self._arranged]
         exact._arranged = None
@@ -800,8 +823,14 @@ class Engine:
         per_call = self.output_rows(trie)
         step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
         out = []
+        rows = self.backend.invariant_rows("lm_head") or 1  # its batch-invariant path (`gemm.PaddedRows`)
         for start in range(0, B, per_call):
-            logits = self.lm_head(read[start : start + per_call])  # [b, 1+T, V]
+            chunk = read[start : start + per_call]  # [b, 1+T, hidden]
+            if chunk.shape[0] * chunk.shape[1] < rows:
+                pad = -(-rows // chunk.shape[1]) - chunk.shape[0]
+                logits = self.lm_head(torch.cat([chunk, chunk.new_zeros(pad, *chunk.shape[1:])]))[: chunk.shape[0]]
+            else:
+                logits = self.lm_head(chunk)  # [b, 1+T, V]
             if self.logits_divisor is not None:
                 logits = logits / self.logits_divisor
             if self.logit_softcap is not None:

@@ -144,14 +144,14 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
             from ..head.apply import check
 
             check(choice.head, classifier, choice.source or "the head")
-        classifier = _same_schedule(saved, _same_kernel(saved, classifier, task, settings))
+        classifier = _as_recorded(saved, classifier, task, settings)
         if on_loaded is not None:
             on_loaded(classifier)
         _same_model(saved, identity, classifier, checkpoint)
     except BaseException:
         reader.close()
         raise
-    # recorded: a resumed run computes with the same kernel (`_same_kernel`)
+    # recorded: a resumed run computes with the same kernel (and schedule, where that matters: `_as_recorded`)
     identity["gemm"] = {"precision": classifier.loaded.backend.precision, "kernel": classifier.loaded.backend.gemm}
     identity["schedule"] = {"token_budget": classifier.settings.token_budget, "max_rows": classifier.settings.max_rows}
 
@@ -335,37 +335,31 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
     return saved
 
 
-def _same_kernel(saved: dict | None, classifier: Classifier, task: Task, settings: EngineSettings) -> Classifier:
-    """The classifier of a resumed run on the GEMM kernel the run started with: a GEMM choice measured
-    again between the sessions (a provisional one, timed on a busy machine) may pick another kernel,
-    whose float32 rounding differs in the last digits, and the output would not be byte-identical."""
+def _as_recorded(saved: dict | None, classifier: Classifier, task: Task, settings: EngineSettings) -> Classifier:
+    """The classifier of a resumed run computing as the interrupted run did, from what that run
+    recorded (`identity["gemm"]`, `identity["schedule"]`), so that the output is byte-identical:
+
+    - on its GEMM kernel: a choice measured again between the sessions may pick another exact kernel
+      (mm or oneDNN), and the two round differently in the last digits;
+    - on its batch schedule only where the engine is not batch-invariant (`Engine.batch_variance`, e.g.
+      int8-onednn, whose rows share a quantisation range, or torch's attention): elsewhere an item's
+      scores are the same bits in any batch, and the schedule measured now is used.
+
+    Another precision or model is refused by `_same_model`, naming it."""
     from ..backends import gemm
-    from ..backends.device import Backend
     from ..models.engines import with_backend
 
-    recorded = (saved or {}).get("gemm")
-    loaded = classifier.loaded
-    if not isinstance(recorded, dict) or recorded.get("precision") != loaded.backend.precision:
-        return classifier  # another precision is refused by `_same_model`, naming it
-    kernel = recorded.get("kernel")
-    if kernel == loaded.backend.gemm or kernel not in gemm.KERNELS:
-        return classifier
-    backend = Backend(device=loaded.backend.device, precision=loaded.backend.precision, gemm=kernel)
-    return Classifier(task, model=with_backend(loaded, backend), settings=settings)
-
-
-def _same_schedule(saved: dict | None, classifier: Classifier) -> Classifier:
-    """The classifier of a resumed run on the batch schedule the run started with: a schedule measured
-    again between the sessions (a provisional one) changes the batches, and float32 sums in another
-    batch composition differ in the last digits. (A schedule given in the options is in the
-    settings' digest: another one is refused before this.)"""
-    recorded = (saved or {}).get("schedule")
-    if not isinstance(recorded, dict):
-        return classifier
+    saved = saved or {}
+    recorded, loaded = saved.get("gemm"), classifier.loaded
+    if (isinstance(recorded, dict) and recorded.get("precision") == loaded.backend.precision
+            and recorded.get("kernel") in gemm.KERNELS and recorded.get("kernel") != loaded.backend.gemm):
+        backend = dataclasses.replace(loaded.backend, gemm=recorded["kernel"])
+        classifier = Classifier(task, model=with_backend(loaded, backend), settings=settings)
+    schedule = saved.get("schedule")
     now = {"token_budget": classifier.settings.token_budget, "max_rows": classifier.settings.max_rows}
-    if recorded == now:
+    if classifier.engine.batch_invariant or not isinstance(schedule, dict) or schedule == now:
         return classifier
-    return classifier.with_settings(dataclasses.replace(classifier.settings, **recorded))
+    return classifier.with_settings(dataclasses.replace(classifier.settings, **schedule))
 
 
 def _task_shown(task: Task) -> dict:

@@ -17,7 +17,8 @@ def with_precision(loaded, precision: str, device=None, **changes):
     from ..cache import cache_root
 
     device = loaded.backend.device if device is None else device
-    backend, rates = make_backend(loaded.model.config, device, precision, cache_root())
+    head = loaded.model.get_output_embeddings().weight.detach()
+    backend, rates = make_backend(loaded.model.config, device, precision, cache_root(), head=head)
     return with_backend(loaded, backend, rates, **changes)
 
 

@@ -118,7 +118,8 @@ class Scheduler:
 
     def submit(self, ticket: Ticket) -> None:
         """Queue a ticket with at least one text to score, or raise QueueFull."""
-        assert ticket.size > 0, "tickets without texts to score never reach the queue"
+        if ticket.size == 0:
+            raise ValueError("a ticket without texts to score reached the queue: a bug in slmclassify, please report it")
         with self._cond:
             if self._stopping:
                 raise QueueFull(retry_after=1)
