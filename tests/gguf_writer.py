@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 
-def write_gguf(model, tokenizer, path: Path, arch: str) -> Path:
+def write_gguf(model, tokenizer, path: Path, arch: str, skip: tuple[str, ...] = ()) -> Path:
+    """A GGUF file of `model` (float32 tensors) and `tokenizer` for llama.cpp's `arch`; `skip`: state-dict
+    names left out (an incomplete file)."""
     import gguf
 
     config = model.config
@@ -57,6 +59,8 @@ def write_gguf(model, tokenizer, path: Path, arch: str) -> Path:
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     for name, tensor in state.items():
+        if name in skip:
+            continue
         base, suffix = name.rsplit(".", 1)
         gguf_name = names.get_name(base)
         assert gguf_name is not None, name

@@ -334,3 +334,39 @@ def test_loads_of_a_converted_gguf_share_the_cache_lock(fake_gguf):
         loader.join(30)
         assert not loader.is_alive()
     assert len(calls) == 1
+
+
+def test_a_model_missing_a_weight_is_refused_naming_it(tmp_path, monkeypatch, tiny_tokenizer, run_main):
+    """Before: a GGUF file without one layer's down projection, or a folder whose untied output layer
+    has no weight, loaded with random values in their place, `verify` agreed (the reference path used
+    the same random values) and two conversions gave two different outputs. Refused now, naming the
+    weight, before anything is scored; the CLI says it in one line."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import tiny_model
+    from gguf_writer import write_gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = tiny_model("llama", len(tiny_tokenizer))
+    gguf_file = write_gguf(model, tiny_tokenizer, tmp_path / "tiny.gguf", "llama",
+                           skip=("model.layers.1.mlp.down_proj.weight",))
+    with pytest.raises(ModelLoadError, match=r"lack 1 weight\(s\) its architecture needs "
+                                             r"\(model\.layers\.1\.mlp\.down_proj\.weight\)"):
+        load_model(str(gguf_file), device="cpu")
+
+    folder = tmp_path / "untied"
+    tiny_model("llama", len(tiny_tokenizer), tie_word_embeddings=False).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    state = load_file(weights)
+    del state["lm_head.weight"]
+    save_file(state, weights, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"lack 1 weight\(s\) its architecture needs \(lm_head\.weight\)"):
+        load_model(str(folder), device="cpu")
+    src = tmp_path / "in.csv"
+    src.write_text("id,text\n1,my card was charged twice\n")
+    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", "billing,technical",
+                            "--model", folder)
+    last = err.strip().splitlines()[-1]  # (the lines before it: the test's own save_pretrained)
+    assert code == 2 and last.startswith("slmclassify: error: cannot load model") and "lm_head.weight" in last, err
+    assert not (tmp_path / "out.csv").exists()

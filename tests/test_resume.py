@@ -286,3 +286,64 @@ def test_a_resumed_run_computes_with_the_kernel_the_run_started_with(run_main, m
     assert used[-1].loaded.backend.gemm == first != other
     assert target.read_bytes() == whole.read_bytes()
     monkeypatch.setattr(choice, "kernel_for", original)
+
+
+@pytest.mark.parametrize("ext", ["csv", "jsonl", "parquet"])
+@pytest.mark.parametrize("shift", [-8, 8])
+def test_a_row_count_edited_in_the_record_is_refused(run_main, monkeypatch, tmp_path, llama_dir, data, ext, shift):
+    """Before: `rows_done` moved back by a window wrote that window's rows twice, moved on skipped them,
+    exit 0 both times. The record's fields are sealed by a hash (an edit is refused naming the record),
+    and the row count is checked against the rows the partial holds (refused even where the hash was
+    written again to match); the partial stays for --restart."""
+    from slmclassify.io.checkpoint import sealed
+
+    _, src = data
+    target = tmp_path / f"out.{ext}"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 3)
+        assert run_main(*_args(src, target, llama_dir))[0] == 130
+    record_path = Path(f"{target}.progress.json")
+    record = json.loads(record_path.read_text())
+    assert record["rows_done"] == 24
+    record["rows_done"] += shift
+    record_path.write_text(json.dumps(record))
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert code == 2 and "was edited" in err and "--restart" in err, err
+    record_path.write_text(json.dumps({"version": record.pop("version"), **sealed(record)}))
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert code == 2 and f"says {24 + shift} rows are done, but {target}.partial holds 24" in err, err
+    assert not target.exists() and Path(f"{target}.partial").exists()
+    code, _, err = run_main(*_args(src, target, llama_dir, "--restart"))
+    assert code == 0, err
+
+
+def test_an_edited_counter_in_the_record_is_refused(run_main, monkeypatch, tmp_path, llama_dir, data):
+    """Any field of the record, not only the row count: the summary's counters, the probe pool."""
+    _, src = data
+    target = tmp_path / "out.csv"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 2)
+        assert run_main(*_args(src, target, llama_dir))[0] == 130
+    record_path = Path(f"{target}.progress.json")
+    record = json.loads(record_path.read_text())
+    record["state"]["stats"]["items"] += 1
+    record_path.write_text(json.dumps(record))
+    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    assert code == 2 and "progress record" in err and "was edited" in err, err
+
+
+def test_a_deleted_record_is_named_by_a_plain_run_too(run_main, monkeypatch, tmp_path, llama_dir, data):
+    """Before: with the progress record deleted, a plain run said to pass --resume, which then refused.
+    Both now say the run cannot be resumed and that --restart starts over; nothing is overwritten."""
+    _, src = data
+    target = tmp_path / "out.csv"
+    with monkeypatch.context() as m:
+        interrupt_after(m, 2)
+        assert run_main(*_args(src, target, llama_dir))[0] == 130
+    Path(f"{target}.progress.json").unlink()
+    partial = Path(f"{target}.partial").read_bytes()
+    for extra in ((), ("--resume",)):
+        code, _, err = run_main(*_args(src, target, llama_dir, *extra))
+        assert code == 2 and "--restart" in err and "pass --resume" not in err, err
+        assert "progress record" in err and "is missing" in err, err
+    assert Path(f"{target}.partial").read_bytes() == partial

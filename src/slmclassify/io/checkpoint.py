@@ -13,9 +13,12 @@ being written) but never fewer: resuming truncates it to the recorded length and
 
 What `--resume` trusts, it checks first: the partial must hold at least the recorded bytes, and
 those bytes must have the SHA-256 recorded with the last chunk (a running hash of everything the
-partial holds, kept by the sink as it appends: one byte changed anywhere is caught), and the input
-must still start with the bytes already read (their count and SHA-256 are recorded with each chunk;
-Parquet: the whole file). A partial cut short, changed or replaced, or an input edited where it
+partial holds, kept by the sink as it appends: one byte changed anywhere is caught); they must hold
+exactly the recorded number of rows (counted in them: a row count edited in the record would
+write rows twice or skip them); the record must be the one written (`record_sha256`, a hash of
+every other field: an edited counter, pool or byte count is caught); and the input must still start
+with the bytes already read (their count and SHA-256 are recorded with each chunk; Parquet: the
+whole file). A partial cut short, changed or replaced, a record edited, or an input edited where it
 was read, is refused: writing past it would keep the changed rows, leave a hole of NUL bytes, or
 put rows of the old input next to the new.
 """
@@ -23,6 +26,7 @@ put rows of the old input next to the new.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -67,6 +71,55 @@ def digest(value) -> str:
     """A short stable hash of a JSON-able value (or of its repr)."""
     text = json.dumps(value, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def sealed(record: dict) -> dict:
+    """`record` with `record_sha256`, the hash of every other field (`Checkpoint.damage` checks it)."""
+    fields = {k: v for k, v in record.items() if k not in ("record_sha256", "version")}
+    return {**fields, "record_sha256": digest(fields)}
+
+
+def rows_held(path: str, length: int, fmt: str) -> int:
+    """The data rows in the first `length` bytes of a partial output of format `fmt`: CSV records after
+    the header (quoted cells may hold newlines), JSONL lines, or the rows of an Arrow IPC stream's
+    batches (Parquet's partial). Read in pieces: a partial of any size."""
+    if length == 0:
+        return 0
+    with open(path, "rb") as fh:
+        if fmt == "jsonl":
+            lines, left = 0, length
+            while left:
+                data = fh.read(min(_HEAD_BYTES, left))
+                if not data:
+                    break
+                lines, left = lines + data.count(b"\n"), left - len(data)
+            return lines
+        if fmt == "csv":
+            import csv
+
+            text = io.TextIOWrapper(io.BufferedReader(_Prefix(fh, length)), encoding="utf-8", newline="",
+                                    errors="replace")
+            return max(0, sum(1 for _ in csv.reader(text)) - 1)
+        import pyarrow as pa
+
+        reader = pa.ipc.open_stream(pa.BufferReader(fh.read(length)))
+        return sum(batch.num_rows for batch in reader)
+
+
+class _Prefix(io.RawIOBase):
+    """The first `length` bytes of a binary file as a raw stream (for `rows_held`)."""
+
+    def __init__(self, fh, length: int):
+        super().__init__()
+        self.fh, self.left = fh, length
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self.fh.readinto(memoryview(buffer)[: min(len(buffer), self.left)]) or 0
+        self.left -= n
+        return n
 
 
 @dataclass(frozen=True)
@@ -122,10 +175,14 @@ class Checkpoint:
             raise
         _fsync_dir(self.record)
 
-    def damage(self, saved: dict) -> str | None:
-        """Why the partial cannot be continued as its record says (cut short, changed), or None."""
+    def damage(self, saved: dict, fmt: str) -> str | None:
+        """Why the partial cannot be continued as its record says (cut short, changed, holding another
+        number of rows, the record edited), or None. `fmt`: the output's format."""
         if not isinstance(saved.get("input_read"), dict):
             return "its progress record was written by an older slmclassify and does not say which input bytes were read"
+        if "record_sha256" in saved and sealed(saved)["record_sha256"] != saved["record_sha256"]:
+            return (f"its progress record {self.record} was edited (its fields no longer have the hash written "
+                    "with them)")
         try:
             fd = os.open(self.partial, os.O_RDONLY)
         except OSError as exc:
@@ -143,6 +200,13 @@ class Checkpoint:
                 return f"{self.partial} does not end with the bytes its progress record saw: it was changed or replaced"
         finally:
             os.close(fd)
+        try:
+            held = rows_held(self.partial, length, fmt)
+        except (OSError, ValueError) as exc:  # pyarrow's errors are ValueErrors (ArrowInvalid)
+            return f"the rows of {self.partial} cannot be counted ({exc})"
+        if held != saved.get("rows_done"):
+            return (f"its progress record says {saved.get('rows_done')} rows are done, but {self.partial} holds "
+                    f"{held}: the record was changed")
         return None
 
     def discard(self) -> None:

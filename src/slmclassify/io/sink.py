@@ -13,7 +13,7 @@ import os
 
 from ..errors import InputError
 from ..interrupts import Interrupted
-from .checkpoint import extend_digest
+from .checkpoint import extend_digest, sealed
 from .writers import ChunkWriter, ipc_to_parquet, write_error
 
 
@@ -65,6 +65,7 @@ class Sink:
         record = {**self.record, "rows_done": state.rows, "partial_bytes": length, "state": state.to_json(),
                   "partial_sha256": self.digest.hexdigest(), "input_read": input_read}
         record.pop("partial_tail_sha256", None)
+        record = sealed(record)
         self.checkpoint.save(record)
         self.record = record  # only once saved: what a failed save leaves is the previous record
 

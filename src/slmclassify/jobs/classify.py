@@ -129,7 +129,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
     checkpoint = Checkpoint(request.output_path) if request.output_path != "-" else None
     reader, labels = _open_input(request, task, choice)
     identity = _identity(request, out_fmt, task, settings, choice, resumable)
-    saved = _saved_run(checkpoint, identity, request.resume, request.restart, request.input_path)
+    saved = _saved_run(checkpoint, identity, request.resume, request.restart, request.input_path, out_fmt)
 
     done = saved["rows_done"] if saved is not None else 0
     if settings.precision == "auto" and not isinstance(model, LoadedModel):  # decided when it is prepared
@@ -307,7 +307,7 @@ def _after(chunks, skip_rows: int):
         yield start, frame
 
 
-def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None:
+def _saved_run(checkpoint, identity, resume, restart, input_path, fmt: str) -> dict | None:
     """The record of the run to continue (resume), or None to start fresh; refuses what it must."""
     if checkpoint is None or not checkpoint.exists():
         return None
@@ -316,6 +316,9 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
         checkpoint.discard()
         return None
     if not resume:
+        if saved is None and (why := checkpoint.unusable_record()):  # --resume would refuse it: say so now
+            raise InputError("{partial} holds an unfinished run that cannot be resumed ({why}); pass {restart} to "
+                             "start over", names={"restart": "restart"}, partial=checkpoint.partial, why=why)
         done = f" ({saved['rows_done']} rows done)" if saved else ""
         raise InputError("{partial} holds an unfinished run{done}; pass {resume} to continue it, or {restart} to "
                          "start over", names={"resume": "resume", "restart": "restart"}, partial=checkpoint.partial,
@@ -326,7 +329,7 @@ def _saved_run(checkpoint, identity, resume, restart, input_path) -> dict | None
             raise refuse_damaged(checkpoint, why)
         checkpoint.discard()  # an empty partial without a record: no chunk was ever completed
         return None
-    damage = checkpoint.damage(saved)
+    damage = checkpoint.damage(saved, fmt)
     if damage:
         raise refuse_damaged(checkpoint, damage)
     reason = changed(saved, identity) or input_read_changed(saved, input_path)

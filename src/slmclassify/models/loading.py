@@ -144,7 +144,7 @@ def _load_pretrained(where: str, local_only: bool):
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .weights import from_safetensors, safetensors_files
+    from .weights import check_complete, from_safetensors, safetensors_files
 
     try:
         config = AutoConfig.from_pretrained(where, local_files_only=local_only, trust_remote_code=False)
@@ -154,9 +154,11 @@ def _load_pretrained(where: str, local_only: bool):
         if files:  # read once into memory of our own, not memory-mapped (see weights.py)
             model = from_safetensors(config, files)
         else:  # e.g. PyTorch .bin checkpoints
-            model = AutoModelForCausalLM.from_pretrained(
-                where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False
+            model, info = AutoModelForCausalLM.from_pretrained(
+                where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False,
+                output_loading_info=True
             )
+            check_complete(info, where)
     except ModelLoadError:
         raise
     except SafetensorError as exc:
@@ -344,16 +346,18 @@ def _dequantise(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .gguf_pages import converting_gguf
+    from .weights import check_complete
 
     folder, filename = str(path.parent), path.name
     try:
         with _no_gguf_progress_bar(), converting_gguf():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
+            model, info = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=filename, dtype=torch.float32, local_files_only=True, output_loading_info=True
             )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: tensors unlike the metadata says
         raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
+    check_complete(info, str(path))
     return model, tokenizer
 
 

@@ -68,9 +68,24 @@ def from_safetensors(config, files: list[str]) -> torch.nn.Module:
             if target in state and source not in state:
                 state[source] = state.pop(target)
     with _sequential_loading():
-        model = model_class.from_pretrained(None, config=config, state_dict=state, dtype=torch.float32)
+        model, info = model_class.from_pretrained(None, config=config, state_dict=state, dtype=torch.float32,
+                                                  output_loading_info=True)
     del state, handles
+    check_complete(info, str(Path(files[0]).parent))
     return model
+
+
+def check_complete(info: dict, source: str) -> None:
+    """Refuse a model whose files lack weights its architecture needs (`info`: transformers'
+    `output_loading_info`): transformers would fill them with random values, and the reference path
+    computes with the same ones, so nothing else would notice."""
+    from ..errors import ModelLoadError
+
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ModelLoadError(f"cannot load model {source!r}: its files lack {len(missing)} weight(s) its architecture "
+                             f"needs ({shown}); the files are incomplete: copy or download them again")
 
 
 @contextlib.contextmanager
