@@ -297,3 +297,31 @@ def test_empty_table_writes_header_or_schema(tmp_path):
     assert (tmp_path / "out.csv").read_text() == "id,p\n"
     write_table(frame, str(tmp_path / "out.parquet"))
     assert pq.read_table(tmp_path / "out.parquet").column_names == ["id", "p"]
+
+
+@pytest.mark.parametrize("ext", ["csv", "jsonl", "parquet"])
+def test_parquet_integers_with_nulls_stay_exact_integers(tmp_path, run_main, llama_dir, ext, one_torch_thread):
+    """Before: pandas read `int64 [1, null, 2**53 + 1]` as floats: the output said `1.0`, NaN and
+    `9007199254740992.0` (another number), and a template field showed the model `Order 1.0`. Integers
+    stay integers (nulls empty in CSV, null in JSONL and Parquet), and the model reads `Order 1`."""
+    from slmclassify import Task
+    from slmclassify.io.readers import item_texts
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"n": pa.array([1, None, 2**53 + 1], pa.int64()),
+                             "text": ["my card was charged twice", "the app crashes", "refund"]}), src)
+    task = Task(labels=("billing", "technical"), user_template="Order {n}: {text}")
+    frame = read_table(str(src), "text", fields=task.fields)
+    assert item_texts(frame, "text", task.fields, task.compose) == [
+        "Order 1: my card was charged twice", "Order : the app crashes", f"Order {2**53 + 1}: refund"]
+    out = tmp_path / f"out.{ext}"
+    code, _, err = run_main("classify", src, "-o", out, "--labels", "billing,technical", "--model", llama_dir,
+                            "--user-template", "Order {n}: {text}", "--no-verify", "--quiet")
+    assert code == 0, err
+    if ext == "csv":
+        assert [line.split(",")[0] for line in out.read_text().splitlines()] == ["n", "1", "", str(2**53 + 1)]
+    elif ext == "jsonl":
+        assert [json.loads(line)["n"] for line in out.read_text().splitlines()] == [1, None, 2**53 + 1]
+    else:
+        column = pq.read_table(out).column("n")
+        assert column.type == pa.int64() and column.to_pylist() == [1, None, 2**53 + 1]

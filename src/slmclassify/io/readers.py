@@ -459,14 +459,25 @@ def _check_utf8(frame: pd.DataFrame, name: str, id_column: str | None) -> None:
 def _arrow_frame(table) -> pd.DataFrame:
     """An Arrow table as a frame whose list and struct cells are Python values: pandas turns a
     list<int64> with a null into floats with NaN (`[1.0, NaN, 3.0]`), which the model would have read
-    and the output written; the cell is `[1, None, 3]`, JSON text `[1, null, 3]`."""
+    and the output written; the cell is `[1, None, 3]`, JSON text `[1, null, 3]`. Integer columns
+    keep integers with their nulls (pandas' nullable integer types): as floats, `int64 [1, null,
+    2**53 + 1]` became `1.0`, NaN and `9007199254740992.0`, another number."""
     import pyarrow as pa
 
-    frame = table.to_pandas()
+    frame = table.to_pandas(types_mapper=_nullable_integers().get)
     for i, field in enumerate(table.schema):
         if pa.types.is_nested(field.type):
             frame.isetitem(i, pd.Series(table.column(i).to_pylist(), index=frame.index, dtype=object))
     return frame
+
+
+def _nullable_integers() -> dict:
+    """Arrow's integer types → pandas' nullable integer types (`_arrow_frame`)."""
+    import pyarrow as pa
+
+    return {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+            pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(),
+            pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype()}
 
 
 def _as_text(value, errors: str) -> str | None:
