@@ -25,6 +25,12 @@ from slmclassify.jobs.sources import build_task, read_task
         (dict(labels=("a", " ")), "empty"),
         (dict(labels=("a", "b "),), "whitespace"),
         (dict(labels=("a", "b"), user_template="no placeholder"), "^user_template must name the item once"),
+        # Before: these passed, the braces reached the model as text and the column was never read.
+        (dict(labels=("a", "b"), user_template="{subject.__class__}"),
+         r"^user_template has a malformed placeholder '\{subject.__class__\}' at character 1 \(a field is named"),
+        (dict(labels=("a", "b"), user_template="Item {0}"), r"malformed placeholder '\{0\}' at character 6"),
+        (dict(labels=("a", "b"), user_template="Subject: {subject"), r"'\{subject' at character 10 \(it is never closed\)"),
+        (dict(labels=("a", "b"), user_template="{text} }"), r"'\}' at character 8 \(a lone \}\)"),
         (dict(labels=("a", "b"), min_confidence=1.5), "^min_confidence must be between 0 and 1"),
         (dict(labels=("a", "b"), mode="best"), "^mode must be one of"),
         (dict(labels=("a", "b"), examples=(Example("x", "c"),)), "not in the label set"),
@@ -158,9 +164,9 @@ def test_library_errors_name_fields_and_the_cli_names_flags():
         EngineSettings(max_text_tokens=0)
     assert raised.value.naming(flag_of) == "--max-tokens must be positive, got 0"
     with pytest.raises(FieldError) as raised:  # a value with braces is shown as given, not formatted
-        Task(labels=("a", "b"), user_template="{text} {text} {0}")
+        Task(labels=("a", "b"), user_template="{text} {text} {{0}}")
     assert str(raised.value) == ("user_template must name the item once: '{text}' exactly once, or each field once "
-                                 "(e.g. 'Subject: {subject}\\n\\n{body}'), got '{text} {text} {0}'")
+                                 "(e.g. 'Subject: {subject}\\n\\n{body}'), got '{text} {text} {{0}}'")
     import pickle
 
     back = pickle.loads(pickle.dumps(raised.value))  # as Ray sends it: the message, a TaskError
@@ -252,3 +258,14 @@ def test_prompt_longer_than_the_context_is_a_task_error(tiny_loaded):
     with pytest.raises(TaskError, match=r"^the prompt without the item text is \d+ tokens, over the \d+ the "
                                         r"model's context leaves for it: shorten the instruction"):
         clf.classify(["hello"])
+
+
+def test_doubled_braces_are_literal_braces():
+    """`{{` and `}}` write a brace (before: `{{literal}}` read a field named literal); the one parser
+    serves the fields, the composed item and the one-text user turn."""
+    task = Task(labels=("a", "b"), user_template='JSON {{"id": 7}}: {text} }}')
+    assert task.fields == ("text",) and not task.multi_field
+    assert task.user_turn("the {body} of it") == 'JSON {"id": 7}: the {body} of it }'
+    multi = Task(labels=("a", "b"), user_template="{{{subject}}}\n{body}")
+    assert multi.fields == ("subject", "body")
+    assert multi.compose({"subject": "Refund", "body": "{subject} stays"}) == "{Refund}\n{subject} stays"

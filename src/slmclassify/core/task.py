@@ -11,14 +11,59 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Any
 
 from ..errors import FieldError, TaskError
 
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
 MULTI_LABEL_INSTRUCTION = "You tag short texts with every label that applies to them."
 MODES = ("auto", "first", "full", "full-mean")
+
+
+@lru_cache(maxsize=64)
+def parse_template(template: str) -> tuple[tuple[str, str], ...]:
+    """A user template's parts, in order: ("text", literal) or ("field", name). `{name}` (letters,
+    digits and _, not starting with a digit) is a field; `{{` and `}}` are literal braces; any other
+    brace (`{0}`, `{subject.__class__}`, an unclosed `{subject`, a lone `}`) is a FieldError naming it
+    and where it is. The one reader of templates: `Task.fields`, `compose` and `user_turn` use it."""
+    parts: list[tuple[str, str]] = []
+    literal: list[str] = []
+    i = 0
+    while i < len(template):
+        char = template[i]
+        if char in "{}" and template[i:i + 2] in ("{{", "}}"):
+            literal.append(char)
+            i += 2
+        elif char == "}":
+            raise _bad_placeholder(template, "}", i, "a lone }")
+        elif char == "{":
+            end = template.find("}", i + 1)
+            opened = template.find("{", i + 1)
+            if end < 0 or 0 <= opened < end:
+                shown = template[i:end + 1] if end >= 0 else template[i:i + 30]
+                raise _bad_placeholder(template, shown, i, "it is never closed")
+            name = template[i + 1:end]
+            if not _FIELD_NAME.fullmatch(name):
+                raise _bad_placeholder(template, template[i:end + 1], i, "a field is named by letters, digits and _")
+            if literal:
+                parts.append(("text", "".join(literal)))
+                literal = []
+            parts.append(("field", name))
+            i = end + 1
+        else:
+            literal.append(char)
+            i += 1
+    if literal:
+        parts.append(("text", "".join(literal)))
+    return tuple(parts)
+
+
+def _bad_placeholder(template: str, shown: str, at: int, why: str) -> FieldError:
+    return FieldError("user_template", "{field} has a malformed placeholder {shown!r} at character {at} ({why}): "
+                      "write a field as {{name}}, and a literal brace as {{{{ or }}}}; got {value!r}",
+                      shown=shown, at=at + 1, why=why, value=template)
 
 
 @dataclass(frozen=True)
@@ -100,7 +145,7 @@ class Task:
         for ex in self.examples:
             if ex.label not in seen:
                 raise TaskError(f"example {ex.text[:40]!r} has label {ex.label!r}, which is not in the label set")
-        names = _PLACEHOLDER.findall(self.user_template)
+        names = list(self.fields)  # parsing refuses a malformed placeholder
         if not names or any(names.count(n) > 1 for n in names):
             raise FieldError("user_template", "{field} must name the item once: '{{text}}' exactly once, or each "
                              "field once (e.g. 'Subject: {{subject}}\\n\\n{{body}}'), got {value!r}",
@@ -164,7 +209,7 @@ class Task:
     def fields(self) -> tuple[str, ...]:
         """The input columns the template names: ('text',) for the classic `{text}` (the input's text
         column, whatever its name), else each `{name}` in order (columns of that name)."""
-        return tuple(_PLACEHOLDER.findall(self.user_template))
+        return tuple(value for kind, value in parse_template(self.user_template) if kind == "field")
 
     @property
     def multi_field(self) -> bool:
@@ -178,15 +223,18 @@ class Task:
         values = {name: "" if v is None else v for name, v in values.items()}
         if not any(str(v).strip() for v in values.values()):
             return ""
-        # one pass over the template: a field's text holding "{body}" is not substituted again
-        return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), self.user_template)
+        return self._filled(values)
+
+    def _filled(self, values: dict) -> str:
+        """The template with each field's value (one pass: a value holding "{body}" stays as it is)."""
+        return "".join(str(values[value]) if kind == "field" else value
+                       for kind, value in parse_template(self.user_template))
 
     def user_turn(self, text: str) -> str:
         """The user message for one item (a multi-field item is composed already: `compose`)."""
         if self.multi_field:
             return text
-        # str.replace rather than str.format: item texts may contain braces.
-        return self.user_template.replace("{text}", text)
+        return self._filled({"text": text})
 
     def with_overrides(self, **overrides: Any) -> Task:
         """A copy with the given fields replaced; `None` values are ignored."""
