@@ -370,3 +370,27 @@ def test_a_model_missing_a_weight_is_refused_naming_it(tmp_path, monkeypatch, ti
     last = err.strip().splitlines()[-1]  # (the lines before it: the test's own save_pretrained)
     assert code == 2 and last.startswith("slmclassify: error: cannot load model") and "lm_head.weight" in last, err
     assert not (tmp_path / "out.csv").exists()
+
+
+def test_an_invalid_config_or_a_gguf_unlike_its_metadata_is_one_line(tmp_path, monkeypatch, tiny_tokenizer):
+    """Before: an odd head_dim (15) raised transformers' validation traceback, and a Qwen3 GGUF whose
+    head_dim differs from hidden / heads said "...For details look at the above report!" with no report
+    (transformers' logger is silenced while loading). Both name what is wrong now."""
+    from conftest import tiny_model
+    from family_models import family_model
+    from gguf_writer import write_gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "odd"
+    tiny_model("llama", len(tiny_tokenizer)).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "head_dim": 15}))
+    with pytest.raises(ModelLoadError, match=r"its config\.json is invalid: .*RoPE requires an even rotary "
+                                             r"dimension, but got `head_dim`=15"):
+        load_model(str(folder), device="cpu")
+    model = family_model("qwen3", len(tiny_tokenizer))  # head_dim 24, hidden / heads 16: the GGUF says neither
+    path = write_gguf(model, tiny_tokenizer, tmp_path / "qwen3.gguf", "qwen3")
+    with pytest.raises(ModelLoadError, match=r"its weight model\.layers\.\d+\.self_attn\.\w+\.weight has shape "
+                                             r"\[[\d, ]+\] but its configuration needs \[[\d, ]+\] \(and \d+ more\)"):
+        load_model(str(path), device="cpu")

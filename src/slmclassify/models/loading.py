@@ -141,6 +141,7 @@ def _check_reachable(repo_id: str) -> None:
 
 
 def _load_pretrained(where: str, local_only: bool):
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -156,7 +157,7 @@ def _load_pretrained(where: str, local_only: bool):
         else:  # e.g. PyTorch .bin checkpoints
             model, info = AutoModelForCausalLM.from_pretrained(
                 where, dtype=torch.float32, local_files_only=local_only, trust_remote_code=False,
-                output_loading_info=True
+                output_loading_info=True, ignore_mismatched_sizes=True
             )
             check_complete(info, where)
     except ModelLoadError:
@@ -166,10 +167,18 @@ def _load_pretrained(where: str, local_only: bool):
             f"cannot load model {where!r}: its safetensors weights are damaged or incomplete "
             f"({str(exc).splitlines()[0]}); copy or download them again"
         ) from None
+    except StrictDataclassError as exc:  # transformers' config validation, e.g. an odd head_dim for RoPE
+        raise ModelLoadError(f"cannot load model {where!r}: its config.json is invalid: {_cause(exc)}") from None
     except (OSError, ValueError, KeyError) as exc:
         hint = "" if local_only else " (a hub id needs network access or a local copy in the HF cache)"
         raise ModelLoadError(f"cannot load model {where!r}{hint}: {str(exc).splitlines()[0]}") from None
     return model, tokenizer
+
+
+def _cause(exc: Exception) -> str:
+    """The last line of a validation error (huggingface_hub puts the validator's own message there)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def _tokenizer(where: str, local_only: bool):
@@ -251,10 +260,12 @@ def _import_model_code(folder: Path) -> None:
         return
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
         AutoModelForCausalLM._model_mapping[type(config)]  # imports the architecture's modeling module
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, StrictDataclassError):
         return
 
 
@@ -345,6 +356,8 @@ def _dequantise(path: Path):
     """(model in float32, tokenizer) read from a GGUF file by transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from huggingface_hub.errors import StrictDataclassError
+
     from .gguf_pages import converting_gguf
     from .weights import check_complete
 
@@ -353,8 +366,12 @@ def _dequantise(path: Path):
         with _no_gguf_progress_bar(), converting_gguf():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
             model, info = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=filename, dtype=torch.float32, local_files_only=True, output_loading_info=True
+                folder, gguf_file=filename, dtype=torch.float32, local_files_only=True, output_loading_info=True,
+                ignore_mismatched_sizes=True  # reported by `check_complete`, naming the tensor and its shapes
             )
+    except StrictDataclassError as exc:  # the config transformers derives from the metadata is invalid
+        raise ModelLoadError(f"cannot read GGUF file {path}: its metadata gives an invalid configuration: "
+                             f"{_cause(exc)}") from None
     except (OSError, ValueError, KeyError, RuntimeError) as exc:  # RuntimeError: tensors unlike the metadata says
         raise ModelLoadError(f"cannot read GGUF file {path}: {str(exc).splitlines()[0]}") from None
     check_complete(info, str(path))

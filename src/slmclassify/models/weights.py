@@ -69,18 +69,26 @@ def from_safetensors(config, files: list[str]) -> torch.nn.Module:
                 state[source] = state.pop(target)
     with _sequential_loading():
         model, info = model_class.from_pretrained(None, config=config, state_dict=state, dtype=torch.float32,
-                                                  output_loading_info=True)
+                                                  output_loading_info=True, ignore_mismatched_sizes=True)
     del state, handles
     check_complete(info, str(Path(files[0]).parent))
     return model
 
 
 def check_complete(info: dict, source: str) -> None:
-    """Refuse a model whose files lack weights its architecture needs (`info`: transformers'
-    `output_loading_info`): transformers would fill them with random values, and the reference path
-    computes with the same ones, so nothing else would notice."""
+    """Refuse a model whose files lack weights its architecture needs, or hold one of another shape
+    (`info`: transformers' `output_loading_info`, read with `ignore_mismatched_sizes`): transformers
+    would fill them with random values, and the reference path computes with the same ones, so
+    nothing else would notice."""
     from ..errors import ModelLoadError
 
+    mismatched = list(info.get("mismatched_keys") or ())
+    if mismatched:  # transformers' (name, shape in the files, shape the architecture needs)
+        name, found, needed = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+        raise ModelLoadError(f"cannot load model {source!r}: its weight {name} has shape {list(found)} but its "
+                             f"configuration needs {list(needed)}{more}: the files and their configuration (or a "
+                             "GGUF file's metadata, e.g. a head_dim it does not record) disagree")
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
