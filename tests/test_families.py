@@ -315,3 +315,29 @@ def test_a_gguf_file_of_each_family_loads_and_is_exact(tmp_path, monkeypatch, ti
     clf = Classifier(Task(labels=LABELS["full"], mode="full"), model=loaded)
     assert_matches_reference(clf, random_texts(5, seed=2, max_words=30))
     assert list((tmp_path / "cache" / "slmclassify").glob("gguf-*"))  # converted once, cached
+
+
+@pytest.mark.parametrize("name", ["llama", "granite", "olmo2", "mistral", "phi3"])
+def test_a_sliding_window_in_a_config_without_layer_types_is_refused_or_exact(model_dir_factory, family_dir, name,
+                                                                                tmp_path):
+    """Before: `sliding_window` in the config of a family that marks no sliding layers (Llama, Granite,
+    OLMo 2) was neither refused nor exact (|Δ| 12 with multi-token labels): transformers ignores it in a
+    prompt's forward but its KV cache applies it to a cached continuation. Refused now, naming it;
+    where every layer slides (Mistral, Phi-3) the fast path is exact on prompts several windows long."""
+    from slmclassify import ModelLoadError
+
+    import shutil
+
+    folder = tmp_path / name  # a copy: the fixtures' folders are shared
+    shutil.copytree(model_dir_factory("llama") if name == "llama" else family_dir(name), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["sliding_window"] = 8
+    (folder / "config.json").write_text(json.dumps(config))
+    if name in ("llama", "granite", "olmo2"):
+        with pytest.raises(ModelLoadError, match=r"sliding_window=8 is not supported: .* marks no layer as sliding"):
+            load_model(str(folder), device=TEST_DEVICE, precision="fp32")
+        return
+    loaded = load_model(str(folder), device=TEST_DEVICE, precision="fp32")
+    for settings in (EngineSettings(token_budget=300, max_rows=4), EngineSettings(max_rows=1)):
+        clf = Classifier(Task(labels=LABELS["full"], mode="full"), model=loaded, settings=settings)
+        assert_matches_reference(clf, random_texts(5, seed=4, max_words=40))

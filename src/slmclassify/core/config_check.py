@@ -79,6 +79,11 @@ def check_config(config, where: str = "model") -> None:
         refuse("layer_types", unknown[0], f"implemented are {', '.join(known)}")
     if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
         refuse("layer_types", "sliding_attention", "a sliding layer without sliding_window")
+    window = getattr(config, "sliding_window", None)
+    if window and family.window == "layer_types" and not hasattr(config, "layer_types"):
+        refuse("sliding_window", window, f"{family.name} marks no layer as sliding, and transformers applies this "
+               "setting in its KV cache only (a prompt's forward ignores it, a cached continuation does not): "
+               "set it to null in config.json")
 
 
 def _check_rope(config, rope: dict, family, refuse) -> None:
