@@ -337,6 +337,10 @@ def test_items_of_several_fields(tmp_path, llama_dir, run_main, tiny_loaded):
     code, _, err = run_main(*args, "--user-template", "Subject: {subject}\\n\\n{message}")
     assert code == 2 and "no column 'message', which the user template names as {message}" in err, err
     assert "model:" not in err  # refused before the model loads
+    # verify reads the same items (before: "no column 'text'" where classify worked)
+    code, _, err = run_main("verify", tmp_path / "in.csv", "--model", llama_dir, "--labels", "billing,technical",
+                            "--user-template", "Subject: {subject}\\n\\n{body}", "--n", "2")
+    assert code == 0 and "2/2 probes agree with the per-item path" in err, err
 
 
 def test_serve_answers_multi_label_and_multi_field_tasks(tiny_loaded):

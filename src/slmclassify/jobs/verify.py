@@ -8,7 +8,8 @@ from ..classifier import Classifier, EngineSettings
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 from ..errors import FieldError
-from ..io import read_table, texts_of
+from ..io import read_table
+from ..io.readers import item_texts
 from .classify import label_lines
 
 __all__ = ["VerifySummary", "verify_table"]
@@ -34,8 +35,9 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     """Run probe items through both paths; return the comparison (the caller decides what a mismatch means)."""
     if probes < 1:  # a check that checks nothing must not pass
         raise FieldError("probes", "{field} must be at least 1 for verify, got {value}", value=probes)
-    frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors)
-    texts = texts_of(frame, text_column)
+    fields = task.fields if task.multi_field else ()  # items of several columns, as `classify` reads them
+    frame = read_table(input_path, text_column, fmt=fmt if input_path == "-" else None, errors=errors, fields=fields)
+    texts = item_texts(frame, text_column, fields, task.compose if fields else None, errors=errors)
     classifier = Classifier(task, model=model, settings=settings, precision_sample=texts)
     encoded = classifier.encode(texts)
     indices = pick_probes(encoded, probes)
