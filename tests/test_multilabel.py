@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -522,3 +524,29 @@ def test_loop_heads_estimate_and_picks_for_label_sets():
     picker = Picker(2, seed=0, random_share=0.0, cold_per_label=0)
     pick = picker.pick(pool, {0: (0, 1), 1: (1,), 2: ()}, set())
     assert pick.row == 17 and pick.reason == "the model is unsure whether b applies (P 0.52)"
+
+
+def test_gold_held_as_lists_is_read_as_label_sets(tmp_path, llama_dir, run_main, one_torch_thread):
+    """Before: a gold column held as a list (JSONL) or list<string> (Parquet) — the form `classify` writes a
+    multi-label result in — was one label "['billing', 'account']", refused as not in the label set.
+    Read as the set it is, in `evaluate` and in `classify --gold-column`; a missing cell is no label."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slmclassify.io.labelled import gold_text
+
+    assert gold_text(["billing", "account"], ";") == "billing;account" and gold_text(None) == ""
+    texts = random_texts(6, seed=9)
+    gold = [["billing", "technical"], ["account"], [], ["technical", "billing"], None, ["billing"]]
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t, "gold": g}) + "\n" for t, g in zip(texts, gold)))
+    parquet = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": texts, "gold": pa.array(gold, pa.list_(pa.string()))}), parquet)
+    for src in (jsonl, parquet):
+        code, out, err = run_main("evaluate", src, "--gold-column", "gold", "--model", llama_dir,
+                                  "--labels", ",".join(LABELS), "--multi-label")
+        assert code == 0 and "not in the label set" not in err, err
+        code, _, err = run_main("classify", src, "-o", tmp_path / f"out{src.suffix}", "--model", llama_dir,
+                                "--labels", ",".join(LABELS), "--multi-label", "--gold-column", "gold", "--no-verify")
+        assert code == 0 and "exact label sets (subset accuracy) vs gold" in err, err
+        assert "not a label of the task" not in err, err

@@ -26,10 +26,14 @@ FLAGS = {
     "task_file": "--task",
 }
 """Library fields whose flag is not the field's name with dashes (`max_rows` → `--max-rows`)."""
+TASK_FILE_ONLY = ("label_separator", "thresholds", "descriptions", "examples", "temperature")
+"""Task fields with no flag: set in a task file only, where the key is the field's name."""
 
 
 def flag_of(field: str) -> str:
-    """The command-line flag that sets a library field."""
+    """The command-line flag that sets a library field, or, for a task-file key, how to name it."""
+    if field in TASK_FILE_ONLY:
+        return f"the task file's {field}"
     return FLAGS.get(field, "--" + field.replace("_", "-"))
 
 

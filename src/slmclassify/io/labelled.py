@@ -62,5 +62,20 @@ def read_labelled(path: str, text_column: str, label_column: str, task=None) -> 
         raise InputError("{path}: no label column {column!r} (use {field}); columns are: {columns}",
                          names={"field": "label_column"}, path=path, column=label_column,
                          columns=", ".join(map(str, frame.columns)))
-    gold = [("" if v is None or v != v else str(v),) for v in frame[label_column]]  # an empty cell: no label
+    separator = task.label_separator if task is not None else ";"
+    gold = [(gold_text(v, separator),) for v in frame[label_column]]
     return Labelled(item_texts(frame, text_column, fields, task.compose if fields else None), gold)
+
+
+def gold_text(value, separator: str = ";") -> str:
+    """A gold cell as label text: empty for a missing cell (no label); a list of labels (a JSONL list, a
+    Parquet list<string>: the form `classify` writes a multi-label result in) joined by the task's
+    `separator`; anything else its text."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return separator.join(str(v) for v in value if v is not None)
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return ""
+    return str(value)

@@ -38,6 +38,7 @@ from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, inp
                             refuse_resume)
 from ..io.formats import check_not_input, check_output
 from ..io.lock import OutputLock
+from ..io.labelled import gold_text
 from ..io.readers import open_table
 from ..io.sink import WriteFailed, open_sink
 from ..io.writers import parquet_schema
@@ -248,7 +249,7 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
             window = classifier.score_window(reader.texts(frame), start, taps=taps, results=results)
             results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index,
                                          first=classifier.task.result_column, lists=sink.fmt in ("jsonl", "parquet"))
-            gold = frame[gold_column].astype(str).tolist() if gold_column else None
+            gold = [gold_text(v, classifier.task.label_separator) for v in frame[gold_column]] if gold_column else None
             if gold is not None and classifier.task.multi_label:  # compared as sets: the labels in task order
                 gold = [canonical_labels(g, classifier.task) for g in gold]
             state.add(window, gold)
