@@ -13,7 +13,8 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from slmclassify.errors import TaskError  # noqa: E402
+from slmclassify.errors import TaskError
+from slmclassify.label.answers import InvalidAnswer  # noqa: E402
 from slmclassify.label.app import create_app, page_html  # noqa: E402
 
 TOKEN = "s3cret-token"
@@ -60,8 +61,8 @@ class FakeSession:
         with self.lock:
             self.calls.append(("answer", row, label))
             self._check(row)
-            if label not in LABELS:
-                raise TaskError(f"unknown label {label!r}")
+            if label not in LABELS:  # as the real session's `Answers.encode`
+                raise InvalidAnswer(f"unknown label {label!r}")
             self.answers[row] = label
             self.history.append(row)
 
@@ -161,7 +162,7 @@ def test_refusals_are_json_errors(page):
     stale = client.post("/api/answer", json={"row": 3, "label": "billing"}, headers=AUTH)
     assert stale.status_code == 409 and stale.json() == {"error": "row 3 is not the item on the page"}
     unknown = client.post("/api/answer", json={"row": 0, "label": "shipping"}, headers=AUTH)
-    assert unknown.status_code == 409 and "unknown label" in unknown.json()["error"]
+    assert unknown.status_code == 422 and "unknown label" in unknown.json()["error"]  # the request's fault
     bad = client.post("/api/answer", json={"row": "zero", "label": "billing"}, headers=AUTH)
     assert bad.status_code == 422 and bad.json()["error"].startswith("invalid request: row:")
     assert session.answers == {}
@@ -298,3 +299,23 @@ def test_every_answer_carries_the_page_headers(page, method, path, body, status)
     assert answer.status_code == status
     assert answer.headers["referrer-policy"] == "no-referrer"
     assert "default-src 'none'" in answer.headers["content-security-policy"]
+
+
+def test_an_answer_the_task_cannot_take_is_422_and_not_echoed_whole():
+    """Before: an unknown label, or a bare string on a multi-label page, got 409 (meant for a stale answer)
+    and a 30 MB label came back whole in the error. The task's own check (`Answers.encode`) says 422
+    through the page's handler, with the value cut."""
+    from slmclassify import Task
+    from slmclassify.label.answers import Answers
+
+    multi = Answers.__new__(Answers)  # the validation alone: no store
+    multi.labels, multi.multi = ("billing", "technical"), True
+    with pytest.raises(InvalidAnswer, match="is a list of its labels"):
+        multi.encode("billing")
+    with pytest.raises(InvalidAnswer) as raised:
+        multi.encode(["x" * 30_000_000])
+    assert len(str(raised.value)) < 300 and "30000002 characters" in str(raised.value)
+    one = Answers.__new__(Answers)
+    one.labels, one.multi = Task(labels=("billing", "technical")).labels, False
+    with pytest.raises(InvalidAnswer, match=r"^label 'shipping' is not one of the task's labels"):
+        one.encode("shipping")

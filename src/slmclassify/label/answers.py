@@ -24,6 +24,17 @@ HISTORY = 12
 """Answers and skips the page lists, newest first."""
 
 
+
+class InvalidAnswer(TaskError):
+    """An answer that is not one of the task's (a label it does not have, a string where a multi-label
+    task takes a list): the page answers 422, not the 409 of a stale answer."""
+
+
+def _shown(value, limit: int = 80) -> str:
+    """A caller's value for a message, cut to `limit` characters (a 30 MB label is not echoed back)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 class Answers:
     """The store's answers mirrored by pool position (see the module docstring)."""
 
@@ -71,16 +82,17 @@ class Answers:
     # how an answer is stored, shown and exported
 
     def encode(self, label) -> str:
-        """The store's text of an answer given by a caller (validated)."""
+        """The store's text of an answer given by a caller (validated: `InvalidAnswer`)."""
         if not self.multi:
             if not isinstance(label, str) or label not in self.labels:
-                raise TaskError(f"label {label!r} is not one of the task's labels {list(self.labels)}")
+                raise InvalidAnswer(f"label {_shown(label)} is not one of the task's labels {list(self.labels)}")
             return label
         if isinstance(label, str) or not all(isinstance(name, str) for name in label):
-            raise TaskError(f"a multi-label task's answer is a list of its labels {list(self.labels)}, got {label!r}")
+            raise InvalidAnswer(f"a multi-label task's answer is a list of its labels {list(self.labels)}, "
+                                f"got {_shown(label)}")
         unknown = [name for name in label if name not in self.labels]
         if unknown:
-            raise TaskError(f"label {unknown[0]!r} is not one of the task's labels {list(self.labels)}")
+            raise InvalidAnswer(f"label {_shown(unknown[0])} is not one of the task's labels {list(self.labels)}")
         return json.dumps([name for name in self.labels if name in label])
 
     def decode(self, text: str):

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 
 from ..errors import SlmClassifyError, TaskError
 from ..web.guard import bearer, header, matches, query_value, send_error
+from .answers import InvalidAnswer
 from .store import StaleAnswer
 
 # The page loads nothing from elsewhere and may not be framed: its scripts and styles are inline.
@@ -147,6 +148,10 @@ def create_app(session, token: str, *, export_path: str | Path, fit_path: str | 
     @app.exception_handler(SlmClassifyError)
     async def _refused(_request, exc: SlmClassifyError):
         return JSONResponse({"error": str(exc)}, status_code=409)
+
+    @app.exception_handler(InvalidAnswer)
+    async def _invalid_answer(_request, exc: InvalidAnswer):  # the request's fault, not a conflict
+        return JSONResponse({"error": str(exc)}, status_code=422)
 
     def state() -> dict:
         ready = session.ready()
