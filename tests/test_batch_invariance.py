@@ -12,6 +12,7 @@ import torch
 
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.backends import gemm
+from slmclassify.core.taps import Taps
 from slmclassify.backends.choice import int8_candidates
 from slmclassify.backends.device import Backend, cpu_native
 from slmclassify.models.engines import with_backend
@@ -48,10 +49,10 @@ def test_an_items_scores_are_the_same_bits_in_any_batch(tiny_loaded, kernel, mod
     texts = random_texts(64, seed=11, max_words=60)
     alone = Classifier(TASKS[mode], model=model, settings=EngineSettings(max_rows=1))
     encoded = alone.encode(texts)
-    want = alone.score(encoded, taps=(1, 2)) if backend.precision == "fp32" else alone.score(encoded)
+    want = alone.score(encoded, taps=Taps(last=(1, 2))) if backend.precision == "fp32" else alone.score(encoded)
     for name, settings in BATCHES.items():
         clf = alone.with_settings(settings)
-        got = clf.score(encoded, taps=(1, 2)) if backend.precision == "fp32" else clf.score(encoded)
+        got = clf.score(encoded, taps=Taps(last=(1, 2))) if backend.precision == "fp32" else clf.score(encoded)
         assert got.stats.batches != want.stats.batches, name
         np.testing.assert_array_equal(got.scores, want.scores, err_msg=f"{kernel}, {name}")
         if backend.precision == "fp32":

@@ -10,6 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from slmclassify.core.taps import Taps
 from slmclassify.cli.bench import (BenchOptions, LoadtestOptions, SweepOptions, bench_options, loadtest_options,
                                    sweep_options)
 from slmclassify.cli.label import LabelOptions, label_options
@@ -133,14 +134,17 @@ def test_fit_flags_make_the_taps_and_curve():
     run = _read([fit_options], ["in.csv", "-o", "h.npz", "--label-column", "gold", "--layers", "2,4", "--curve", "4,8",
                                 "--scores"])["run"]
     assert run == FitOptions("in.csv", "h.npz", label_column="gold", layers="2,4", curve="4,8", use_scores=True)
-    assert (run.taps(), run.curve_sizes()) == ((2, 4), (4, 8))
+    assert (run.taps(), run.curve_sizes()) == (Taps(last=(2, 4)), (4, 8))
     assert _read([fit_options], ["in.csv", "-o", "h.npz"])["run"].taps() is None
+    mixed = _read([fit_options], ["in.csv", "-o", "h.npz", "--layers", "mean3,5"])["run"]
+    assert mixed.taps() == Taps(last=(5,), mean=(3,))
 
 
 @pytest.mark.parametrize("args, message", [
     (["--folds", "1"], "--folds must be at least 2, got 1"),
     (["--gold-column", "g", "--label-column", "g"], "--label-column is the old name of --gold-column; give one of them"),
-    (["--layers", "0"], "--layers must list positive integers, got '0'"),
+    (["--layers", "0"], "--layers must list positive layer numbers, got '0'"),
+    (["--layers", "3,top"], "--layers: 'top' is not a layer number (15) or a mean-pooled layer (mean15)"),
 ])
 def test_fit_refusals_read_as_before(run_main, monkeypatch, tmp_path, args, message):
     import slmclassify.jobs.fit

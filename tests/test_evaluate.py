@@ -159,6 +159,12 @@ def test_evaluate_cli(bigbench, llama_dir, llama_loaded, tmp_path):
     assert written.temperature == pytest.approx(round(summary["temperature"], 4))
     assert written.min_confidence == pytest.approx(round(summary["threshold"], 4))
     assert "label tokens" in result.stdout and "accuracy" in result.stdout
+    # calibrated and uncalibrated side by side, from the same scores
+    uncal = Classifier(Task(labels=("billing", "technical"), calibrate=False), model=llama_loaded)
+    uncal_predicted = [r.label for r in uncal.classify(texts)]
+    assert summary["uncalibrated"]["accuracy"] == sum(g == p for g, p in zip(gold, uncal_predicted)) / 4
+    assert (f"without calibration (same scores): accuracy {summary['uncalibrated']['accuracy']:.3f}, "
+            f"macro-F1 {summary['uncalibrated']['macro_f1']:.3f}") in result.stdout
 
 
 def _bigbench_file(path, examples, **extra):

@@ -18,6 +18,7 @@ from family_models import FAMILY_MODELS, family_model
 from slmclassify import Classifier, EngineSettings, Task, load_model
 from slmclassify.backends.device import cpu_native
 from slmclassify.core.config_check import context_limit
+from slmclassify.core.taps import Taps
 from slmclassify.core.families import SUPPORTED_ARCHITECTURES, family_of, layer_kinds
 from test_engine import assert_matches_reference, random_texts
 
@@ -109,7 +110,7 @@ def test_layers_after_the_last_attention_compute_only_the_rows_read_later(family
         assert attention is not None and third < attention <= third + 2 * rows < n
     clf = Classifier(Task(labels=LABELS[mode], mode=mode), model=loaded, settings=EngineSettings(token_budget=300))
     encoded = clf.encode(texts)
-    states = clf.score(encoded, taps=(1, 2, 3, 4)).states
+    states = clf.score(encoded, taps=Taps(last=(1, 2, 3, 4))).states
     for i in range(len(texts)):
         with torch.inference_mode():
             out = loaded.model(input_ids=on_test_device(encoded.ids[i]), output_hidden_states=True)
@@ -125,13 +126,13 @@ def test_family_hidden_states_equal_hugging_face(family_loaded, name):
     clf = Classifier(Task(labels=LABELS["full"], mode="full"), model=loaded,
                      settings=EngineSettings(token_budget=120, max_rows=8))
     n_layers = loaded.model.config.num_hidden_layers
-    taps = tuple(range(1, n_layers + 1))
+    taps = Taps(last=tuple(range(1, n_layers + 1)))
     encoded = clf.encode(random_texts(5, seed=5))
     states = clf.score(encoded, taps=taps).states
     for i in range(5):
         with torch.inference_mode():
             out = loaded.model(input_ids=on_test_device(encoded.ids[i]), output_hidden_states=True)
-        ref = torch.stack([out.hidden_states[t][0, -1] for t in taps]).cpu().numpy()
+        ref = torch.stack([out.hidden_states[t][0, -1] for t in taps.last]).cpu().numpy()
         diff = np.abs(states[i].reshape(len(taps), -1) - ref).max()
         assert diff <= 1e-4, f"item {i}: max |Δ state| {diff:.2e}"
 

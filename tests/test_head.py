@@ -14,7 +14,8 @@ from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.cli.main import cli, main
 from slmclassify.errors import TaskError
 from slmclassify.head import Head, model_fingerprint, score_with_head, task_record
-from slmclassify.head.features import collect, default_taps
+from slmclassify.core.taps import Taps
+from slmclassify.head.features import candidate_taps, collect, default_taps, feature_sets
 from slmclassify.head.fitting import cross_validated, fit
 
 from test_engine import random_texts
@@ -40,30 +41,64 @@ def labelled(n_per_label: int, seed: int = 0) -> tuple[list[str], list[str]]:
     ("full", EngineSettings(prefix_cache=False)),
 ])
 def test_states_equal_reference_hidden_states(tiny_loaded, mode, settings):
-    """Every layer's state at the item's last token, from padded batches with the prefix cache and
-    label-trie nodes, equals `hidden_states` of the unmodified HF forward on the full prompt."""
+    """Every layer's state at the item's last token, and its mean over the item's own tokens (the
+    prompt after the head every item shares), from padded batches with the prefix cache and
+    label-trie nodes, equal `hidden_states` of the unmodified HF forward on the full prompt pooled
+    the same way. With the cache off, the mean starts at the same place."""
     labels = ("billing", "technical", "account") if mode == "first" else ("billing", "account", "accounting")
-    clf = Classifier(Task(labels=labels, mode=mode), model=tiny_loaded, settings=settings)
+    task = Task(labels=labels, mode=mode, instruction="Sort the ticket.")
+    clf = Classifier(task, model=tiny_loaded, settings=settings)
     n_layers = tiny_loaded.model.config.num_hidden_layers
-    taps = tuple(range(1, n_layers + 1))
+    taps = Taps(last=tuple(range(1, n_layers + 1)), mean=tuple(range(1, n_layers)))
     texts = random_texts(9, seed=5)
     encoded = clf.encode(texts)
     scored = clf.score(encoded, taps=taps)
     scores, states = scored.scores, scored.states
-    assert states.shape == (9, n_layers * tiny_loaded.model.config.hidden_size)
+    assert states.shape == (9, (2 * n_layers - 1) * tiny_loaded.model.config.hidden_size)
     np.testing.assert_array_equal(scores, clf.score(encoded).scores)  # the taps change nothing
+    head_tokens = clf.scorer.pool_from
+    assert head_tokens == len(Classifier(task, model=tiny_loaded).prefix_ids) > 0
     for i in range(len(texts)):
+        ids = encoded.ids[i]
         with torch.inference_mode():
-            out = tiny_loaded.model(input_ids=torch.tensor([encoded.ids[i]]), output_hidden_states=True)
-        ref = torch.stack([out.hidden_states[t][0, -1] for t in taps]).numpy()
+            out = tiny_loaded.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        start = min(head_tokens, len(ids) - 1)
+        ref = torch.stack([out.hidden_states[t][0, -1] for t in taps.last]
+                          + [out.hidden_states[t][0, start:].mean(0) for t in taps.mean]).numpy()
         fast = states[i].reshape(len(taps), -1)
         diff = np.abs(fast - ref).max(axis=1)
         assert diff.max() <= 1e-4, f"item {i}: max |Δ| per layer {diff}\nfast:\n{fast[:, :6]}\nreference:\n{ref[:, :6]}"
 
 
-def test_default_taps():
-    assert default_taps(30) == (15, 22, 30)
-    assert default_taps(2) == (1, 2)
+def test_default_and_candidate_taps():
+    assert default_taps(30) == Taps(mean=(6, 12, 18, 24))
+    assert candidate_taps(30) == Taps(last=(15, 22, 30), mean=(6, 12, 18, 24))
+    assert candidate_taps(2) == Taps(last=(1, 2), mean=(1,))  # a mean stops below the last layer
+    assert Taps.parse(["15", "mean6", " MEAN12"]) == Taps(last=(15,), mean=(6, 12))
+    with pytest.raises(ValueError, match="'x3' is not a layer number"):
+        Taps.parse(["x3"])
+    assert Taps(last=(31,), mean=(30, 2)).out_of_range(30) == ["31", "mean30"]
+
+
+def test_feature_sets_name_their_columns():
+    sets = feature_sets(Taps(last=(2,), mean=(1,)), hidden=3, extra=2)
+    assert list(sets) == ["mean", "last", "mean+last"]
+    assert sets["mean"][0] == Taps(mean=(1,)) and sets["mean"][1].tolist() == [3, 4, 5, 6, 7]
+    assert sets["last"][0] == Taps(last=(2,)) and sets["last"][1].tolist() == [0, 1, 2, 6, 7]
+    assert sets["mean+last"][1].tolist() == list(range(8))
+    assert list(feature_sets(Taps(mean=(1,)), hidden=3)) == ["mean"]
+
+
+def test_fit_chooses_the_feature_set_that_separates_the_labels():
+    """Given candidates, cross-validation keeps the columns that carry the labels."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(["a", "b"], 40)
+    signal = rng.normal(size=(80, 4)) + (y == "a")[:, None] * 2.0
+    X = np.concatenate([rng.normal(size=(80, 4)), signal], axis=1)
+    head = fit(X, y, candidates={"noise": np.arange(4), "signal": np.arange(4, 8)})
+    assert head.choice == "signal" and head.columns.tolist() == [4, 5, 6, 7]
+    assert head.log_probabilities(X).shape == (80, 2)
+    assert fit(X, y, candidates={"noise": np.arange(4)}).choice == "noise"
 
 
 def _fitted_head(loaded, task, texts, gold) -> Head:
@@ -161,6 +196,7 @@ def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp
     assert result.exit_code == 0, result.output
     assert "zero-shot: not comparable" in result.output  # gold labels are not the task's labels
     assert "head (3-fold CV)" in result.output and "learning curve" in result.output
+    assert "(by cross-validation among mean, last, mean+last)" in result.output
     assert (tmp_path / "head-curve.png").stat().st_size > 1000
     head = Head.load(head_path)
     assert head.labels == ("broken app", "money") and head.info["items"] == 20
@@ -194,7 +230,7 @@ def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp
     result = runner.invoke(cli, ["evaluate", str(inp), "--gold-column", "gold", "--head", str(head_path),
                                  "--model", str(llama_dir), "--target-accuracy", "0.8"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "scorer: head (head: 2 labels, layers [1, 2], fitted on 20 items)" in result.output
+    assert f"scorer: head (head: 2 labels, layers {head.taps.describe()}, fitted on 20 items)" in result.output
     assert "min_confidence" in result.output or "no threshold reaches accuracy 0.80" in result.output
 
 
@@ -217,7 +253,8 @@ def test_evaluate_head_with_the_task_labels_prints_zero_shot_and_warns_of_its_ow
     assert ("warning: 12 of these 12 items were used to fit the head, so its figures on them are optimistic; "
             "`slmclassify fit` prints cross-validated ones") in lines
     assert any(line.startswith("zero-shot on the same items: accuracy ") for line in lines), result.output
-    assert "scorer: head (head: 2 labels, layers [1, 2], fitted on 12 items)" in lines
+    assert any(line.startswith("scorer: head (head: 2 labels, layers ") and line.endswith(", fitted on 12 items)")
+               for line in lines), result.output
 
 
 def test_cli_refuses_mismatched_head(llama_dir, tmp_path, capsys, monkeypatch):
@@ -255,14 +292,14 @@ def test_states_from_low_precision_backends_are_float32_on_cpu(tiny_model_dir, p
         clf = Classifier(task, model=load_model(str(tiny_model_dir), device="cpu", precision=p))
         assert clf.engine.backend.precision == p
         encoded = clf.encode(random_texts(12, seed=5))
-        scored = clf.score(encoded, taps=(1, 2))
+        scored = clf.score(encoded, taps=Taps(last=(1, 2)))
         states[p] = scored.states
         np.testing.assert_array_equal(scored.scores, clf.score(encoded).scores)
         assert states[p].dtype == np.float32 and np.isfinite(states[p]).all()
     ref, low = states["fp32"], states[precision]
     rel = np.linalg.norm(low - ref, axis=1).max() / np.linalg.norm(ref, axis=1).min()
     assert 1e-4 < rel <= 0.25, rel  # really low precision, and the same layers
-    swapped = clf.score(encoded, taps=(2, 1)).states
+    swapped = clf.score(encoded, taps=Taps(last=(2, 1))).states
     hidden = ref.shape[1] // 2
     np.testing.assert_array_equal(swapped, np.concatenate([low[:, hidden:], low[:, :hidden]], axis=1))
 
@@ -281,3 +318,65 @@ def test_head_cost_times_zero_shot_and_head_interleaved(llama_loaded):
     assert out["features"] == len(out["taps"]) * llama_loaded.model.config.hidden_size + 2
     assert out["ratio"] == pytest.approx(np.median(timings.per_round("head") / timings.per_round("zero-shot")))
     assert out["zero_shot_items_per_s"] == pytest.approx(20 / timings.total("zero-shot"))
+
+
+def test_folds_keep_each_group_together():
+    """`fit --group-column`: a group's items (near copies of one text) never sit on both sides of a fold."""
+    from slmclassify.head.fitting import folds_of
+
+    y = np.array(["a", "b"] * 20)
+    groups = np.repeat(np.arange(10), 4)  # each group: two a's and two b's
+    splits = folds_of(y, 5, seed=0, groups=groups)
+    assert len(splits) == 5
+    for train, test in splits:
+        assert not set(groups[train]) & set(groups[test])
+        assert set(y[test]) == {"a", "b"}
+    assert len(folds_of(y, 5, seed=0)) == 5 and folds_of(y[:3], 5, seed=0) == []
+    # twins of opposite labels: ungrouped folds split them, grouped folds keep each pair out together
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(20, 6))
+    X, y2, pairs = np.repeat(base, 2, axis=0), np.array(["a", "b"] * 20), np.repeat(np.arange(20), 2)
+    probs = cross_validated(X, y2, ("a", "b"), folds=4, groups=pairs)
+    assert probs.shape == (40, 2) and np.isfinite(probs).all()
+
+
+def test_shared_openings_warn_without_groups():
+    from slmclassify.jobs.fit import shared_openings
+
+    twins = [f"please help me with my order number {i}" for i in range(6)] + ["a b c d e f", "other text here"]
+    (warning,) = shared_openings(twins)
+    assert warning.startswith("6 of 8 items share their first 5 words with another item; if they are variants")
+    assert "--group-column" in warning
+    assert shared_openings(["one two", "three four five six seven eight", "nine"]) == ()
+
+
+def test_group_column_is_read_and_checked(tmp_path):
+    from slmclassify.errors import InputError
+    from slmclassify.io.labelled import read_labelled
+
+    path = tmp_path / "g.csv"
+    pd.DataFrame({"text": ["x", "y", "z"], "label": ["a", "b", "a"], "pair": ["p1", "", "p1"]}).to_csv(path, index=False)
+    data = read_labelled(str(path), "text", "label", group_column="pair")
+    assert data.groups[0] == data.groups[2] == "p1" and data.groups[1] not in ("p1", "")
+    with pytest.raises(InputError, match=r"no group column 'grp' \(use group_column\); columns are: text, label, pair"):
+        read_labelled(str(path), "text", "label", group_column="grp")
+
+
+def test_head_baselines_score_every_method_on_the_same_unseen_half(llama_loaded):
+    """`bench.head_baselines`: ours and TF-IDF + LR learn from the first half (all, 32 and 8 per
+    label) and are scored on the second; the table prints what was measured."""
+    from slmclassify.bench.head_baselines import halves, run_dataset, sample, table_text
+
+    texts, gold = labelled(12, seed=4)
+    gold = np.array(gold)
+    train, test = halves(gold)
+    assert not set(train) & set(test) and len(test) == 12
+    assert sorted(np.unique(gold[sample(train, gold, 2, seed=0)], return_counts=True)[1]) == [2, 2]
+    result = run_dataset("toy", texts, gold, Task(labels=("billing", "technical")), llama_loaded, seeds=2, minilm=None,
+                         log=lambda *a, **k: None)
+    assert result["test"] == 12 and result["majority"] == 0.5 and "minilm" not in result
+    assert set(result["ours"]) == set(result["tfidf"]) == {"full", "32", "8"}
+    assert len(result["ours"]["8"]["runs"]) == 2 and len(result["ours"]["full"]["runs"]) == 1
+    assert result["ours_chose"]["full"][0] in ("mean", "last", "mean+last")
+    table = table_text({"toy": result}, seeds=2)
+    assert f"| toy | 12 | 0.500 | {result['ours']['full']['mean']:.3f} | {result['tfidf']['full']['mean']:.3f} |" in table

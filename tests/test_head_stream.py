@@ -47,7 +47,7 @@ def test_streaming_head_equals_whole_file(run_main, tmp_path, llama_dir, heads):
     out = tmp_path / "out.csv"
     code, _, err = run_main(*_args(src, out, llama_dir, head_path))
     assert code == 0, err
-    assert f"scorer: head ({head_path}: 2 labels, layers [1, 2])" in err
+    assert f"scorer: head ({head_path}: 2 labels, layers 1 (mean))" in err
     assert "duplicates: 2 rows took the scores of an identical row of their window" in err
     frame = pd.read_csv(out, keep_default_na=False)
     assert list(frame.columns) == ["id", "text", "label", "confidence", "needs_review", "p_broken app", "p_money",

@@ -34,6 +34,7 @@ from .core.settings import (  # noqa: F401  (re-exported: `from slmclassify.clas
     DEFAULT_WINDOW,
     EngineSettings,
 )
+from .core.taps import Taps
 from .core.task import Task
 from .errors import InputError, TaskError
 from .models.loading import LoadedModel
@@ -52,7 +53,7 @@ class ScoredItems:
     stats: RunStats
     """What these items cost: `items`, `scored`, `reused` (duplicates), batches, tokens, seconds."""
     states: np.ndarray | None = None
-    """[n, len(taps) * hidden] float32 hidden states at each item's last token (NaN rows for empty
+    """[n, len(taps) * hidden] float32 hidden states at the taps (`core/taps.py`; NaN rows for empty
     items), when scored with taps (a head's features, `head/`)."""
     start: int = 0
     """Input row index of the first item (a window's place in the input)."""
@@ -273,12 +274,12 @@ class Classifier:
             start += len(chunk)
 
     def score_window(self, texts: list[str], start: int = 0, progress: Callable[[int], None] | None = None,
-                     taps: tuple[int, ...] = (), *, results: ResultsStep | None = None) -> ScoredItems:
+                     taps: Taps = Taps(), *, results: ResultsStep | None = None) -> ScoredItems:
         """Encode and score one window (`score_items`) whose first text is input row `start`."""
         return dataclasses.replace(self.score_items(texts, progress, taps, results=results), start=start)
 
     def score_items(self, items: list[str] | EncodedItems, progress: Callable[[int], None] | None = None,
-                    taps: tuple[int, ...] = (), *, dedupe: bool = True, run: UniqueRun | None = None,
+                    taps: Taps = Taps(), *, dedupe: bool = True, run: UniqueRun | None = None,
                     results: ResultsStep | None = None) -> ScoredItems:
         """The one scoring step: encode → score identical items once → scatter → results.
 
@@ -314,11 +315,11 @@ class Classifier:
                            stats=stats, states=states)
 
     def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None,
-              taps: tuple[int, ...] = ()) -> Scored:
+              taps: Taps = Taps()) -> Scored:
         """Label scores of every item through the fast path, and what the pass did (`Scored`).
 
-        With `taps` (layer numbers, see `Engine.score`), also the [n, len(taps) * hidden] float32
-        hidden states at each item's last token (NaN rows for empty items) from the same pass.
+        With `taps` (`core/taps.py`), also the [n, len(taps) * hidden] float32 hidden states
+        there (NaN rows for empty items) from the same pass.
         """
         return self.scorer.score(encoded, self.engine, self.prefix, progress, taps)
 

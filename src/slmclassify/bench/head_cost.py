@@ -41,7 +41,7 @@ def measure(classifier: Classifier, texts: list[str], chunk: int = 64, rounds: i
                          warmup=0)  # the caller warms the model up
     n = rounds * len(texts)
     ratio = timings.speedup("head", "zero-shot")  # head's seconds over zero-shot's (median of the rounds)
-    return {"items": len(texts), "rounds": rounds, "taps": list(taps), "features": F,
+    return {"items": len(texts), "rounds": rounds, "taps": taps.as_list(), "features": F,
             "zero_shot_items_per_s": n / timings.total("zero-shot"), "head_items_per_s": n / timings.total("head"),
             "ratio": ratio, "timings": timings}
 

@@ -70,7 +70,7 @@ def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
     """([n, L] zero-shot probabilities, [n, taps * hidden] states) of one pass, cached by the texts,
     the task and `fingerprint` (the model's, taken once before any Classifier is built on it)."""
     taps = default_taps(loaded.model.config.num_hidden_layers)
-    key = hashlib.sha256(json.dumps([texts, task_record(task), fingerprint, list(taps)]).encode())
+    key = hashlib.sha256(json.dumps([texts, task_record(task), fingerprint, taps.as_list()]).encode())
     path = cache_root() / "label_sim" / f"{name}-{key.hexdigest()[:16]}.npz"
     if path.exists():
         with np.load(path) as data:
@@ -78,7 +78,7 @@ def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
     clf = Classifier(task, model=loaded)
     start = time.perf_counter()
     _, calibrated, states = collect(clf, clf.encode(texts), taps)
-    log(f"{name}: {len(texts)} items scored with layers {list(taps)} in {time.perf_counter() - start:.0f} s "
+    log(f"{name}: {len(texts)} items scored with layers {taps.describe()} in {time.perf_counter() - start:.0f} s "
         f"(cached in {path.parent})")
     zero = softmax(calibrated)
     path.parent.mkdir(parents=True, exist_ok=True)

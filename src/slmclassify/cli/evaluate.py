@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from ..core.taps import Taps
 from ..errors import TaskError
 from ..io.formats import check_writes
 from . import summaries
@@ -139,8 +140,9 @@ class FitOptions:
     text_column: str = "text"
     label_column: str = "label"
     folds: int = 5
+    group_column: str | None = None
     layers: str | None = None
-    """Comma-separated layer numbers, as typed (None: the head's default taps)."""
+    """Comma-separated layers, as typed: 15 (last token), mean15 (mean-pooled); None: chosen by CV."""
     use_scores: bool = False
     curve: str = "4,8,16,32,64"
     """Learning-curve sizes (items per label), as typed."""
@@ -156,8 +158,16 @@ class FitOptions:
         return cls(label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
                    **flags)
 
-    def taps(self) -> tuple[int, ...] | None:
-        return tuple(int_list(self.layers, "--layers")) if self.layers else None
+    def taps(self) -> Taps | None:
+        if not self.layers:
+            return None
+        try:
+            taps = Taps.parse(x for x in self.layers.split(",") if x.strip())
+        except ValueError as exc:
+            raise TaskError(f"--layers: {exc}") from None
+        if not taps or min(taps.last + taps.mean) < 1:
+            raise TaskError(f"--layers must list positive layer numbers, got {self.layers!r}")
+        return taps
 
     def curve_sizes(self) -> tuple[int, ...]:
         return tuple(int_list(self.curve, "--curve"))
@@ -170,8 +180,11 @@ fit_options = bundle("run", FitOptions.from_flags, [
     click.option("--gold-column", help="Column of gold labels (tables; default: label)."),
     hidden_alias("--label-column", "old_gold_column"),
     click.option("--folds", type=int, default=5, show_default=True, help="Cross-validation folds."),
-    click.option("--layers", help="Comma-separated layer numbers to read (default: half, three quarters and all of "
-                 "the depth)."),
+    click.option("--group-column", help="Column grouping near copies of one text: cross-validation keeps each "
+                 "group in one fold."),
+    click.option("--layers", help="Comma-separated layers to read: 15 at the last token, mean15 mean-pooled over "
+                 "the item (default: chosen by cross-validation among means at 1/5..4/5 of the depth, last tokens "
+                 "at 1/2, 3/4 and all of it, and both)."),
     click.option("--scores", "use_scores", is_flag=True,
                  help="Append the calibrated label log-probabilities to the features (no gain on the intent data)."),
     click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label."),
@@ -197,5 +210,5 @@ def fit(run: FitOptions, opts: ModelOptions):
     summary = fit_file(run.input_path, run.output_path, task, opts.settings(), model=opts.model,
                        text_column=run.text_column, label_column=run.label_column, folds=run.folds, taps=run.taps(),
                        use_scores=run.use_scores, curve_sizes=run.curve_sizes(), plot_path=run.plot_path,
-                       json_path=run.json_path)
+                       json_path=run.json_path, group_column=run.group_column)
     summaries.print_fit(summary)

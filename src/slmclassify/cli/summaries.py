@@ -29,7 +29,7 @@ def print_loaded(classifier, head=None) -> None:
         _err(line)
     if head is not None and head.used:
         h = head.head
-        _err(f"scorer: {head.scorer} ({head.source or 'head'}: {len(h.labels)} labels, layers {list(h.taps)})")
+        _err(f"scorer: {head.scorer} ({head.source or 'head'}: {len(h.labels)} labels, layers {h.taps.describe()})")
 
 
 def print_classify(summary) -> None:
@@ -184,6 +184,13 @@ def print_evaluate(summary) -> None:
     if summary.head is not None:
         _print_head(summary)
     _out(format_report(summary.main))
+    if summary.uncalibrated:
+        raw, cal = summary.uncalibrated, summary.main
+        _out(f"without calibration (same scores): accuracy {raw['accuracy']:.3f}, macro-F1 {raw['macro_f1']:.3f}, "
+             f"ECE {raw['ece']:.3f}")
+        if raw["accuracy"] > cal.accuracy + 0.02:
+            _out(f"calibration cost {100 * (raw['accuracy'] - cal.accuracy):.1f} accuracy points here: with labels far "
+                 f"from balanced it can (docs/calibration.md); consider calibrate = false")
     if summary.modes:
         _out("\nmode comparison (same items, one run each):")
         _out(f"{'mode':<12} {'calibrated':>10} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7} {'items/s':>8}")
@@ -212,7 +219,7 @@ def _print_head(summary) -> None:
         z = extra["zero_shot"]
         _out(f"zero-shot on the same items: accuracy {z['accuracy']:.3f}, macro-F1 {z['macro_f1']:.3f}, "
              f"ECE {z['ece']:.3f}")
-    _out(f"scorer: {extra['scorer']} (head: {len(head.labels)} labels, layers {list(head.taps)}, "
+    _out(f"scorer: {extra['scorer']} (head: {len(head.labels)} labels, layers {head.taps.describe()}, "
          f"fitted on {head.info.get('items')} items)")
 
 
@@ -223,8 +230,11 @@ def print_fit(summary) -> None:
     if summary.precision_line:
         _out(summary.precision_line)
     _out(f"model: {summary.model}; {summary.items} items, {len(summary.counts)} labels {summary.counts}")
-    _out(f"features: layers {list(summary.taps)} at the last token ({summary.feature_values} values)"
-         f"{' + calibrated label scores' if summary.use_scores else ''}; one fast-path pass in {summary.seconds:.1f} s")
+    _out(f"features: layers {summary.taps.describe()} ({summary.feature_values} values)"
+         f"{' + calibrated label scores' if summary.use_scores else ''}, {summary.choice}; one fast-path pass in "
+         f"{summary.seconds:.1f} s")
+    for warning in summary.warnings:
+        _out(f"warning: {warning}")
     if summary.multi_label_rows:
         _print_multilabel_fit(summary)
         return

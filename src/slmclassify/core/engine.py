@@ -64,6 +64,7 @@ from .batching import Batch
 from .config_check import check_config, head_dim
 from .families import LayerKind, family_of, layer_kinds
 from .labels import LabelTrie
+from .taps import Taps
 
 # Cap on the [rows, positions, vocab] logits tensor per output-layer call (floats).
 _LOGITS_CHUNK = 1 << 24
@@ -140,6 +141,17 @@ class _Layout:
     windows: dict = dataclasses.field(default_factory=dict)  # {window: (mask, read_mask)} of the sliding
     #   windows some query of this batch reaches past (masks as above, keys also within the window); the
     #   prefix is inline then (prefix_cols = P)
+
+
+@dataclass
+class _Pool:
+    """The tokens of each row's mean (`Engine._pool`) and the means collected so far."""
+
+    tokens: torch.Tensor  # [M] packed indices of the pooled tokens
+    rows: torch.Tensor  # [M] their rows
+    counts: torch.Tensor  # [B, 1] float32 pooled tokens per row
+    layers: frozenset  # the layers whose means are wanted
+    means: dict = dataclasses.field(default_factory=dict)  # {layer: [B, hidden] float32}
 
 
 def _share(linears: tuple[torch.nn.Linear, ...], weight: torch.Tensor) -> None:
@@ -484,35 +496,55 @@ class Engine:
         return PrefixCache(keys=tuple(keys), values=tuple(values), tokens=P)
 
     @torch.inference_mode()
-    def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: tuple[int, ...] = ()):
+    def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: Taps = Taps(),
+              pool_from: int = 0):
         """[B, L] label scores of every row (mode of `trie`): `read_states`, then `label_scores`.
 
-        With `taps` (layer numbers as in Hugging Face's `hidden_states`: 1 .. n_layers, the last one
-        after the final norm), returns (scores, [B, len(taps), hidden] states at each row's last item
-        token), read from the same forward (the head's features, `head/`).
+        With `taps` (`core/taps.py`), returns (scores, [B, len(taps), hidden] states) read from the
+        same forward (the head's features, `head/`).
         """
-        read, states = self.read_states(batch, prefix, trie, taps)
+        read, states = self.read_states(batch, prefix, trie, taps, pool_from)
         scores = self.label_scores(read, trie)
         return scores if not taps else (scores, states)
 
     @torch.inference_mode()
-    def read_states(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: tuple[int, ...] = ()):
+    def read_states(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: Taps = Taps(),
+                    pool_from: int = 0):
         """The decoder over a batch: ([B, 1+T, hidden] final-normed states at the read positions, the
         [B, len(taps), hidden] tapped states on the CPU or None). The output layer is not run here:
         a caller scoring many small batches stacks their read states for `label_scores`, which then
         streams the output layer's weights (the whole vocabulary, ~400 MB for a 100k one) once
-        for all of them instead of once per batch."""
+        for all of them instead of once per batch.
+
+        `taps.last`: each row's state at its last item token; `taps.mean`: the mean of each row's
+        states at the prompt positions from `pool_from` on (at least its last token), the prompt
+        head every item shares being tokens 0 .. pool_from - 1 (`core/taps.py`)."""
+        n_prefix = prefix.length if (batch.cached and prefix is not None) else 0
         prefix = prefix if (batch.cached and prefix is not None and prefix.length) else None
         layout = self._layout(batch, trie, prefix.length if prefix else 0)
         B = batch.input_ids.shape[0]
         ids = torch.cat([batch.input_ids.to(self.device, non_blocking=True),
                          trie.node_tokens.to(self.device).expand(B, -1)], dim=1)  # [B, S+T], left-padded
         states = [] if taps else None
-        read = self.final_norm(self._layers(ids.reshape(-1)[layout.source], layout, prefix, states=states))
+        pool = self._pool(layout, trie, n_prefix, pool_from, taps.mean) if taps.mean else None
+        read = self.final_norm(self._layers(ids.reshape(-1)[layout.source], layout, prefix, states=states, pool=pool))
         if not taps:
             return read, None
         states.append(read[:, 0])
-        return read, torch.stack([states[t - 1] for t in taps], dim=1).float().cpu()
+        tapped = [states[t - 1] for t in taps.last] + [pool.means[t] for t in taps.mean]
+        return read, torch.stack(tapped, dim=1).float().cpu()
+
+    def _pool(self, layout: _Layout, trie: LabelTrie, n_prefix: int, pool_from: int, layers) -> _Pool:
+        """Which packed tokens each row's mean takes: its item tokens at prompt positions
+        >= pool_from (the row's own column j sits at position n_prefix + j), at least its last."""
+        dev, lengths = self.device, layout.lengths
+        row = torch.repeat_interleave(torch.arange(layout.B, device=dev), lengths + trie.n_nodes)  # [N]
+        own = torch.arange(row.numel(), device=dev) - layout.starts[row]
+        first = torch.full_like(lengths, max(pool_from - n_prefix, 0)).minimum(lengths - 1)  # [B]
+        tokens = ((own < lengths[row]) & (own >= first[row])).nonzero().squeeze(1)
+        rows = row.index_select(0, tokens)
+        counts = torch.bincount(rows, minlength=layout.B).to(torch.float32)[:, None]
+        return _Pool(tokens=tokens, rows=rows, counts=counts, layers=frozenset(layers))
 
     @torch.inference_mode()
     def label_scores(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
@@ -624,14 +656,16 @@ class Engine:
         return torch.stack(out, dim=1)
 
     def _layers(self, ids: torch.Tensor, layout: _Layout, prefix: PrefixCache | None,
-                keys: list | None = None, values: list | None = None, states: list | None = None) -> torch.Tensor:
+                keys: list | None = None, values: list | None = None, states: list | None = None,
+                pool: _Pool | None = None) -> torch.Tensor:
         """Embed the packed ids and run every decoder layer.
 
         Returns [B, 1+T, hidden] (before the final norm) at the read positions: each layer computes
         the outputs later layers read (`_needed_rows`), the last one its attention queries and MLP
         only at the read positions. With `keys` given (the prefill), every layer's keys and values
         are collected, every token is computed and nothing is read. With `states` given, every layer
-        but the last appends its output at each row's last item token, [B, hidden].
+        but the last appends its output at each row's last item token, [B, hidden]; with `pool`,
+        the layers it names also put their row means in `pool.means` (every token computed then).
         """
         h = self.embed(ids)  # [N, hidden]
         if self.embed_scale is not None:
@@ -651,6 +685,8 @@ class Engine:
                 or not self.backend.packs_attention(self.head_dim)):
             padded = h.new_zeros(layout.B * layout.W, self.n_heads + 2 * self.n_kv, self.head_dim, dtype=self.dtype)
         needed = self._needed_rows(layout) if keys is None else [None] * len(self.layers)
+        if pool is not None:  # a mean reads every token of its layer
+            needed = [None] * (len(self.layers) - 1) + needed[-1:]
         rows = None  # the packed tokens h holds (None: all of them)
         for i, layer in enumerate(self.layers):
             past = None if prefix is None else (prefix.keys[i], prefix.values[i])
@@ -671,6 +707,9 @@ class Engine:
             if states is not None and i < len(self.layers) - 1:
                 at = layout.read[:, 0] if rows is None else _local_index(rows, layout.source.numel())[layout.read[:, 0]]
                 states.append(h.index_select(0, at))
+            if pool is not None and i + 1 in pool.layers:
+                sums = h.new_zeros(layout.B, h.shape[-1], dtype=torch.float32)
+                pool.means[i + 1] = sums.index_add_(0, pool.rows, h.index_select(0, pool.tokens).float()) / pool.counts
         return h.view(layout.B, -1, h.shape[-1]) if keys is None else h
 
     def _needed_rows(self, layout: _Layout) -> list:

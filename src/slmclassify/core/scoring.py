@@ -25,6 +25,7 @@ from .multilabel import branches
 from .prompts import PromptRenderer
 from .results import RunStats
 from .settings import EngineSettings
+from .taps import Taps
 from .task import Task
 
 
@@ -35,8 +36,8 @@ class Scored:
     scores: np.ndarray
     """[n, L] float64 raw label scores (NaN rows for empty items); [n, 2L] branch scores of a multi-label task."""
     states: np.ndarray | None
-    """[n, len(taps) * hidden] float32 hidden states at each item's last token (NaN rows for empty
-    items) when scored with taps; None without."""
+    """[n, len(taps) * hidden] float32 hidden states at the taps (`core/taps.py`; NaN rows for
+    empty items) when scored with taps; None without."""
     stats: RunStats
     """What the pass did (batches, tokens, seconds)."""
 
@@ -55,6 +56,8 @@ class Scorer:
     mode_reason: str
     prefix_ids: list[int]
     """The shared head of every prompt, run once per engine (empty with `prefix_cache` off)."""
+    pool_from: int
+    """Tokens of that head whether cached or not: a mean-pooled tap starts after them."""
     split: PromptSplit
     max_prompt_tokens: int
     """Longest prompt the engine is exact for (the model's context less the longest label)."""
@@ -74,11 +77,12 @@ class Scorer:
         if task.multi_label:
             mode_reason = "multi-label: each label's yes and no branches, full sequences"
         trie = build_trie(names, sequences, mode)
-        prefix_ids = choose_prefix(tokenizer, renderer.head) if settings.prefix_cache else []
+        head_ids = choose_prefix(tokenizer, renderer.head)
+        prefix_ids = head_ids if settings.prefix_cache else []
         # The engine is exact up to this length (the model's context, or less: see config_check).
         max_prompt_tokens = context_limit(config) - max(len(s) for s in trie.sequences)
         return cls(task=task, tokenizer=tokenizer, settings=settings, renderer=renderer, label_tokens=label_tokens,
-                   trie=trie, mode_reason=mode_reason, prefix_ids=prefix_ids,
+                   trie=trie, mode_reason=mode_reason, prefix_ids=prefix_ids, pool_from=len(head_ids),
                    split=PromptSplit(tokenizer, renderer), max_prompt_tokens=max_prompt_tokens,
                    hidden_size=config.hidden_size)
 
@@ -115,11 +119,10 @@ class Scorer:
             yield collate([encoded.suffix(i) for i in rows], rows, pad, cached)
 
     def score(self, encoded: EncodedItems, engine, prefix, progress: Callable[[int], None] | None = None,
-              taps: tuple[int, ...] = ()) -> Scored:
+              taps: Taps = Taps()) -> Scored:
         """Label scores of every item through `engine` with its `prefix` cache (`prefill(engine)`).
 
-        `taps` (layer numbers, see `Engine.score`): the hidden states of those layers from the same
-        pass. `progress(n)` is called as each batch's n items get their scores (consecutive batches
+        `taps` (`core/taps.py`): the hidden states a head reads, from the same pass. `progress(n)` is called as each batch's n items get their scores (consecutive batches
         share an output-layer call, so a few at a time)."""
         start = time.perf_counter()
         scores = np.full((len(encoded), len(self.trie.labels)), np.nan, dtype=np.float64)
@@ -140,7 +143,7 @@ class Scorer:
             pending.clear()
 
         for batch in self.batches(encoded):
-            read, batch_states = engine.read_states(batch, prefix, self.trie, taps=taps)  # [B, 1+T, hidden]
+            read, batch_states = engine.read_states(batch, prefix, self.trie, taps, self.pool_from)  # [B, 1+T, hidden]
             if taps:
                 states[batch.rows] = batch_states.flatten(1).numpy()
             if pending and pending_rows + len(batch.rows) > rows_per_call:

@@ -1,5 +1,5 @@
-"""Learned heads: a multinomial logistic regression on hidden states that the fast path reads at
-each item's last token, fitted on labelled items (`slmclassify fit`), used by `classify --head`
+"""Learned heads: a multinomial logistic regression on hidden states that the fast path reads
+(mean-pooled over each item's tokens or at its last token: `features.py`), fitted on labelled items (`slmclassify fit`), used by `classify --head`
 and `evaluate --head`. scikit-learn (the `head` extra) is needed to fit, not to apply a head."""
 
 from .apply import SCORERS, score_with_head

@@ -139,7 +139,7 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
 
     calibrated = classifier.calibrated(scores)
     probs = np.exp(head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer))
-    extra = {"scorer": scorer, "layers": list(head.taps), "items_per_s": len(texts) / seconds}
+    extra = {"scorer": scorer, "layers": head.taps.as_list(), "items_per_s": len(texts) / seconds}
     used = items_used_to_fit(head, texts)
     if used:
         extra["items_used_to_fit"] = used

@@ -1,5 +1,11 @@
-"""Features for a head, read on the fast path: hidden states at each item's last token from a few
-layers (the same forward that scores the labels), and the calibrated label log-probabilities."""
+"""Features for a head, read on the fast path: hidden states from a few layers (the same forward that
+scores the labels), mean-pooled over the item's own tokens or at its last token (`core/taps.py`),
+and the calibrated label log-probabilities.
+
+`fit` reads every candidate in its one pass and lets cross-validation choose among the feature
+sets (`feature_sets`): the mean-pooled states win on topic-like tasks (support tickets, intents,
+bank messages, news), the last token's on some reasoning tasks (docs/learned-heads.md).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,48 @@ import numpy as np
 
 from ..classifier import Classifier
 from ..core.encode import EncodedItems
+from ..core.taps import Taps
 
-DEFAULT_DEPTHS = (0.5, 0.75, 1.0)
-"""Which layers a head reads by default, as fractions of the model's depth (1.0 = the final,
-normed state). Chosen on the intent data (docs/learned-heads.md)."""
-
-
-def default_taps(n_layers: int, depths=DEFAULT_DEPTHS) -> tuple[int, ...]:
-    """Layer numbers (1 .. n_layers) at the given fractions of the depth, without repeats."""
-    return tuple(sorted({max(1, min(n_layers, round(d * n_layers))) for d in depths}))
+MEAN_DEPTHS = (0.2, 0.4, 0.6, 0.8)
+"""Layers whose mean-pooled states a head reads, as fractions of the model's depth."""
+LAST_DEPTHS = (0.5, 0.75, 1.0)
+"""Layers whose last-token states a head reads (1.0 = the final, normed state)."""
 
 
-def collect(classifier: Classifier, encoded: EncodedItems, taps: tuple[int, ...],
+def layers_at(n_layers: int, depths, top: int | None = None) -> tuple[int, ...]:
+    """Layer numbers (1 .. top, default n_layers) at the given fractions of the depth, without repeats."""
+    top = n_layers if top is None else top
+    return tuple(sorted({max(1, min(top, round(d * n_layers))) for d in depths}))
+
+
+def candidate_taps(n_layers: int) -> Taps:
+    """Everything `fit` reads in its one pass: the mean-pooled and the last-token layers."""
+    return Taps(last=layers_at(n_layers, LAST_DEPTHS), mean=layers_at(n_layers, MEAN_DEPTHS, n_layers - 1))
+
+
+def default_taps(n_layers: int) -> Taps:
+    """What a head reads without a choice (the labelling loop's refits): the mean-pooled layers,
+    the better features at a few labels per class on every data set measured."""
+    return Taps(mean=layers_at(n_layers, MEAN_DEPTHS, n_layers - 1))
+
+
+def feature_sets(taps: Taps, hidden: int, extra: int = 0) -> dict[str, tuple[Taps, np.ndarray]]:
+    """The feature sets a head chooses among, from the states of `taps` ([n, len(taps) * hidden],
+    `last` layers first) and `extra` columns appended after them (the label scores):
+    {name: (the taps it reads, its columns)}. One set when `taps` has one pooling."""
+    width = len(taps.last) * hidden
+    tail = np.arange(len(taps) * hidden, len(taps) * hidden + extra)
+    sets = {}
+    if taps.mean:
+        sets["mean"] = (Taps(mean=taps.mean), np.concatenate([np.arange(width, len(taps) * hidden), tail]))
+    if taps.last:
+        sets["last"] = (Taps(last=taps.last), np.concatenate([np.arange(width), tail]))
+    if taps.mean and taps.last:
+        sets["mean+last"] = (taps, np.arange(len(taps) * hidden + extra))
+    return sets
+
+
+def collect(classifier: Classifier, encoded: EncodedItems, taps: Taps,
             progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(raw label scores [n, L], calibrated scores [n, L], states [n, len(taps)*hidden]) in one pass.
 

@@ -1,12 +1,15 @@
-"""Fitting a head: standardise, multinomial logistic regression with C chosen by cross-validation,
-nested cross-validation for honest figures, and the learning curve (accuracy vs items per label).
+"""Fitting a head: standardise, multinomial logistic regression with C (and, given candidates, the
+feature set) chosen by cross-validation, nested cross-validation for honest figures, and the
+learning curve (accuracy vs items per label).
 
 Everything is seeded: the same features give the same head, folds and curve.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,62 +32,109 @@ class Fitted:
     coef: np.ndarray  # [K, F]
     intercept: np.ndarray  # [K]
     C: float
+    choice: str = ""
+    """The feature set chosen among `fit`'s candidates ('' without candidates)."""
+    columns: np.ndarray | None = None
+    """The columns of X that set is (None: all of them)."""
 
     def log_probabilities(self, X: np.ndarray) -> np.ndarray:
+        X = X if self.columns is None else X[:, self.columns]
         return linear_log_probabilities(X, self.mean, self.scale, self.coef, self.intercept)
 
 
 def fit(X: np.ndarray, y: list[str] | np.ndarray, *, seed: int = 0, folds: int = 5,
-        Cs: tuple[float, ...] = C_GRID) -> Fitted:
-    """Standardise X [n, F], choose C by stratified `folds`-fold CV (log-loss), refit on all of X."""
-    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
-    from sklearn.model_selection import StratifiedKFold
+        Cs: tuple[float, ...] = C_GRID, candidates: Mapping[str, np.ndarray] | None = None,
+        groups: np.ndarray | None = None) -> Fitted:
+    """Standardise X [n, F], choose C by stratified `folds`-fold CV (log-loss), refit on all of X.
+    `groups` ([n]): the folds keep each group's items together (`folds_of`).
 
+    `candidates` ({name: columns of X}, in order of preference): fit each and keep the one of the
+    best cross-validated log-loss (the first one when there are too few items to cross-validate).
+    """
     y = np.asarray(y)
-    labels, counts = np.unique(y, return_counts=True)
+    labels = np.unique(y)
     if len(labels) < 2:
         raise InputError(f"a head needs at least two labels in the gold column, got {list(labels)}")
+    if not candidates:
+        return _fit(X, y, seed, folds, Cs, groups)[0]
+    best = None
+    for name, columns in candidates.items():
+        fitted, score = _fit(X[:, columns], y, seed, folds, Cs, groups)
+        if best is None or score > best[1]:
+            best = dataclasses.replace(fitted, choice=name, columns=np.asarray(columns)), score
+    return best[0]
+
+
+def folds_of(y: np.ndarray, folds: int, seed: int, groups: np.ndarray | None = None) -> list:
+    """Stratified (train, test) index pairs, at most `folds` of them and no more than the rarest
+    label (or, with `groups`, the fewest groups of a label) allows; [] when fewer than two. With
+    `groups`, every group's items fall in one fold: near copies of an item never test a head that
+    learnt from them."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
+
+    counts = np.unique(y, return_counts=True)[1]
+    if groups is not None:
+        counts = np.array([len(np.unique(groups[y == lab])) for lab in np.unique(y)])
+    k = int(min(folds, counts.min()))
+    if k < 2:
+        return []
+    if groups is None:
+        return list(StratifiedKFold(k, shuffle=True, random_state=seed).split(y, y))
+    return list(StratifiedGroupKFold(k, shuffle=True, random_state=seed).split(y, y, groups))
+
+
+def _fit(X: np.ndarray, y: np.ndarray, seed: int, folds: int, Cs, groups=None) -> tuple[Fitted, float]:
+    """(the head, its mean cross-validated log-likelihood at the C chosen; -inf without CV)."""
+    from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
+
     mean = X.mean(axis=0)
     scale = X.std(axis=0)
     scale[scale < 1e-12] = 1.0
     Z = (X - mean) / scale
-    k = int(min(folds, counts.min()))
+    splits = folds_of(y, folds, seed, groups)
     from threadpoolctl import threadpool_limits
 
     # One BLAS thread: these small products gain nothing from more, and on a busy machine the
     # threads' barriers made each fit ~10x slower (docs/learned-heads.md).
     with warnings.catch_warnings(), threadpool_limits(1):
         warnings.simplefilter("ignore")  # convergence warnings at the weakest regularisation tried
-        if k >= 2 and len(Cs) > 1:
-            cv = StratifiedKFold(k, shuffle=True, random_state=seed)
-            model = LogisticRegressionCV(Cs=list(Cs), cv=cv, scoring="neg_log_loss", max_iter=1000).fit(Z, y)
+        if splits and len(Cs) > 1:
+            model = LogisticRegressionCV(Cs=list(Cs), cv=splits, scoring="neg_log_loss", max_iter=1000).fit(Z, y)
             C = float(model.C_[0])
+            score = float(next(iter(model.scores_.values())).mean(axis=0).max())  # [folds, Cs]: every class's alike
         else:  # too few items per label to cross-validate: the middle of the grid
             C = float(Cs[len(Cs) // 2])
             model = LogisticRegression(C=C, max_iter=1000).fit(Z, y)
+            score = -np.inf
     coef, intercept = np.asarray(model.coef_, dtype=np.float64), np.asarray(model.intercept_, dtype=np.float64)
     if len(model.classes_) == 2:  # sklearn keeps one row, the second class's logit; softmax([0, z]) = sigmoid
         coef, intercept = np.vstack([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
     return Fitted(labels=tuple(str(c) for c in model.classes_), mean=mean, scale=scale, coef=coef,
-                  intercept=intercept, C=C)
+                  intercept=intercept, C=C), score
 
 
 def cross_validated(X: np.ndarray, y: np.ndarray, labels: tuple[str, ...], *, folds: int = 5, seed: int = 0,
-                    per_label: int | None = None) -> np.ndarray:
-    """[n, K] out-of-fold probabilities (columns in `labels` order), C chosen inside each fold.
+                    per_label: int | None = None, candidates: Mapping[str, np.ndarray] | None = None,
+                    groups: np.ndarray | None = None) -> np.ndarray:
+    """[n, K] out-of-fold probabilities (columns in `labels` order), C (and the feature set among
+    `candidates`) chosen inside each fold.
 
     With `per_label`, each fold's head is fitted on at most that many items per label of its
-    training part (a seeded sample), and tested on the whole held-out part.
+    training part (a seeded sample), and tested on the whole held-out part. With `groups`, the
+    folds (outer and inner) keep each group together.
     """
-    from sklearn.model_selection import StratifiedKFold
-
     y = np.asarray(y)
+    groups = None if groups is None else np.asarray(groups)
     probs = np.zeros((len(y), len(labels)))
     rng = np.random.default_rng(seed)
-    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(X, y):
+    splits = folds_of(y, folds, seed, groups)
+    if not splits:
+        raise InputError(f"{folds}-fold cross-validation needs at least two items (groups) of every label")
+    for train, test in splits:
         if per_label is not None:
             train = np.concatenate([rng.permutation(train[y[train] == lab])[:per_label] for lab in labels])
-        head = fit(X[train], y[train], seed=seed)
+        head = fit(X[train], y[train], seed=seed, candidates=candidates,
+                   groups=None if groups is None else groups[train])
         cols = [head.labels.index(lab) if lab in head.labels else None for lab in labels]
         lp = head.log_probabilities(X[test])
         probs[test] = np.stack([np.exp(lp[:, c]) if c is not None else np.zeros(len(test)) for c in cols], axis=1)
@@ -92,10 +142,12 @@ def cross_validated(X: np.ndarray, y: np.ndarray, labels: tuple[str, ...], *, fo
 
 
 def learning_curve(X: np.ndarray, y: np.ndarray, labels: tuple[str, ...], *, sizes=CURVE_SIZES, folds: int = 5,
-                   seed: int = 0) -> list[tuple[int, float]]:
+                   seed: int = 0, candidates: Mapping[str, np.ndarray] | None = None,
+                   groups: np.ndarray | None = None) -> list[tuple[int, float]]:
     """(items per label, cross-validated accuracy) for each size the training folds can supply."""
     y = np.asarray(y)
     smallest = min(int((y == lab).sum()) for lab in labels) * (folds - 1) // folds
     gold = np.array([labels.index(v) for v in y])
-    return [(n, float((cross_validated(X, y, labels, folds=folds, seed=seed, per_label=n).argmax(1) == gold).mean()))
+    return [(n, float((cross_validated(X, y, labels, folds=folds, seed=seed, per_label=n,
+                                       candidates=candidates, groups=groups).argmax(1) == gold).mean()))
             for n in sizes if n <= smallest]

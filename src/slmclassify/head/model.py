@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, TaskError
+from ..core.taps import Taps
 from ..core.task import Example, Task
 
 FORMAT = "slmclassify-head-1"
@@ -28,8 +29,8 @@ class Head:
 
     labels: tuple[str, ...]
     """The head's classes (any strings from the gold column), in column order."""
-    taps: tuple[int, ...]
-    """Layers whose last-token states are the features (Hugging Face `hidden_states` numbering)."""
+    taps: Taps
+    """The hidden states that are the features (`core/taps.py`)."""
     use_scores: bool
     """Whether the task's calibrated label log-probabilities are appended to the states."""
     mean: np.ndarray
@@ -69,7 +70,7 @@ class Head:
         return linear_log_odds(features, self.mean, self.scale, self.coef, self.intercept)
 
     def save(self, path: str | Path) -> Path:
-        meta = {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps),
+        meta = {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps.last), "pooled": list(self.taps.mean),
                 "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info,
                 "multi_label": self.multi_label, "thresholds": list(self.thresholds)}
         path = Path(path)
@@ -91,7 +92,7 @@ class Head:
                              f"({exc or 'it is empty'})") from None
         if meta.get("format") != FORMAT:
             raise InputError(f"{path}: unknown head format {meta.get('format')!r}; refit with `slmclassify fit`")
-        return cls(labels=tuple(meta["labels"]), taps=tuple(meta["taps"]), use_scores=meta["use_scores"],
+        return cls(labels=tuple(meta["labels"]), taps=Taps(meta["taps"], meta.get("pooled", ())), use_scores=meta["use_scores"],
                    model=meta["model"], task=meta["task"], info=meta["info"], multi_label=meta.get("multi_label", False),
                    thresholds=tuple(meta.get("thresholds", ())), **arrays)
 

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from ..errors import InputError
 from .readers import item_texts, read_table
 
@@ -22,18 +24,25 @@ class Labelled:
     """The label set the file declares (BIG-bench `target_scores` keys, in file order), if any."""
     instruction: str | None = None
     """The file's own question (BIG-bench `task_prefix`), if any."""
+    groups: list[str] | None = None
+    """Each item's group (`group_column`): items that cross-validation keeps in one fold."""
 
     def head(self, limit: int | None) -> Labelled:
         """The first `limit` items (all when None)."""
         if limit is None:
             return self
-        return Labelled(self.texts[:limit], self.gold[:limit], self.labels, self.instruction)
+        return Labelled(self.texts[:limit], self.gold[:limit], self.labels, self.instruction,
+                        None if self.groups is None else self.groups[:limit])
 
 
-def read_labelled(path: str, text_column: str, label_column: str, task=None) -> Labelled:
+def read_labelled(path: str, text_column: str, label_column: str, task=None, group_column: str | None = None) -> Labelled:
     """Texts and gold labels from a BIG-bench task JSON, or a CSV/JSONL/Parquet table (a `task`
     whose template names fields: each row's item composed from those columns, `Task.compose`;
-    `task` is used for its `fields`, `multi_field` and `compose` only)."""
+    `task` is used for its `fields`, `multi_field` and `compose` only), and each item's group
+    from `group_column` (a table's; a missing cell is a group of its own row)."""
+    if group_column and path.endswith(".json"):
+        raise InputError("{path}: {field} needs a table (CSV/JSONL/Parquet); a BIG-bench file has no columns",
+                         names={"field": "group_column"}, path=path)
     if path.endswith(".json"):
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -64,7 +73,14 @@ def read_labelled(path: str, text_column: str, label_column: str, task=None) -> 
                          columns=", ".join(map(str, frame.columns)))
     separator = task.label_separator if task is not None else ";"
     gold = [(gold_text(v, separator),) for v in frame[label_column]]
-    return Labelled(item_texts(frame, text_column, fields, task.compose if fields else None), gold)
+    groups = None
+    if group_column:
+        if group_column not in frame.columns:
+            raise InputError("{path}: no group column {column!r} (use {field}); columns are: {columns}",
+                             names={"field": "group_column"}, path=path, column=group_column,
+                             columns=", ".join(map(str, frame.columns)))
+        groups = [f"\0row {i}" if pd.isna(v) or str(v) == "" else str(v) for i, v in enumerate(frame[group_column])]
+    return Labelled(item_texts(frame, text_column, fields, task.compose if fields else None), gold, groups=groups)
 
 
 def gold_text(value, separator: str = ";") -> str:

@@ -43,6 +43,7 @@ from ..io.readers import open_table
 from ..io.sink import WriteFailed, open_sink
 from ..io.writers import parquet_schema
 from ..core.results import RunStats, result_arrow_fields, result_columns, result_frame
+from ..core.taps import Taps
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 
@@ -243,7 +244,7 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
     gold_column = request.gold_column
     previous = handle_sigterm()
     results = choice.results_step()
-    taps = choice.head.taps if choice.used else ()
+    taps = choice.head.taps if choice.used else Taps()
     try:
         for start, frame in chunks:
             window = classifier.score_window(reader.texts(frame), start, taps=taps, results=results)

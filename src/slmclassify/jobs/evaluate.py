@@ -23,6 +23,7 @@ from ..core.multilabel import split_labels
 from ..models.precision import auto_line
 from ..models.prepare import load_model
 from ..core.results import softmax
+from ..core.taps import Taps
 from ..core.task import Example, Task
 from .sources import build_task
 from ..io.task_files import write_task_settings
@@ -52,6 +53,9 @@ class EvaluateSummary:
     fewshot_cost: dict | None
     figures: dict
     """The JSON summary (`main.summary()` plus modes and few-shot cost)."""
+    uncalibrated: dict | None = None
+    """A calibrated zero-shot run's figures without the calibration, from the same scores
+    (accuracy, macro_f1, ece): calibration can hurt (docs/calibration.md)."""
     plots: tuple[str, ...] = ()
     task_file: str | None = None
     task_values: dict = dataclasses.field(default_factory=dict)
@@ -116,7 +120,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     states = []
 
-    def run(config_task: Task, taps=()) -> tuple[Classifier, np.ndarray, float]:
+    def run(config_task: Task, taps: Taps = Taps()) -> tuple[Classifier, np.ndarray, float]:
         clf = Classifier(config_task, model=loaded, settings=settings)
         if taps:
             from ..head.apply import check
@@ -136,7 +140,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         return Evaluation(task.labels, gold, probs.argmax(1), probs.max(1), name=name,
                           target_accuracy=target_accuracy, extra=extra, accepted=accepted)
 
-    clf, scores, seconds = run(task, head.head.taps if use_head else ())
+    clf, scores, seconds = run(task, head.head.taps if use_head else Taps())
     temperature = task.temperature
     if fit_temperature:
         temperature = fit_temperature_on(scores, clf.bias, gold)
@@ -149,6 +153,9 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         main = evaluation(f"{clf.mode}{' +cal' if clf.bias is not None else ''}", scores, clf.bias, temperature,
                           clf, seconds)
     summary = main.summary()
+    if not use_head and clf.bias is not None:
+        raw = evaluation(clf.mode, scores, None, temperature)
+        summary["uncalibrated"] = {"accuracy": raw.accuracy, "macro_f1": raw.macro_f1, "ece": raw.ece}
 
     rows = []
     if compare_modes:
@@ -163,7 +170,8 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         precision_line=auto_line(loaded),
         label_token_lines=tuple(clf.label_token_lines()),
         fitted_temperature=temperature if fit_temperature else None, main=main, head=head.head if use_head else None,
-        modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary)
+        modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary,
+        uncalibrated=summary.get("uncalibrated"))
     return _write(result, plots_dir, task_file, json_path, temperature if fit_temperature else None)
 
 

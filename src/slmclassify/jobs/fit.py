@@ -19,7 +19,8 @@ from ..models.precision import auto_line
 from ..core.results import softmax
 from ..core.task import Task
 from ..head.apply import text_hashes
-from ..head.features import collect, default_taps
+from ..core.taps import Taps
+from ..head.features import candidate_taps, collect, default_taps, feature_sets
 from ..head.fitting import CURVE_SIZES, cross_validated, fit, learning_curve
 from ..head.model import Head, model_fingerprint, task_record
 
@@ -44,7 +45,10 @@ class FitSummary:
     items: int
     counts: dict
     """Items per label."""
-    taps: tuple[int, ...]
+    taps: Taps
+    """What the head reads."""
+    choice: str
+    """How its feature set was chosen: 'mean (by cross-validation among mean, last, mean+last)', or 'given'."""
     feature_values: int
     use_scores: bool
     seconds: float
@@ -67,17 +71,19 @@ class FitSummary:
     """The learning-curve PNG written (None: no curve)."""
     json_path: str | None
     multi_label_rows: tuple[tuple[str, dict], ...] = ()
+    warnings: tuple[str, ...] = ()
+    """What may make the figures optimistic (items that share their first words, without groups)."""
     """A multi-label head: (scorer, `multilabel` metrics at thresholds picked on the other half) for
     zero-shot and the head's out-of-fold probabilities; `rows` and the curve are then empty."""
 
 
 def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",
-             label_column="label", folds=5, taps: tuple[int, ...] | None = None, use_scores=False,
+             label_column="label", folds=5, taps: Taps | None = None, use_scores=False,
              curve_sizes=CURVE_SIZES, plot_path: str | None = None, json_path: str | None = None,
-             seed: int = 0) -> FitSummary:
+             seed: int = 0, group_column: str | None = None) -> FitSummary:
     """Fit a head on a labelled file and save it (and the curve's PNG, the figures as JSON); returns
     the CV metrics, zero-shot alongside and the learning curve."""
-    data = read_labelled(path, text_column, label_column, task)
+    data = read_labelled(path, text_column, label_column, task, group_column)
     if task.multi_label:
         return _fit_multilabel(path, output, task, settings, data, model=model, folds=folds, taps=taps,
                                use_scores=use_scores, json_path=json_path, seed=seed)
@@ -85,6 +91,8 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
     keep = [i for i, t in enumerate(texts) if t.strip()]
     skipped = len(texts) - len(keep)
     texts, gold = [texts[i] for i in keep], np.array([gold[i] for i in keep])
+    groups = None if data.groups is None else np.array([data.groups[i] for i in keep])
+    warnings = () if groups is not None else shared_openings(texts)
     labels = tuple(sorted(set(gold.tolist())))
     counts = {lab: int((gold == lab).sum()) for lab in labels}
     if len(labels) < 2:
@@ -94,12 +102,17 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
                          "{folds} per label (or pass {folds_field})", names={"folds_field": "folds"}, path=path,
                          label=min(counts, key=counts.get), items=min(counts.values()), folds=folds)
 
-    loaded, taps, scores, calibrated, states, seconds = _features(model, task, settings, texts, taps)
+    given = taps is not None
+    loaded, taps, scores, calibrated, states, seconds = _features(model, task, settings, texts, taps or "candidates")
 
     parts = [states.astype(np.float64)] + ([calibrated] if use_scores else [])
     X = np.concatenate(parts, axis=1)
+    # Without --layers, the feature set is chosen by cross-validation: inside each fold for the
+    # figures (nested), on all items for the head.
+    sets = {} if given else feature_sets(taps, loaded.model.config.hidden_size, calibrated.shape[1] if use_scores else 0)
+    candidates = {name: columns for name, (_, columns) in sets.items()} or None
     gold_idx = np.array([labels.index(g) for g in gold])
-    probs = cross_validated(X, gold, labels, folds=folds, seed=seed)
+    probs = cross_validated(X, gold, labels, folds=folds, seed=seed, candidates=candidates, groups=groups)
     head_ev = Evaluation(labels, gold_idx, probs.argmax(1), probs.max(1), name="head")
     rows = [ScorerFigures(f"head ({folds}-fold CV)", head_ev.accuracy, head_ev.macro_f1, head_ev.ece)]
     comparable = set(labels) <= set(task.labels)
@@ -110,7 +123,8 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
         rows.insert(0, ScorerFigures("zero-shot", ev.accuracy, ev.macro_f1, ev.ece))
     zero_shot = rows[0] if comparable else None
 
-    curve = learning_curve(X, gold, labels, sizes=curve_sizes, folds=folds, seed=seed)
+    curve = learning_curve(X, gold, labels, sizes=curve_sizes, folds=folds, seed=seed, candidates=candidates,
+                           groups=groups)
     if curve:
         plot_path = plot_path or str(Path(output).with_suffix("")) + "-curve.png"
         plot_curve(curve, head_ev.accuracy, zero_shot.accuracy if zero_shot else None,
@@ -118,40 +132,66 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
     else:  # regression: an empty curve crashed matplotlib's log scale after the CV table, and no head was written
         plot_path = None
 
-    final = fit(X, gold, seed=seed, folds=folds)
-    info = {"C": final.C, "items": int(len(gold)), "per_label": counts, "folds": folds, "source": str(path),
+    final = fit(X, gold, seed=seed, folds=folds, candidates=candidates, groups=groups)
+    if candidates:
+        taps = sets[final.choice][0]
+        choice = f"{final.choice} (by cross-validation among {', '.join(sets)})"
+    else:
+        choice = "given"
+    info = {"C": final.C, "features": choice, "items": int(len(gold)), "per_label": counts, "folds": folds, "source": str(path),
             "cv": {"accuracy": head_ev.accuracy, "macro_f1": head_ev.macro_f1, "ece": head_ev.ece},
             "zero_shot": ({"accuracy": zero_shot.accuracy, "macro_f1": zero_shot.macro_f1, "ece": zero_shot.ece}
                           if zero_shot else None),
             "curve": [[n, acc] for n, acc in curve], "item_hashes": text_hashes(texts)}
-    head = Head(labels=final.labels, taps=tuple(taps), use_scores=use_scores, mean=final.mean, scale=final.scale,
+    head = Head(labels=final.labels, taps=taps, use_scores=use_scores, mean=final.mean, scale=final.scale,
                 coef=final.coef, intercept=final.intercept, model=model_fingerprint(loaded), task=task_record(task),
                 info=info)
     head.save(output)
     if json_path:
         Path(json_path).write_text(json.dumps({k: v for k, v in info.items() if k != "item_hashes"}, indent=2))
     return FitSummary(
-        model=loaded.name, skipped=skipped, items=len(texts), counts=counts, taps=tuple(taps),
-        feature_values=int(states.shape[1]), use_scores=use_scores, seconds=seconds,
+        model=loaded.name, skipped=skipped, items=len(texts), counts=counts, taps=taps, choice=choice,
+        feature_values=len(taps) * loaded.model.config.hidden_size, use_scores=use_scores, seconds=seconds,
         precision_line=auto_line(loaded), rows=tuple(rows), zero_shot_comparable=comparable, folds=folds,
         curve=tuple((int(n), float(acc)) for n, acc in curve), curve_sizes=tuple(curve_sizes),
         smallest_fold=min(counts.values()) * (folds - 1) // folds, C=final.C, head=head, output=output,
-        plot_path=plot_path, json_path=json_path)
+        plot_path=plot_path, json_path=json_path, warnings=warnings)
 
 
-def _features(model, task: Task, settings: EngineSettings, texts, taps):
-    """(loaded model, taps, raw scores, calibrated scores, states, seconds) of one fast-path pass."""
+OPENING_WORDS = 5
+SHARED_OPENINGS = 0.2
+
+
+def shared_openings(texts: list[str]) -> tuple[str, ...]:
+    """A warning when more than `SHARED_OPENINGS` of the items share their first `OPENING_WORDS`
+    words with another item: near copies that folds split apart make cross-validated figures
+    optimistic (a test item's twin taught the head), or pessimistic when twins carry opposite labels."""
+    openings = [" ".join(t.lower().split()[:OPENING_WORDS]) for t in texts]
+    seen: dict[str, int] = {}
+    for o in openings:
+        seen[o] = seen.get(o, 0) + 1
+    shared = sum(1 for o in openings if seen[o] > 1 and len(o.split()) == OPENING_WORDS)
+    if shared <= SHARED_OPENINGS * len(texts):
+        return ()
+    return (f"{shared} of {len(texts)} items share their first {OPENING_WORDS} words with another item; if they "
+            f"are variants of one text, pass --group-column naming a column that groups them, so that "
+            f"cross-validation keeps each group in one fold (its figures can mislead otherwise)",)
+
+
+def _features(model, task: Task, settings: EngineSettings, texts, taps: Taps | str):
+    """(loaded model, taps, raw scores, calibrated scores, states, seconds) of one fast-path pass.
+    `taps`: the ones given, or 'candidates' (every feature set `fit` chooses among) or 'default'."""
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     clf = Classifier(task, model=loaded, settings=settings)
     layers = loaded.model.config.num_hidden_layers
-    taps = taps or default_taps(layers)
-    bad = [t for t in taps if not 1 <= t <= layers]
+    taps = {"candidates": candidate_taps, "default": default_taps}[taps](layers) if isinstance(taps, str) else taps
+    bad = taps.out_of_range(layers)
     if bad:
-        raise FieldError("taps", "{field} {value} out of range: the model has layers 1..{layers}", value=bad,
-                         layers=layers)
+        raise FieldError("taps", "{field} {value} out of range: the model has layers 1..{layers} (a mean: "
+                         "1..{below})", value=", ".join(bad), layers=layers, below=layers - 1)
     start = time.perf_counter()
     scores, calibrated, states = collect(clf, clf.encode(texts), taps)
-    return loaded, tuple(taps), scores, calibrated, states, time.perf_counter() - start
+    return loaded, taps, scores, calibrated, states, time.perf_counter() - start
 
 
 def _fit_multilabel(path, output, task: Task, settings, data, *, model, folds, taps, use_scores, json_path,
@@ -166,7 +206,8 @@ def _fit_multilabel(path, output, task: Task, settings, data, *, model, folds, t
     texts = [data.texts[i] for i in keep]
     gold = multilabel.gold_matrix([data.gold[i][0] for i in keep], task.labels, task.label_separator, path)
     check_counts(gold, task.labels, folds, path)
-    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, texts, taps)
+    given = taps is not None
+    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, texts, taps or "default")
     X = np.concatenate([states.astype(np.float64)] + ([calibrated] if use_scores else []), axis=1)
     oof = cross_validated_one_vs_rest(X, gold, folds=folds, seed=seed)
     zero = multilabel.probabilities(calibrated)
@@ -187,7 +228,7 @@ def _fit_multilabel(path, output, task: Task, settings, data, *, model, folds, t
         Path(json_path).write_text(json.dumps({k: v for k, v in info.items() if k != "item_hashes"}, indent=2))
     return FitSummary(
         model=loaded.name, skipped=len(data.texts) - len(texts), items=len(texts), counts=counts, taps=taps,
-        feature_values=int(states.shape[1]), use_scores=use_scores, seconds=seconds,
+        choice="given" if given else "default", feature_values=int(states.shape[1]), use_scores=use_scores, seconds=seconds,
         precision_line=auto_line(loaded), rows=(), zero_shot_comparable=True, folds=folds, curve=(),
         curve_sizes=(), smallest_fold=0, C=float(np.median(final.C)), head=head, output=output,
         plot_path=None, json_path=json_path, multi_label_rows=rows)

@@ -47,7 +47,7 @@ def fit_head(path: str | Path, X: np.ndarray, y: np.ndarray, *, task: Task, taps
             "labelled_by": "slmclassify label", "cv": ({"accuracy": est.mean, "low": est.low, "high": est.high}
                                                         if est is not None else None),
             "item_hashes": item_hashes}
-    head = Head(labels=final.labels, taps=tuple(taps), use_scores=False, mean=final.mean, scale=final.scale,
+    head = Head(labels=final.labels, taps=taps, use_scores=False, mean=final.mean, scale=final.scale,
                 coef=final.coef, intercept=final.intercept, model=model, task=task_record(task), info=info)
     head.save(path)
     return head
@@ -70,7 +70,7 @@ def _fit_multi(path, X: np.ndarray, Y: np.ndarray, *, task: Task, taps, seed: in
             "folds": folds, "source": str(source), "labelled_by": "slmclassify label",
             "cv": ({"subset_accuracy": est.mean, "low": est.low, "high": est.high} if est is not None else None),
             "thresholds": "0.5 (the loop's)", "item_hashes": item_hashes}
-    head = Head(labels=labels, taps=tuple(taps), use_scores=False, mean=final.mean, scale=final.scale,
+    head = Head(labels=labels, taps=taps, use_scores=False, mean=final.mean, scale=final.scale,
                 coef=final.coef, intercept=final.intercept, model=model, task=task_record(task), info=info,
                 multi_label=True, thresholds=(0.5,) * len(labels))
     head.save(path)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core import multilabel
 from ..core.results import softmax
+from ..core.taps import Taps
 from ..core.task import Task
 from ..errors import InputError, TaskError
 from ..head.apply import text_hashes
@@ -54,7 +55,7 @@ class Pool:
     """The sample and what is known of each of its items (see the module docstring). Its arrays
     are read and written with the session's lock held."""
 
-    def __init__(self, texts_all: list[str], task: Task, *, sample: int, seed: int, taps: tuple[int, ...],
+    def __init__(self, texts_all: list[str], task: Task, *, sample: int, seed: int, taps: Taps,
                  width: int, ids: list[str] | None = None, priority: np.ndarray | None = None):
         self.task, self.labels, self.multi = task, task.labels, task.multi_label
         n_total = len(texts_all)
