@@ -1,8 +1,10 @@
 """Peak RSS of `classify` on a short file, a long file and a file with one huge cell, side by side.
 
-    python benchmarks/peak_rss_inputs.py [MODEL] [--rows 5000,50000] [--cell-mb 20]
+    python benchmarks/peak_rss_inputs.py [MODEL] [--rows 5000,50000] [--cell-mb 20] [--check probes0,no-verify]
+        [--threads all]
 
-Each run is a fresh process (`benchmarks/rss.py`), `--probes 0 --quiet`, one thread; MODEL (default:
+Each run is a fresh process (`benchmarks/rss.py`), `--quiet`, with each check of `--check` (`--probes 0`, or
+`--no-verify`), one thread (`--threads all`: torch's default); MODEL (default:
 a tiny random Llama saved with the embedded model's tokenizer) so that what is measured is the
 pipeline's memory, not the weights'. Prints each run's peak RSS and its ratio to the first (short)
 file's, then one JSON line. Targets (issue "Nothing lost, second pass"): 50,000 rows and a 20 MB cell
@@ -54,10 +56,14 @@ def tiny_model(folder: Path) -> Path:
     return folder
 
 
-def peak(model: str, src: Path, out: Path) -> dict:
+CHECKS = {"probes0": ["--probes", "0"], "no-verify": ["--no-verify"]}
+
+
+def peak(model: str, src: Path, out: Path, check: str = "probes0", one_thread: bool = True) -> dict:
     command = [sys.executable, str(HERE / "rss.py"), str(Path(sys.executable).parent / "slmclassify"), "classify", str(src),
-               "-o", str(out), "--labels", "billing,technical,account", "--model", model, "--probes", "0", "--quiet"]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+               "-o", str(out), "--labels", "billing,technical,account", "--model", model, *CHECKS[check], "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if one_thread else dict(os.environ)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -65,24 +71,28 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model", nargs="?")
     parser.add_argument("--rows", default="5000,50000")
-    parser.add_argument("--cell-mb", type=float, default=20.0)
+    parser.add_argument("--cell-mb", type=float, default=20.0, help="0: no huge-cell case")
+    parser.add_argument("--check", default="probes0", help="comma-separated: probes0, no-verify")
+    parser.add_argument("--threads", choices=("1", "all"), default="1")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = args.model or str(tiny_model(tmp / "tiny"))
         counts = [int(n) for n in args.rows.split(",")]
         cases = [(f"{n:,} short rows", rows(tmp / f"r{n}.csv", n)) for n in counts]
-        cases.append((f"{counts[0]:,} short rows + one {args.cell_mb:g} MB cell",
-                      rows(tmp / "cell.csv", counts[0], args.cell_mb)))
+        if args.cell_mb:
+            cases.append((f"{counts[0]:,} short rows + one {args.cell_mb:g} MB cell",
+                          rows(tmp / "cell.csv", counts[0], args.cell_mb)))
         results = []
-        for name, src in cases:
-            got = peak(model, src, tmp / "out.csv")
-            results.append({"input": name, **got})
-        base = results[0]["peak_rss_mb"]
-        for r in results:
-            r["vs_short"] = round(r["peak_rss_mb"] / base, 3)
-            print(f"{r['input']:<40} rc {r['rc']}  {r['wall_s']:>6.1f} s  peak RSS {r['peak_rss_mb']:>6} MB  "
-                  f"{r['vs_short']:.2f}x the short file")
+        for check in args.check.split(","):
+            base = None
+            for name, src in cases:
+                got = peak(model, src, tmp / "out.csv", check, args.threads == "1")
+                base = base or got["peak_rss_mb"]
+                r = {"input": name, "check": check, **got, "vs_short": round(got["peak_rss_mb"] / base, 3)}
+                results.append(r)
+                print(f"{r['input']:<40} {check:<10} rc {r['rc']}  {r['wall_s']:>6.1f} s  peak RSS "
+                      f"{r['peak_rss_mb']:>6} MB  {r['vs_short']:.2f}x the short file", flush=True)
         print(json.dumps(results))
 
 

@@ -380,3 +380,11 @@ def test_head_baselines_score_every_method_on_the_same_unseen_half(llama_loaded)
     assert result["ours_chose"]["full"][0] in ("mean", "last", "mean+last")
     table = table_text({"toy": result}, seeds=2)
     assert f"| toy | 12 | 0.500 | {result['ours']['full']['mean']:.3f} | {result['tfidf']['full']['mean']:.3f} |" in table
+
+
+def test_taps_out_of_range_are_refused_naming_them(llama_loaded):
+    clf = Classifier(Task(labels=("billing", "technical")), model=llama_loaded)
+    n = llama_loaded.model.config.num_hidden_layers
+    with pytest.raises(TaskError, match=rf"taps {n + 1}, mean{n} out of range: the model has layers 1..{n} "
+                                        rf"\(a mean: 1..{n - 1}\)"):
+        clf.score(clf.encode(["card charged twice"]), taps=Taps(last=(n + 1,), mean=(n,)))

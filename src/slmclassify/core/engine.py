@@ -59,7 +59,7 @@ from ..backends.device import Backend
 from ..backends.gemm import LinearOp, rms_norm, swiglu_
 from ..backends.memory import release_freed_memory
 from ..backends.smoothing import plan_layer
-from ..errors import ModelLoadError
+from ..errors import FieldError, ModelLoadError
 from .batching import Batch
 from .config_check import check_config, head_dim
 from .families import LayerKind, family_of, layer_kinds
@@ -519,6 +519,9 @@ class Engine:
         `taps.last`: each row's state at its last item token; `taps.mean`: the mean of each row's
         states at the prompt positions from `pool_from` on (at least its last token), the prompt
         head every item shares being tokens 0 .. pool_from - 1 (`core/taps.py`)."""
+        if taps and (bad := taps.out_of_range(len(self.layers))):
+            raise FieldError("taps", "{field} {value} out of range: the model has layers 1..{layers} (a mean: "
+                             "1..{below})", value=", ".join(bad), layers=len(self.layers), below=len(self.layers) - 1)
         n_prefix = prefix.length if (batch.cached and prefix is not None) else 0
         prefix = prefix if (batch.cached and prefix is not None and prefix.length) else None
         layout = self._layout(batch, trie, prefix.length if prefix else 0)

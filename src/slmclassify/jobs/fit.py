@@ -13,7 +13,7 @@ import numpy as np
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import Evaluation
 from ..io.labelled import read_labelled
-from ..errors import FieldError, InputError
+from ..errors import InputError
 from ..models.prepare import load_model
 from ..models.precision import auto_line
 from ..core.results import softmax
@@ -185,10 +185,6 @@ def _features(model, task: Task, settings: EngineSettings, texts, taps: Taps | s
     clf = Classifier(task, model=loaded, settings=settings)
     layers = loaded.model.config.num_hidden_layers
     taps = {"candidates": candidate_taps, "default": default_taps}[taps](layers) if isinstance(taps, str) else taps
-    bad = taps.out_of_range(layers)
-    if bad:
-        raise FieldError("taps", "{field} {value} out of range: the model has layers 1..{layers} (a mean: "
-                         "1..{below})", value=", ".join(bad), layers=layers, below=layers - 1)
     start = time.perf_counter()
     scores, calibrated, states = collect(clf, clf.encode(texts), taps)
     return loaded, taps, scores, calibrated, states, time.perf_counter() - start
