@@ -302,3 +302,37 @@ def test_loadtest_checks_every_response(llama_loaded):
     assert report.statuses == {"200": 24} and report.ok == 24
     assert report.checked == 24 and report.mismatched == 0 and report.max_prob_diff <= 1e-4
     assert mixed.mismatched > 0 and mixed.examples  # the check can fail
+
+
+def test_vllm_pooling_shape_answers_like_our_shape(llama_loaded):
+    """vLLM's /v1/classify body ({model, input}), at /v1/classify and /classify: one `data` entry per text
+    in order, `probs` in the task's label order equal to our shape's probabilities, `usage` the real
+    prompt tokens; `model` a task or, with one task, the loaded model's name (as GET /v1/models lists)."""
+    texts = TEXTS[:4] + [""]
+    with running(llama_loaded) as (url, _app):
+        ours = post(url, {"task": "support", "texts": texts}).json()["results"]
+        listed = httpx.get(f"{url}/v1/models", timeout=WAIT).json()
+        assert [m["id"] for m in listed["data"]] == ["support", llama_loaded.name]
+        answers = [httpx.post(f"{url}{path}", json={"model": model, "input": texts}, timeout=WAIT).json()
+                   for path in ("/v1/classify", "/classify") for model in ("support", llama_loaded.name)]
+        one = httpx.post(f"{url}/v1/classify", json={"model": "support", "input": texts[0]}, timeout=WAIT).json()
+        unknown = httpx.post(f"{url}/v1/classify", json={"model": "other", "input": "hi"}, timeout=WAIT)
+        empty = httpx.post(f"{url}/v1/classify", json={"model": "support", "input": []}, timeout=WAIT)
+        ids = httpx.post(f"{url}/v1/classify", json={"model": "support", "input": [1, 2]}, timeout=WAIT)
+    clf = Classifier(TASK, model=llama_loaded)
+    encoded = clf.encode(texts)
+    tokens = sum(encoded.prompt_length(i) for i in range(len(texts)))
+    for answer in answers:
+        assert answer["object"] == "list" and answer["id"].startswith("classify-")
+        assert answer["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                   "prompt_tokens_details": None}
+        assert [d["index"] for d in answer["data"]] == list(range(len(texts)))
+        for got, want in zip(answer["data"], ours):
+            assert got["label"] == want["label"] and got["num_classes"] == 3
+            assert got["probs"] == ([want["probabilities"][lab] for lab in TASK.labels] if want["label"] else [])
+    assert one["data"][0]["probs"] == answers[0]["data"][0]["probs"] and one["model"] == "support"
+    assert unknown.status_code == 404 and unknown.json()["error"].startswith("unknown model 'other': name a task")
+    assert empty.status_code == 422 and "input is an empty list" in empty.json()["error"]
+    assert ids.status_code == 422 and ids.json()["error"] == (
+        "invalid request body: input: Value error, input must be a string or a list of strings (token ids are not "
+        "taken: send texts)")

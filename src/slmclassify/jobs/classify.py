@@ -46,6 +46,7 @@ from ..core.results import RunStats, result_arrow_fields, result_columns, result
 from ..core.taps import Taps
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
+from ..backends.memory import release_freed_memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +258,7 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
             sink.write(pd.concat([frame, results_frame], axis=1), state,
                        reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
+            release_freed_memory()  # the window's frames and activations: freed, but glibc's arenas keep the pages
     except KeyboardInterrupt as exc:
         bar.close()
         raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None

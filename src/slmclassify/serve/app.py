@@ -1,4 +1,5 @@
-"""The FastAPI application: /v1/classify, /v1/tasks, /healthz, /readyz, /metrics, /docs.
+"""The FastAPI application: /v1/classify (ours, and vLLM's pooling shape, also at /classify),
+/v1/models, /v1/tasks, /healthz, /readyz, /metrics, /docs.
 
 Handlers run on the event loop and never touch the model: they validate, tokenize (the
 tokenizer is used from this one thread only), queue a ticket and await it, while watching for
@@ -8,14 +9,17 @@ the client's disconnect and the request timeout. Errors are JSON: {"error": "wha
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
 from ..classifier import item_text
@@ -71,6 +75,40 @@ class ClassifyRequest(BaseModel):
         return self
 
 
+class PoolingClassifyRequest(BaseModel):
+    """vLLM's pooling API shape (also SGLang's and NVIDIA Dynamo's): `model` names a task (or, with one
+    task, the loaded model), `input` is one text or several."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="A task name from GET /v1/models, or the model's name when one task is served.")
+    input: str | list[str] = Field(description="One text or several (at least one), answered in order.")
+    user: str | None = Field(default=None, description="Accepted and ignored, as by vLLM.")
+    priority: int | None = Field(default=None, description="Accepted and ignored: requests are batched by length.")
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _texts(cls, value):
+        if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ValueError("input must be a string or a list of strings (token ids are not taken: send texts)")
+        if not value and isinstance(value, list):
+            raise ValueError("input is an empty list: send one text or several")
+        for index, text in enumerate([value] if isinstance(value, str) else value):
+            if not valid_unicode(text):
+                raise ValueError(f"input{'' if isinstance(value, str) else f'[{index}]'} is not valid Unicode "
+                                 "(it holds a lone surrogate)")
+        return value
+
+
+def _shape(body) -> str:
+    """Which request shape a /v1/classify body is: vLLM's names `input`, ours `task`."""
+    return "pooling" if isinstance(body, dict) and "input" in body else "ours"
+
+
+AnyClassifyRequest = Annotated[Annotated[ClassifyRequest, Tag("ours")] | Annotated[PoolingClassifyRequest,
+                                                                                  Tag("pooling")],
+                               Discriminator(_shape)]
+
+
 class ClassifyResult(BaseModel):
     label: str | None = Field(description="Predicted label (null for an empty text); a multi-label task's chosen "
                                           "labels joined by its separator.")
@@ -84,6 +122,30 @@ class ClassifyResult(BaseModel):
 
 class ClassifyResponse(BaseModel):
     results: list[ClassifyResult]
+
+
+class PoolingClassifyData(BaseModel):
+    index: int
+    label: str | None = Field(description="The predicted label (null for an empty text).")
+    probs: list[float] = Field(description="The calibrated probability of each label, in the task's label order "
+                                           "(GET /v1/tasks); a multi-label task's P(yes) of each label.")
+    num_classes: int
+
+
+class PoolingUsage(BaseModel):
+    prompt_tokens: int = Field(description="Tokens of the texts' full prompts, the cached prefix included.")
+    total_tokens: int
+    completion_tokens: int = 0
+    prompt_tokens_details: None = None
+
+
+class PoolingClassifyResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[PoolingClassifyData]
+    usage: PoolingUsage
 
 
 class ApiError(HTTPException):
@@ -117,7 +179,8 @@ def create_app(service: Service):
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p not in ('body', 'ours', 'pooling')) or 'body'}: "
+                             f"{e['msg']}"
                              for e in exc.errors())
         if "json" not in request.headers.get("content-type", ""):
             problems += "; send the body as JSON with 'Content-Type: application/json'"
@@ -149,11 +212,24 @@ def create_app(service: Service):
                            "max_queue_items": settings.max_queue_items,
                            "request_timeout_s": settings.request_timeout_s}}
 
-    @app.post("/v1/classify", response_model=ClassifyResponse, summary="Classify one text or several",
-              responses={404: {"description": "Unknown task"}, 413: {"description": "Too many texts or bytes"},
-                         503: {"description": "Queue full or not ready (see Retry-After)"},
-                         504: {"description": "Not answered within the request timeout"}})
-    async def classify(body: ClassifyRequest, request: Request):
+    @app.get("/v1/models", summary="The tasks as OpenAI-style models (and the loaded model, with one task)")
+    async def models():
+        names = list(service.runners) + ([service.model_name] if len(service.runners) == 1 else [])
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "slmclassify"}
+                                           for name in names]}
+
+    classify_doc = dict(summary="Classify one text or several: ours ({task, text|texts|items}) or vLLM's pooling "
+                                "shape ({model, input})",
+                        responses={200: {"model": ClassifyResponse | PoolingClassifyResponse},
+                                   404: {"description": "Unknown task"}, 413: {"description": "Too many texts or bytes"},
+                                   503: {"description": "Queue full or not ready (see Retry-After)"},
+                                   504: {"description": "Not answered within the request timeout"}})
+
+    @app.post("/v1/classify", **classify_doc)
+    @app.post("/classify", include_in_schema=False)
+    async def classify(body: AnyClassifyRequest, request: Request):
+        if isinstance(body, PoolingClassifyRequest):
+            return await _pooling(body, request)
         runner = service.runners.get(body.task)
         if runner is None:
             raise ApiError(404, f"unknown task {body.task!r}; tasks are: {', '.join(sorted(service.runners))}")
@@ -162,17 +238,47 @@ def create_app(service: Service):
         if (body.items is not None) != task.multi_field:
             raise ApiError(422, f"task {runner.name!r} takes " + (
                 f"'items' with the fields {', '.join(task.fields)}" if task.multi_field else "'text' or 'texts'"))
-        if len(texts) > settings.max_texts:
-            raise ApiError(413, f"{len(texts)} texts in one request, over the limit of {settings.max_texts} "
-                                "(--max-texts); split the request")
-        request.state.task, request.state.texts = runner.name, len(texts)
-        if not scheduler.alive:
-            raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
         if body.items is not None:
+            _check_count(len(texts))
             try:
                 texts = [item_text(item, k, task, where="items") for k, item in enumerate(texts)]
             except InputError as exc:
                 raise ApiError(422, str(exc)) from None
+        results, _encoded = await _run(runner, texts, request)
+        return {"results": [result_json(r) for r in results]}
+
+    async def _pooling(body: PoolingClassifyRequest, request: Request):
+        """vLLM's /v1/classify: `data[i].probs` in the task's label order, `usage` in real prompt tokens."""
+        runner = service.runners.get(body.model)
+        if runner is None and body.model == service.model_name and len(service.runners) == 1:
+            runner = next(iter(service.runners.values()))
+        if runner is None:
+            raise ApiError(404, f"unknown model {body.model!r}: name a task ({', '.join(sorted(service.runners))})"
+                                + (f" or {service.model_name!r}" if len(service.runners) == 1 else ""))
+        if runner.classifier.task.multi_field:
+            raise ApiError(422, f"task {runner.name!r} takes items of several fields "
+                                f"({', '.join(runner.classifier.task.fields)}): send them as 'items' with 'task'")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        results, encoded = await _run(runner, texts, request)
+        tokens = sum(encoded.items.prompt_length(i) for i in range(len(texts)))
+        labels = runner.labels
+        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                "model": body.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens,
+                                               "completion_tokens": 0, "prompt_tokens_details": None},
+                "data": [{"index": k, "label": r.label, "probs": [r.probabilities.get(lab) for lab in labels]
+                          if r.probabilities else [], "num_classes": len(labels)} for k, r in enumerate(results)]}
+
+    def _check_count(n: int) -> None:
+        if n > settings.max_texts:
+            raise ApiError(413, f"{n} texts in one request, over the limit of {settings.max_texts} "
+                                "(--max-texts); split the request")
+
+    async def _run(runner, texts: list[str], request: Request):
+        """(one Result per text in order, the request's encoding): limits, queue, wait."""
+        _check_count(len(texts))
+        request.state.task, request.state.texts = runner.name, len(texts)
+        if not scheduler.alive:
+            raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
         ticket = Ticket(runner, runner.encode(texts))
         if ticket.size:
             results = await _wait(ticket, request)
@@ -180,7 +286,7 @@ def create_app(service: Service):
             results = runner.results(ticket.scores, ticket.encoded.status)
         for r in results:
             metrics.items.labels(runner.name, r.status).inc()
-        return {"results": [result_json(r) for r in results]}
+        return results, ticket.encoded
 
     async def _wait(ticket: Ticket, request: Request):
         """Queue the ticket and wait for its results, the client's disconnect or the timeout."""
