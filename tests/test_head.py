@@ -87,6 +87,9 @@ def test_feature_sets_name_their_columns():
     assert sets["last"][0] == Taps(last=(2,)) and sets["last"][1].tolist() == [0, 1, 2, 6, 7]
     assert sets["mean+last"][1].tolist() == list(range(8))
     assert list(feature_sets(Taps(mean=(1,)), hidden=3)) == ["mean"]
+    deep = feature_sets(Taps(last=(4,), mean=(1, 3)), hidden=2, extra=1)
+    assert list(deep) == ["mean", "last", "mean+last", "mean-deep"]  # the deepest mean layer alone, then the scores
+    assert deep["mean-deep"][0] == Taps(mean=(3,)) and deep["mean-deep"][1].tolist() == [4, 5, 6]
 
 
 def test_fit_chooses_the_feature_set_that_separates_the_labels():

@@ -184,7 +184,7 @@ fit_options = bundle("run", FitOptions.from_flags, [
                  "group in one fold."),
     click.option("--layers", help="Comma-separated layers to read: 15 at the last token, mean15 mean-pooled over "
                  "the item (default: chosen by cross-validation among means at 1/5..4/5 of the depth, last tokens "
-                 "at 1/2, 3/4 and all of it, and both)."),
+                 "at 1/2, 3/4 and all of it, both, and the 4/5 mean alone)."),
     click.option("--scores", "use_scores", is_flag=True,
                  help="Append the calibrated label log-probabilities to the features (no gain on the intent data)."),
     click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label."),

@@ -41,7 +41,9 @@ def default_taps(n_layers: int) -> Taps:
 def feature_sets(taps: Taps, hidden: int, extra: int = 0) -> dict[str, tuple[Taps, np.ndarray]]:
     """The feature sets a head chooses among, from the states of `taps` ([n, len(taps) * hidden],
     `last` layers first) and `extra` columns appended after them (the label scores):
-    {name: (the taps it reads, its columns)}. One set when `taps` has one pooling."""
+    {name: (the taps it reads, its columns)}, in order of preference. With several mean layers, the
+    deepest one alone is a set too (`mean-deep`): fewer features to fit, it won at 8 items per label on
+    three of four data sets (docs/learned-heads.md, "Few labels")."""
     width = len(taps.last) * hidden
     tail = np.arange(len(taps) * hidden, len(taps) * hidden + extra)
     sets = {}
@@ -51,6 +53,9 @@ def feature_sets(taps: Taps, hidden: int, extra: int = 0) -> dict[str, tuple[Tap
         sets["last"] = (Taps(last=taps.last), np.concatenate([np.arange(width), tail]))
     if taps.mean and taps.last:
         sets["mean+last"] = (taps, np.arange(len(taps) * hidden + extra))
+    if len(taps.mean) > 1:
+        deep = len(taps) * hidden - hidden
+        sets["mean-deep"] = (Taps(mean=taps.mean[-1:]), np.concatenate([np.arange(deep, deep + hidden), tail]))
     return sets
 
 
