@@ -13,8 +13,6 @@ import pandas as pd
 import pytest
 
 ray = pytest.importorskip("ray")
-# One Ray at a time on the machine: under pytest-xdist every module that starts Ray runs in one worker.
-pytestmark = pytest.mark.xdist_group("ray")
 
 from click.testing import CliRunner  # noqa: E402
 

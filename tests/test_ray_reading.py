@@ -10,8 +10,6 @@ import pyarrow as pa
 import pytest
 
 ray = pytest.importorskip("ray")
-# One Ray at a time on the machine: under pytest-xdist every module that starts Ray runs in one worker.
-pytestmark = pytest.mark.xdist_group("ray")
 
 from slmclassify.errors import InputError  # noqa: E402
 from slmclassify.ray import reading  # noqa: E402
