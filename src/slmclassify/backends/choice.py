@@ -40,8 +40,8 @@ BUSY_LOAD_PER_CORE = 1.5
 OTHERS_BUSY_SHARE = 0.25
 """A CPU measurement during which other processes (or, on a VM, the host: steal time) kept more than
 this share of the machine's cores busy is provisional. The 1-minute load average lags and counts the
-measuring process itself, so on 2 cores a full `make test` beside it read 1.03 per core and passed
-as quiet (2026-12-03, the Zen 4); the CPU time the measurement's own process did not use does not."""
+measuring process itself, so a full test suite beside a measurement could pass as quiet; the CPU
+time the measurement's own process did not use does not (docs/results.md)."""
 UNSTEADY = 0.25
 """Rounds of one kernel that differ by more than this share mark the measurement provisional."""
 MEASURE_LOCK_S = 120.0

@@ -15,9 +15,8 @@ keys (AVX-512; 4 x 16 with AVX2's 16 registers) accumulate in registers (plain C
 vectorises for both); softmax in float32 with a Cephes exp (relative error ~1e-7) on whole
 vectors, its 1 / sum applied to the output row; the G query heads of a GQA group reuse the
 transposed keys. Results equal the torch path within float32 rounding (~1e-6). 8 queries a
-block instead of 4, the exp's scalar tail and the normalising pass gone: 1.6x this kernel on
-Granite 350M's shapes (16 heads of 64, 4 KV heads, rows of 105 tokens after a 28-token prefix:
-70-76 -> 120-127 GFLOP/s, an Intel Xeon with AMX, 2 threads).
+block rather than 4, and no scalar exp tail or separate normalising pass: each is fewer passes over
+the scores (together 1.6x this kernel, docs/results.md).
 
 The C source, `csrc/fp32_attention.c`, is compiled at first use like int8's passes (`native.py`:
 same compiler, cache folder, CPU-named library, and `SLMCLASSIFY_CC=` disables it); where it

@@ -17,11 +17,8 @@ Each setting's first batch runs once before the timed rounds (the first call at 
 and each setting's best of its `ROUNDS` rounds counts. How steady the rounds were is the median
 over the settings of each one's second-best round over its best: other work on the machine slows
 every setting's rounds, while on a quiet machine only the big budgets' first rounds in a fresh
-process run slow, as the heap settles at their sizes (an AMD Zen 4, 2 cores: 4096 tokens' rounds
-0.92, 0.57, 0.59 s, 8192's 1.16, 0.83, 0.69 s, 1024's 0.67, 0.61, 0.63 s; a whole run is not
-faster with glibc's trim and mmap thresholds raised, docs/performance.md). Probe v4 took the
-largest setting's spread of two rounds and so saw a busy machine in a quiet one (48-56% on every
-start of that Zen 4: measured again at every start).
+process run slow, as the heap settles at their sizes; so the largest setting's spread alone would
+read a quiet machine as a busy one (docs/results.md, "Figures behind design comments").
 Each phase takes the smallest setting within `WITHIN` of its fastest (smaller batches hold less
 memory). Only the first `PROBE_LAYERS` layers run (the last as the engine runs a last layer, at the
 read positions only), without the output layer: per-layer cost is what the budget changes (the
@@ -52,10 +49,8 @@ from ..backends.gemm import STEADY_ROUND_S
 from ..backends.sync import sync_of
 
 BUDGETS = {"cpu": (1024, 2048, 4096), "cuda": (8192, 16384, 32768, 65536)}
-"""Token budgets timed in phase 1. 8192 on a CPU was never chosen in the probes logged on the Xeon,
-the Zen 4 and the AVX2 caps (2026-12-02/03): never more than 3% faster than every smaller budget (its
-best, 129 items/s against 2048's 126 under the caps). It cost half of the probe's time, so v6 no
-longer times it."""
+"""Token budgets timed in phase 1. 8192 is not timed on a CPU: it was never more than 3% faster than
+every smaller budget where it was probed, and it cost half of the probe's time (docs/results.md)."""
 ROW_CAPS = (64, 128, 256, 512)
 PROBE_LENGTHS = (48, 0.8, 8, 384)
 """Phase 1's item lengths: lognormal with this median (tokens after the prefix) and sigma, clipped
@@ -71,9 +66,8 @@ ROUNDS = 3
 WITHIN = 0.03
 """A smaller budget (row cap) is taken when it is within this share of the fastest (about the
 rounds' noise on a quiet machine): it holds less memory. The padding a bigger sorted batch of
-items of mixed lengths adds is in phase 1's timing itself. (Probe v3 timed one batch of
-equal-length items per budget and took the smallest within 10%: on the Xeon that was 1024 tokens
-while 4096 ran the article's tickets 1.05x faster, docs/performance.md.)"""
+items of mixed lengths adds is in phase 1's timing itself, which is why phase 1 times items of
+mixed lengths rather than one batch of equal ones (docs/results.md)."""
 VERSION = 6
 """Bumped when the probe changes, so that schedules measured by another probe are measured again."""
 
