@@ -197,7 +197,7 @@ def _eps(norm: torch.nn.Module) -> float:
 
 def _shared_in_out(*linears: torch.nn.Linear, norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Linears that read the same input as one [in, sum(out)] weight, shared with them, with the
-    weight `norm` [in] of the RMSNorm before them folded in (see `_fold_norm`).
+    weight `norm` [in] of the RMSNorm before them folded in (taken by `_take_norm`).
 
     Written block by block into one new tensor and scaled in place: each source is freed when its
     module's weight is replaced, and no layer-sized temporary exists on the way.
