@@ -18,8 +18,8 @@ rms_norm(h) @ w (+ bias) (the RMSNorm's weight is folded into w by the engine).
 
 Batch invariance: a kernel computes a row's result with the same bits whatever else is in the
 call only from some number of rows on, and that number differs by kernel and machine (oneDNN's
-prepacked kernel: every count; MKL's `mm`: from 12 rows on, on an AMD EPYC; docs/results.md). `invariant_rows` finds that count for each kernel on the model's shapes when the kernels
-are timed, and `PaddedRows` makes smaller calls that many rows long, so that an item's scores do
+prepacked kernel: every count; MKL's `mm`: from 12 rows on, on an AMD EPYC; docs/results.md).
+`invariant_rows` finds that count for each kernel on the model's shapes when the kernels are timed, and `PaddedRows` makes smaller calls that many rows long, so that an item's scores do
 not depend on its batch (`Backend.linear`).
 """
 
@@ -125,7 +125,7 @@ def check_int8(kernel: str) -> int:
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without its weight (folded into the next projection: the engine's `_take_norm` and `_shared_in_out`).
+    """RMSNorm without its weight (folded into the next projection: the engine's `_take_norm`).
 
     One fused reduction (the vector norm) and one multiply: faster than F.rms_norm on CPU.
     """

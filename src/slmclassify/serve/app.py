@@ -221,7 +221,8 @@ def create_app(service: Service):
     classify_doc = dict(summary="Classify one text or several: ours ({task, text|texts|items}) or vLLM's pooling "
                                 "shape ({model, input})",
                         responses={200: {"model": ClassifyResponse | PoolingClassifyResponse},
-                                   404: {"description": "Unknown task"}, 413: {"description": "Too many texts or bytes"},
+                                   404: {"description": "Unknown task"},
+                                   413: {"description": "Too many texts or bytes"},
                                    503: {"description": "Queue full or not ready (see Retry-After)"},
                                    504: {"description": "Not answered within the request timeout"}})
 
