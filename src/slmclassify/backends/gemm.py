@@ -19,8 +19,9 @@ rms_norm(h) @ w (+ bias) (the RMSNorm's weight is folded into w by the engine).
 Batch invariance: a kernel computes a row's result with the same bits whatever else is in the
 call only from some number of rows on, and that number differs by kernel and machine (oneDNN's
 prepacked kernel: every count; MKL's `mm`: from 12 rows on, on an AMD EPYC; docs/results.md).
-`invariant_rows` finds that count for each kernel on the model's shapes when the kernels are timed, and `PaddedRows` makes smaller calls that many rows long, so that an item's scores do
-not depend on its batch (`Backend.linear`).
+`invariant_rows` finds that count for each kernel on the model's shapes when the kernels are timed,
+and `PaddedRows` makes smaller calls that many rows long, so that an item's scores do not depend on
+its batch (`Backend.linear`).
 """
 
 from __future__ import annotations
