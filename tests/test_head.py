@@ -13,26 +13,12 @@ from click.testing import CliRunner
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.cli.main import cli, main
 from slmclassify.errors import TaskError
-from slmclassify.head import Head, model_fingerprint, score_with_head, task_record
+from slmclassify.head import Head, model_fingerprint, score_with_head
 from slmclassify.core.taps import Taps
-from slmclassify.head.features import candidate_taps, collect, default_taps, feature_sets
+from slmclassify.head.features import candidate_taps, collect, default_taps, feature_sets, loop_taps
 from slmclassify.head.fitting import cross_validated, fit
 
-from test_engine import random_texts
-
-# Two kinds of text a random model still tells apart: its states differ with the tokens.
-BILLING = "my card was charged twice for the invoice please refund"
-TECH = "the app crashes with a login error on the settings page"
-
-
-def labelled(n_per_label: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    rng = np.random.default_rng(seed)
-    texts, gold = [], []
-    for label, words in (("money", BILLING.split()), ("broken app", TECH.split())):
-        for _ in range(n_per_label):
-            texts.append(" ".join(rng.choice(words, size=rng.integers(3, 9))))
-            gold.append(label)
-    return texts, gold
+from helpers import fitted_head, labelled, random_texts
 
 
 @pytest.mark.parametrize("mode,settings", [
@@ -72,6 +58,7 @@ def test_states_equal_reference_hidden_states(tiny_loaded, mode, settings):
 
 def test_default_and_candidate_taps():
     assert default_taps(30) == Taps(mean=(6, 12, 18, 24))
+    assert loop_taps(30) == Taps(mean=(24,)) and loop_taps(2) == Taps(mean=(1,))
     assert candidate_taps(30) == Taps(last=(15, 22, 30), mean=(6, 12, 18, 24))
     assert candidate_taps(2) == Taps(last=(1, 2), mean=(1,))  # a mean stops below the last layer
     assert Taps.parse(["15", "mean6", " MEAN12"]) == Taps(last=(15,), mean=(6, 12))
@@ -104,21 +91,11 @@ def test_fit_chooses_the_feature_set_that_separates_the_labels():
     assert fit(X, y, candidates={"noise": np.arange(4)}).choice == "noise"
 
 
-def _fitted_head(loaded, task, texts, gold) -> Head:
-    clf = Classifier(task, model=loaded)
-    taps = default_taps(loaded.model.config.num_hidden_layers)
-    _, calibrated, states = collect(clf, clf.encode(texts), taps)
-    X = np.concatenate([states, calibrated], axis=1)
-    f = fit(X, gold, folds=3)
-    return Head(labels=f.labels, taps=taps, use_scores=True, mean=f.mean, scale=f.scale, coef=f.coef,
-                intercept=f.intercept, model=model_fingerprint(loaded), task=task_record(task), info={"C": f.C})
-
-
 def test_fit_save_load_round_trip_and_determinism(llama_loaded, tmp_path):
     task = Task(labels=("billing", "technical"))
     texts, gold = labelled(12)
-    head = _fitted_head(llama_loaded, task, texts, gold)
-    again = _fitted_head(llama_loaded, task, texts, gold)
+    head = fitted_head(llama_loaded, task, texts, gold)
+    again = fitted_head(llama_loaded, task, texts, gold)
     np.testing.assert_array_equal(head.coef, again.coef)  # same items, same head
     assert head.labels == ("broken app", "money")  # any strings from the gold column
 
@@ -153,7 +130,7 @@ def test_fit_save_load_round_trip_and_determinism(llama_loaded, tmp_path):
 
 def test_refuses_head_of_other_model_or_task(tiny_loaded, llama_loaded, tmp_path):
     task = Task(labels=("billing", "technical"))
-    head = Head.load(_fitted_head(llama_loaded, task, *labelled(6)).save(tmp_path / "h.npz"))
+    head = Head.load(fitted_head(llama_loaded, task, *labelled(6)).save(tmp_path / "h.npz"))
     head.check(model_fingerprint(llama_loaded), task)  # its own model and task pass
     if tiny_loaded.model.config.model_type != "llama":
         with pytest.raises(TaskError, match=r"fitted for model .*architecture.*differ"):
@@ -264,7 +241,7 @@ def test_cli_refuses_mismatched_head(llama_dir, tmp_path, capsys, monkeypatch):
     from slmclassify import load_model
 
     loaded = load_model(str(llama_dir))
-    head_path = _fitted_head(loaded, Task(labels=("billing", "technical")), *labelled(6)).save(tmp_path / "h.npz")
+    head_path = fitted_head(loaded, Task(labels=("billing", "technical")), *labelled(6)).save(tmp_path / "h.npz")
     inp = tmp_path / "in.csv"
     pd.DataFrame({"text": ["card charged"]}).to_csv(inp, index=False)
     monkeypatch.setattr("sys.argv", ["slmclassify", "classify", str(inp), "-o", str(tmp_path / "o.csv"), "--head",

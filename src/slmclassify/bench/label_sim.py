@@ -45,7 +45,7 @@ from ..classifier import Classifier
 from ..io.labelled import read_labelled
 from ..core.results import softmax
 from ..core.task import Task
-from ..head.features import collect, default_taps
+from ..head.features import collect, loop_taps
 from ..head.model import model_fingerprint, task_record
 from ..label import refit
 from ..label.store import LabelStore
@@ -75,7 +75,7 @@ def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
              log=print) -> tuple[np.ndarray, np.ndarray]:
     """([n, L] zero-shot probabilities, [n, taps * hidden] states) of one pass, cached by the texts,
     the task and `fingerprint` (the model's, taken once before any Classifier is built on it)."""
-    taps = default_taps(loaded.model.config.num_hidden_layers)
+    taps = loop_taps(loaded.model.config.num_hidden_layers)
     key = hashlib.sha256(json.dumps([texts, task_record(task), fingerprint, taps.as_list()]).encode())
     path = cache_root() / "label_sim" / f"{name}-{key.hexdigest()[:16]}.npz"
     if path.exists():
@@ -374,7 +374,7 @@ def main() -> None:
         results[name] = run_dataset(name, data.texts, [g[0] for g in data.gold], task, loaded, fingerprint,
                                     args.seeds, minilm=minilm)
         first = first or (data.texts, task)
-    width = len(default_taps(loaded.model.config.num_hidden_layers)) * loaded.model.config.hidden_size
+    width = len(loop_taps(loaded.model.config.num_hidden_layers)) * loaded.model.config.hidden_size
     timing = {"answer_to_next": answer_to_next(width)}
     if args.first_item:
         timing["first_item"] = first_item(*first)

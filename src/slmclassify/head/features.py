@@ -33,9 +33,17 @@ def candidate_taps(n_layers: int) -> Taps:
 
 
 def default_taps(n_layers: int) -> Taps:
-    """What a head reads without a choice (the labelling loop's refits): the mean-pooled layers,
-    the better features at a few labels per class on every data set measured."""
+    """What a head reads without a choice (a multi-label task's one-vs-rest heads): the mean-pooled
+    layers, the better features at a few labels per class on every data set measured."""
     return Taps(mean=layers_at(n_layers, MEAN_DEPTHS, n_layers - 1))
+
+
+def loop_taps(n_layers: int) -> Taps:
+    """What the labelling loop's refits read: the deepest mean layer alone (⅘ of the depth). With the
+    loop's fixed regularisation and a few answers per label, it beat the four mean layers on three
+    of four data sets and tied on the fourth (docs/learned-heads.md, "Few labels"), with a quarter
+    of their width to hold for every item of the pool."""
+    return Taps(mean=default_taps(n_layers).mean[-1:])
 
 
 def feature_sets(taps: Taps, hidden: int, extra: int = 0) -> dict[str, tuple[Taps, np.ndarray]]:

@@ -44,7 +44,7 @@ import numpy as np
 from ..classifier import Classifier, EngineSettings
 from ..core.task import Task
 from ..errors import InputError, TaskError
-from ..head.features import default_taps
+from ..head.features import loop_taps
 from ..head.model import Head, model_fingerprint, task_hash
 from ..io.hashing import file_sha256
 from ..models.prepare import load_model
@@ -108,7 +108,7 @@ class LabelSession:
         self.task, self.labels, self.multi = clf.task, clf.task.labels, clf.task.multi_label
         self.seed, self.target_accuracy = seed, target_accuracy
         config = clf.loaded.model.config
-        taps = default_taps(config.num_hidden_layers)
+        taps = loop_taps(config.num_hidden_layers)
         self.pool = Pool(texts_all, self.task, sample=sample, seed=seed, taps=taps,
                          width=len(taps) * config.hidden_size, ids=ids, priority=priority)
         self.answers = Answers(store, self.task, self.pool.index, self.pool.hashes, input_path)
