@@ -179,8 +179,8 @@ def create_app(service: Service):
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p not in ('body', 'ours', 'pooling')) or 'body'}: "
-                             f"{e['msg']}"
+        hidden = ("body", "ours", "pooling")  # FastAPI's and the request shapes' tags: not the client's field names
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p not in hidden) or 'body'}: {e['msg']}"
                              for e in exc.errors())
         if "json" not in request.headers.get("content-type", ""):
             problems += "; send the body as JSON with 'Content-Type: application/json'"
