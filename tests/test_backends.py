@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from slmclassify import Classifier, EngineSettings, Task
+from slmclassify import Classifier, EngineSettings
 from slmclassify.errors import TaskError
 from slmclassify.backends import attention, gemm, native
 from slmclassify.backends.device import cpu_native
@@ -20,11 +20,10 @@ from slmclassify.backends.choice import CACHE_FILE, int8_choice, kernel_for, mac
 from slmclassify.models.prepare import load_model
 from slmclassify.models.precision import agreement
 
-from test_engine import random_texts
+from helpers import BACKEND_TASK, LABEL_ARG, invoke, random_texts, write_input
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-TASK = Task(labels=("billing", "technical", "account", "accounting"), mode="full",
-            user_template="Ticket: {text}\nCategory:")
+TASK = BACKEND_TASK
 
 
 @pytest.fixture(autouse=True)
@@ -350,8 +349,6 @@ def test_cuda_attention_matches_math():
 
 
 def test_verify_int8_reports_agreement_with_fp32(llama_dir, tmp_path):
-    from test_cli import LABEL_ARG, invoke, write_input
-
     src = write_input(tmp_path / "in.csv")
     result = invoke("verify", src, "--labels", LABEL_ARG, "--model", llama_dir, "--device", "cpu",
                     "--precision", "int8", "--n", 3)
@@ -362,8 +359,6 @@ def test_verify_int8_reports_agreement_with_fp32(llama_dir, tmp_path):
 
 
 def test_task_file_precision_and_flag_precedence(llama_dir, tmp_path):
-    from test_cli import LABEL_ARG, invoke, write_input
-
     src = write_input(tmp_path / "in.csv")
     task = tmp_path / "task.toml"
     task.write_text(f'labels = {list(LABEL_ARG.split(","))!r}\nprecision = "int8"\ndevice = "cpu"\n'.replace("'", '"'))

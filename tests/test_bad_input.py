@@ -12,8 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from test_nothing_lost import LABELS, _args, _one_error
-from test_resume import _command, _env, interrupt_after, make_input
+from helpers import LABEL_ARG, classify_args, cli_command, cli_env, interrupt_after, make_input, one_error
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -36,9 +35,9 @@ def test_ragged_csv_exits_2_every_time(tmp_path, llama_dir, bad_row):
                 fh.write(f"{i},hello there this is a somewhat longer text {i}\n")
     fields = "1 fields" if bad_row == 100 else "3 fields"
     for _ in range(3):
-        proc = subprocess.run([*_command(), *_args(src, tmp_path / "out.csv", llama_dir)], capture_output=True,
-                              env=_env(tmp_path), timeout=120)
-        line = _one_error(proc.returncode, proc.stderr.decode())
+        proc = subprocess.run([*cli_command(), *classify_args(src, tmp_path / "out.csv", llama_dir)],
+                              capture_output=True, env=cli_env(tmp_path), timeout=120)
+        line = one_error(proc.returncode, proc.stderr.decode())
         assert f"row {bad_row} has {fields}, the header has 2" in line
 
 
@@ -50,9 +49,9 @@ def test_csv_rows_over_the_block_size_are_read(run_main, tmp_path, llama_dir):
     src = tmp_path / "in.jsonl"
     pd.DataFrame({"id": ["1", "2", "3"], "text": ["short", big, "y"]}).to_json(src, orient="records", lines=True)
     first = tmp_path / "first.csv"
-    assert run_main(*_args(src, first, llama_dir, "--max-tokens", "16"))[0] == 0
+    assert run_main(*classify_args(src, first, llama_dir, "--max-tokens", "16"))[0] == 0
     second = tmp_path / "second.csv"
-    code, _, err = run_main(*_args(first, second, llama_dir, "--max-tokens", "16", "--result-prefix", "again_"))
+    code, _, err = run_main(*classify_args(first, second, llama_dir, "--max-tokens", "16", "--result-prefix", "again_"))
     assert code == 0, err
     out = pd.read_csv(second, dtype=str, keep_default_na=False)
     assert out["text"].tolist() == ["short", big, "y"]
@@ -65,9 +64,9 @@ def test_csv_row_over_the_limit_is_one_line(run_main, tmp_path, llama_dir, monke
     monkeypatch.setattr(readers, "MAX_CSV_ROW", 1 << 20)
     src = tmp_path / "in.csv"
     pd.DataFrame({"id": ["1", "2"], "text": ["short", "x" * (3 << 20)]}).to_csv(src, index=False)
-    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
-    assert _one_error(code, err) == (f"slmclassify: error: {src}: a row is larger than 1 MiB, the largest CSV row "
-                                     "read; give such texts as JSONL or Parquet (or pass the file itself)")
+    code, _, err = run_main(*classify_args(src, tmp_path / "out.csv", llama_dir))
+    assert one_error(code, err) == (f"slmclassify: error: {src}: a row is larger than 1 MiB, the largest CSV row "
+                                    "read; give such texts as JSONL or Parquet (or pass the file itself)")
 
 
 # --------------------------------------------------------------------------- a full disk
@@ -97,7 +96,7 @@ def test_full_disk_is_one_line_and_resumes(run_main, monkeypatch, tmp_path, llam
 
     src = make_input(tmp_path / "in.csv", 40)
     whole, target = tmp_path / f"whole.{ext}", tmp_path / f"out.{ext}"
-    assert run_main(*_args(src, whole, llama_dir))[0] == 0
+    assert run_main(*classify_args(src, whole, llama_dir))[0] == 0
     with monkeypatch.context() as patch:
         if where == "chunk":
             _failing_after(patch, ChunkWriter, "write", 2)
@@ -114,14 +113,14 @@ def test_full_disk_is_one_line_and_resumes(run_main, monkeypatch, tmp_path, llam
                 return replace(source, *args)
 
             patch.setattr(sink.os, "replace", renaming)
-        code, _, err = run_main(*_args(src, target, llama_dir))
+        code, _, err = run_main(*classify_args(src, target, llama_dir))
     rows = 40 if where == "finish" else 16
-    assert _one_error(code, err) == (
+    assert one_error(code, err) == (
         f"slmclassify: error: cannot write {target}: No space left on device; the {rows} rows done are kept in "
         f"{target}.partial: free some space and run the same command with --resume")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == [
         f"out.{ext}.partial", f"out.{ext}.progress.json"]
-    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--resume"))
     assert code == 0, err
     assert target.read_bytes() == whole.read_bytes()
 
@@ -136,14 +135,14 @@ def test_full_tmpfs_is_one_line_and_resumes(tmp_path, llama_dir):
         pytest.skip("cannot mount a tmpfs here")
     try:
         src = make_input(tmp_path / "in.csv", 2000)
-        env = _env(tmp_path)
-        base = [*_command(), "classify", str(src), "--labels", LABELS, "--model", str(llama_dir), "--window", "64",
-                "--quiet", "--no-verify"]
+        env = cli_env(tmp_path)
+        base = [*cli_command(), "classify", str(src), "--labels", LABEL_ARG, "--model", str(llama_dir),
+                "--window", "64", "--quiet", "--no-verify"]
         whole, target = tmp_path / "whole.csv", disk / "out.csv"
         subprocess.run([*base, "-o", str(whole)], check=True, env=env, capture_output=True, timeout=300)
         assert whole.stat().st_size > 200_000
         proc = subprocess.run([*base, "-o", str(target)], env=env, capture_output=True, timeout=300)
-        line = _one_error(proc.returncode, proc.stderr.decode())
+        line = one_error(proc.returncode, proc.stderr.decode())
         assert line.startswith(f"slmclassify: error: cannot write {target}: No space left on device; the ")
         subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
         proc = subprocess.run([*base, "-o", str(target), "--resume"], env=env, capture_output=True, timeout=300)
@@ -161,9 +160,9 @@ def test_duplicate_csv_columns_are_one_line(run_main, tmp_path, llama_dir, heade
     """Before: traceback `KeyError: 'Field "text" exists 2 times in schema'`."""
     src = tmp_path / "in.csv"
     src.write_text(f"{header}\na,b,c\n", encoding="utf-8")
-    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
-    assert _one_error(code, err) == (f"slmclassify: error: {src}: column {name!r} appears 2 times in the header; "
-                                     "give each column its own name")
+    code, _, err = run_main(*classify_args(src, tmp_path / "out.csv", llama_dir))
+    assert one_error(code, err) == (f"slmclassify: error: {src}: column {name!r} appears 2 times in the header; "
+                                    "give each column its own name")
 
 
 def test_duplicate_parquet_columns_are_one_line(run_main, tmp_path, llama_dir):
@@ -173,8 +172,8 @@ def test_duplicate_parquet_columns_are_one_line(run_main, tmp_path, llama_dir):
 
     src = tmp_path / "in.parquet"
     pq.write_table(pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"]), src)
-    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
-    assert "column 'text' appears 2 times in the header" in _one_error(code, err)
+    code, _, err = run_main(*classify_args(src, tmp_path / "out.csv", llama_dir))
+    assert "column 'text' appears 2 times in the header" in one_error(code, err)
 
 
 # --------------------------------------------------------------------------- the service
@@ -207,7 +206,7 @@ def test_nul_byte_in_utf8_csv_is_read(run_main, tmp_path, llama_dir):
     src = tmp_path / "in.csv"
     src.write_bytes(b"id,text\n1,hello\x00world\n2,card charged twice\n")
     target = tmp_path / "out.csv"
-    code, _, err = run_main(*_args(src, target, llama_dir))
+    code, _, err = run_main(*classify_args(src, target, llama_dir))
     assert code == 0, err
     assert pd.read_csv(target, dtype=str)["text"].tolist() == ["hello\x00world", "card charged twice"]
 
@@ -215,24 +214,24 @@ def test_nul_byte_in_utf8_csv_is_read(run_main, tmp_path, llama_dir):
 def test_utf16_without_bom_is_still_named(run_main, tmp_path, llama_dir):
     src = tmp_path / "in.csv"
     src.write_bytes("id,text\n1,card charged twice\n".encode("utf-16-le"))
-    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir))
-    assert "the file is not UTF-8 (it looks like UTF-16)" in _one_error(code, err)
+    code, _, err = run_main(*classify_args(src, tmp_path / "out.csv", llama_dir))
+    assert "the file is not UTF-8 (it looks like UTF-16)" in one_error(code, err)
 
 
 @pytest.mark.parametrize("name", ["folder", "folder.csv"])
 def test_folder_as_input_is_named(run_main, tmp_path, llama_dir, name):
     """Before: `input file not found` (folder.csv) or an extension complaint whose --format hint did not help."""
     (tmp_path / name).mkdir()
-    code, _, err = run_main(*_args(tmp_path / name, tmp_path / "out.csv", llama_dir))
-    assert _one_error(code, err) == (f"slmclassify: error: input {tmp_path / name} is a folder, not a file; give a "
-                                     ".csv, .jsonl or .parquet file (folders of files are read by --ray)")
+    code, _, err = run_main(*classify_args(tmp_path / name, tmp_path / "out.csv", llama_dir))
+    assert one_error(code, err) == (f"slmclassify: error: input {tmp_path / name} is a folder, not a file; give a "
+                                    ".csv, .jsonl or .parquet file (folders of files are read by --ray)")
 
 
 @pytest.mark.parametrize("name", ["fifo", "fifo.csv"])
 def test_fifo_as_input_is_named(run_main, tmp_path, llama_dir, name):
     os.mkfifo(tmp_path / name)
-    code, _, err = run_main(*_args(tmp_path / name, tmp_path / "out.csv", llama_dir))
-    assert _one_error(code, err) == (
+    code, _, err = run_main(*classify_args(tmp_path / name, tmp_path / "out.csv", llama_dir))
+    assert one_error(code, err) == (
         f"slmclassify: error: input {tmp_path / name} is not a regular file (a pipe or a device), and a file is read "
         f"twice (a check, then the rows); pipe it to stdin instead: slmclassify classify - --format csv ... < "
         f"{tmp_path / name}")
@@ -242,8 +241,8 @@ def test_empty_label_between_commas_is_refused(run_main, tmp_path, llama_dir):
     """Before: `--labels "a,,b"` silently dropped the empty label (the Python Task refuses it)."""
     src = make_input(tmp_path / "in.csv", 4)
     code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", "a,,b", "--model", llama_dir)
-    assert _one_error(code, err) == ("slmclassify: error: --labels 'a,,b': label 2 is empty; remove the extra comma "
-                                     "or give it a name")
+    assert one_error(code, err) == ("slmclassify: error: --labels 'a,,b': label 2 is empty; remove the extra comma "
+                                    "or give it a name")
 
 
 @pytest.mark.parametrize("labels, message", [
@@ -266,8 +265,8 @@ def test_folder_without_tokenizer_is_named(run_main, tmp_path, llama_dir):
     folder.mkdir()
     (folder / "config.json").write_bytes((Path(llama_dir) / "config.json").read_bytes())
     src = make_input(tmp_path / "in.csv", 4)
-    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABELS, "--model", folder)
-    assert _one_error(code, err) == (
+    code, _, err = run_main("classify", src, "-o", tmp_path / "out.csv", "--labels", LABEL_ARG, "--model", folder)
+    assert one_error(code, err) == (
         f"slmclassify: error: cannot load model '{folder}': no usable tokenizer in the folder (it needs "
         "tokenizer.json, or tokenizer.model / vocab.json + merges.txt with tokenizer_config.json; found: none); "
         "copy the tokenizer files next to config.json")
@@ -306,7 +305,7 @@ def test_gold_labels_outside_the_task_are_warned(run_main, tmp_path, llama_dir):
     src = tmp_path / "in.csv"
     pd.DataFrame({"text": ["card charged", "app crash", "login", "refund"],
                   "gold": ["billing", "shipping", "account", "Shipping"]}).to_csv(src, index=False)
-    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir, "--gold-column", "gold"))
+    code, _, err = run_main(*classify_args(src, tmp_path / "out.csv", llama_dir, "--gold-column", "gold"))
     assert code == 0, err
     lines = err.splitlines()
     warning = ("warning: 2 scored rows have a gold label that is not a label of the task ('Shipping', 'shipping'); "
@@ -325,14 +324,14 @@ def test_resume_names_every_field_that_changed(run_main, monkeypatch, tmp_path, 
     """Before: `--resume` after a label change said only `the task changed` (a --window change named
     the old and new values); now every field of the task, the settings and the model is named."""
     src, target = _interrupted_run(run_main, monkeypatch, tmp_path, llama_dir)
-    args = _args(src, target, llama_dir, "--resume")
+    args = classify_args(src, target, llama_dir, "--resume")
     if change[0] == "--labels":
         args[args.index("--labels") + 1] = change[1]
     else:
         args += change
     code, _, err = run_main(*args)
-    assert _one_error(code, err) == (f"slmclassify: error: cannot resume {target}: {expected} since {target}.partial "
-                                     "was started; run with the same input and options, or pass --restart to start over")
+    assert one_error(code, err) == (f"slmclassify: error: cannot resume {target}: {expected} since {target}.partial "
+                                    "was started; run with the same input and options, or pass --restart to start over")
 
 
 def _interrupted_run(run_main, monkeypatch, tmp_path, llama_dir):
@@ -341,17 +340,17 @@ def _interrupted_run(run_main, monkeypatch, tmp_path, llama_dir):
     target = tmp_path / "out.csv"
     with monkeypatch.context() as patch:
         interrupt_after(patch, 2)
-        assert run_main(*_args(src, target, llama_dir))[0] == 130
+        assert run_main(*classify_args(src, target, llama_dir))[0] == 130
     return src, target
 
 
 def test_resume_names_the_other_model(run_main, monkeypatch, tmp_path, llama_dir, model_dir_factory):
     other = model_dir_factory("llama", seed=5)
     src, target = _interrupted_run(run_main, monkeypatch, tmp_path, llama_dir)
-    args = _args(src, target, llama_dir, "--resume")
+    args = classify_args(src, target, llama_dir, "--resume")
     args[args.index("--model") + 1] = str(other)
     code, _, err = run_main(*args)
-    assert f"cannot resume {target}: the model changed (model '{llama_dir}' → '{other}') since" in _one_error(code, err)
+    assert f"cannot resume {target}: the model changed (model '{llama_dir}' → '{other}') since" in one_error(code, err)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "::", "myhost"])
@@ -360,7 +359,7 @@ def test_serve_off_loopback_needs_an_api_key(run_main, monkeypatch, tmp_path, ho
     and /v1/tasks showed the model's file path to anyone."""
     monkeypatch.delenv("SLMCLASSIFY_API_KEY", raising=False)
     code, _, err = run_main("serve", "--task", "a=t.toml", "--host", host)
-    assert _one_error(code, err) == (
+    assert one_error(code, err) == (
         f"slmclassify: error: --host {host} listens beyond this machine, and without --api-key anyone who reaches "
         "the port can use the model and read its file path (/v1/tasks); set --api-key (or $SLMCLASSIFY_API_KEY), "
         "or pass --insecure to serve it openly")
@@ -421,7 +420,7 @@ def test_a_check_that_checks_nothing_is_refused(run_main, tmp_path, llama_dir, a
     command, *rest = args
     extra = ["-o", tmp_path / "out.csv"] if command == "classify" else []
     code, _, err = run_main(command, src, *extra, *rest, "--labels", "billing,technical", "--model", llama_dir)
-    assert named in _one_error(code, err)
+    assert named in one_error(code, err)
 
 
 def test_a_parquet_list_with_a_null_reaches_the_model_and_csv_as_json(run_main, tmp_path, llama_dir):

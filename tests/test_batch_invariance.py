@@ -16,7 +16,7 @@ from slmclassify.core.taps import Taps
 from slmclassify.backends.choice import int8_candidates
 from slmclassify.backends.device import Backend, cpu_native
 from slmclassify.models.engines import with_backend
-from test_engine import random_texts
+from helpers import random_texts
 
 TASKS = {"first": Task(labels=("billing", "technical", "account"), mode="first", user_template="Ticket: {text}"),
          "full": Task(labels=("billing", "technical", "account", "accounting"), mode="full",

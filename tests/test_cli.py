@@ -7,7 +7,6 @@ successful runs through click's `CliRunner`; stdin/stdout through the installed 
 from __future__ import annotations
 
 import dataclasses
-import csv
 import io
 import json
 import math
@@ -30,23 +29,13 @@ from slmclassify.cli.main import cli, main
 from slmclassify.core.engine import Engine
 from slmclassify.core.task import Task
 
+from helpers import LABEL_ARG, LABELS, ROWS, invoke, write_csv, write_input
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-LABELS = ("billing", "technical", "account")
-LABEL_ARG = ",".join(LABELS)
 ADDED = ["label", "confidence", "needs_review", "p_billing", "p_technical", "p_account", "status"]
 P_COLUMNS = [f"p_{label}" for label in LABELS]
-
-# id, text, note: ids with leading zeros, an empty and a whitespace-only text, empty/NA notes.
-ROWS = [
-    ("007", "My card was charged twice for the same invoice.", "first"),
-    ("0001", "The mobile app crashes whenever I open the settings page.", ""),
-    ("0042", "", "NA"),
-    ("10", "   \t ", "x"),
-    ("9", "I need to change the email address on my profile.", "nan"),
-    ("0100", "crash", "last"),
-]
-STATUSES = ["ok", "ok", "empty", "empty", "ok", "ok"]
+STATUSES = ["ok", "ok", "empty", "empty", "ok", "ok"]  # of ROWS, row by row
 
 
 # --------------------------------------------------------------------------- helpers
@@ -58,13 +47,6 @@ def model_arg(llama_dir):
     return ["--model", str(llama_dir)]
 
 
-def invoke(*args):
-    """A successful run through CliRunner (exceptions propagate)."""
-    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result
-
-
 def assert_error(code, err, *fragments, exit_code=2):
     """Exit code 2 and exactly one stderr line, `slmclassify: error: ...`, containing every fragment."""
     assert code == exit_code, err
@@ -74,26 +56,6 @@ def assert_error(code, err, *fragments, exit_code=2):
     assert lines[0].startswith(prefix), err
     for fragment in fragments:
         assert str(fragment) in lines[0], (fragment, err)
-
-
-def write_csv(path: Path, rows, header=("id", "text", "note")) -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
-def write_input(path: Path, rows=ROWS, header=("id", "text", "note")) -> Path:
-    """Write rows of strings as CSV, JSONL or Parquet (from the extension)."""
-    frame = pd.DataFrame([dict(zip(header, r)) for r in rows], columns=list(header))
-    if path.suffix == ".csv":
-        return write_csv(path, rows, header)
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(dict(zip(header, r))) + "\n" for r in rows), encoding="utf-8")
-    else:
-        frame.to_parquet(path, index=False)
-    return path
 
 
 def read_output(path: Path) -> pd.DataFrame:

@@ -16,26 +16,7 @@ from slmclassify import Classifier, EngineSettings, Task, TaskError
 from slmclassify.core.batching import collate
 from slmclassify.core.verify import compare, pick_probes
 
-WORDS = ("my card was charged twice invoice app crashes settings page email profile refund the a of "
-         "parcel login error please help thanks waiting days update").split()
-
-
-def random_texts(n: int, seed: int, max_words: int = 60) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max_words))) for _ in range(n)]
-
-
-def assert_matches_reference(clf: Classifier, texts: list[str], atol: float = 1e-4, scorer=None, prefix=None):
-    """The fast path's `Scored` of `texts`, checked against the reference path (`scorer` and `prefix`:
-    score with these instead of the classifier's own, e.g. another prefix)."""
-    scorer = scorer or clf.scorer
-    encoded = scorer.encode(texts)
-    scored = scorer.score(encoded, clf.engine, clf.prefix if prefix is None else prefix)
-    fast = scored.scores
-    ref = clf.reference(encoded, range(len(texts)))
-    diff = np.abs(fast - ref)
-    assert diff.max() <= atol, f"fast vs reference differ by {diff.max():.2e}\nfast:\n{fast}\nreference:\n{ref}"
-    return scored
+from helpers import assert_matches_reference, random_texts
 
 
 @pytest.mark.parametrize("mode", ["first", "full", "full-mean"])

@@ -20,7 +20,7 @@ from slmclassify.backends.device import cpu_native
 from slmclassify.core.config_check import context_limit
 from slmclassify.core.taps import Taps
 from slmclassify.core.families import SUPPORTED_ARCHITECTURES, family_of, layer_kinds
-from test_engine import assert_matches_reference, random_texts
+from helpers import assert_matches_reference, assert_refused_before_weights, random_texts
 
 FAMILIES = list(FAMILY_MODELS)
 LABELS = {"first": ("billing", "technical", "account"), "full": ("billing", "technical", "account", "accounting")}
@@ -228,8 +228,6 @@ REFUSED = [
 
 @pytest.mark.parametrize("name,edit,named", REFUSED, ids=[r[2] for r in REFUSED])
 def test_what_a_description_does_not_cover_is_refused_by_name(tmp_path, family_dir, name, edit, named):
-    from test_model_configs import assert_refused_before_weights
-
     assert_refused_before_weights(family_dir(name), tmp_path, edit, named)
 
 

@@ -17,7 +17,7 @@ from slmclassify.backends.device import Backend
 from slmclassify.models.prepare import load_model
 
 from conftest import kernels_or_skip
-from test_engine import random_texts
+from helpers import random_texts
 
 pytestmark = kernels_or_skip((fp32_kernels.unavailable() or "not loaded") if fp32_kernels.load() is None else None)
 

@@ -9,8 +9,7 @@ import pytest
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.head import Head, score_with_head
 
-from test_head import _fitted_head, labelled
-from test_resume import interrupt_after
+from helpers import fitted_head, interrupt_after, labelled
 
 TASK = Task(labels=("billing", "technical"))
 
@@ -21,8 +20,8 @@ def heads(tmp_path_factory, llama_dir):
 
     folder = tmp_path_factory.mktemp("heads")
     loaded = load_model(str(llama_dir))
-    first = _fitted_head(loaded, TASK, *labelled(6)).save(folder / "head.npz")
-    second = _fitted_head(loaded, TASK, *labelled(6, seed=7)).save(folder / "other.npz")
+    first = fitted_head(loaded, TASK, *labelled(6)).save(folder / "head.npz")
+    second = fitted_head(loaded, TASK, *labelled(6, seed=7)).save(folder / "other.npz")
     return loaded, first, second
 
 
@@ -93,7 +92,7 @@ def test_streaming_combined_scorer_to_parquet(run_main, tmp_path, llama_dir, hea
     loaded, _, _ = heads
     texts, gold = labelled(6)
     names = {"money": "billing", "broken app": "technical"}
-    head_path = _fitted_head(loaded, TASK, texts, [names[g] for g in gold]).save(tmp_path / "same.npz")
+    head_path = fitted_head(loaded, TASK, texts, [names[g] for g in gold]).save(tmp_path / "same.npz")
     src, inputs = _input(tmp_path / "in.csv")
     out = tmp_path / "out.parquet"
     code, _, err = run_main(*_args(src, out, llama_dir, head_path, "--scorer", "combined"))

@@ -18,8 +18,7 @@ from slmclassify.models.prepare import load_model
 from slmclassify.models.precision import agreement
 
 from conftest import kernels_or_skip
-from test_backends import TASK
-from test_engine import random_texts
+from helpers import BACKEND_TASK, random_texts
 
 pytestmark = (pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")
               if gemm.int8_engine() is None
@@ -159,7 +158,7 @@ def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monk
     """The whole engine with the fused op (smoothing from recorded ranges, normed qkv and gate_up)
     against the Hugging Face float32 forward: int8's error, not a wrong kernel's (tens)."""
     monkeypatch.setattr(choice, "int8_candidates", lambda: [kernel])
-    clf = Classifier(TASK, model=load_model(str(tiny_model_dir), device="cpu", precision="int8"))
+    clf = Classifier(BACKEND_TASK, model=load_model(str(tiny_model_dir), device="cpu", precision="int8"))
     assert clf.engine.backend.gemm == kernel
     agree, worst = 0, 0.0
     for seed in (5, 6, 7):  # 72 items: the tiny random models' label margins are small

@@ -16,7 +16,7 @@ from slmclassify.core.engine import Engine
 from slmclassify.cache import cache_root
 from slmclassify.models.prepare import load_model
 
-from test_engine import random_texts
+from helpers import random_texts
 
 pytestmark = pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")
 TASK = Task(labels=("billing", "technical", "account", "accounting"), mode="full",

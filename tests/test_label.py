@@ -21,6 +21,8 @@ from slmclassify.errors import InputError, TaskError
 from slmclassify.label.store import LabelStore
 from slmclassify.label.strategy import Picker, PoolView
 
+from helpers import tickets, wait_for
+
 pytest.importorskip("sklearn")
 
 
@@ -145,31 +147,6 @@ def test_store_refuses_another_fingerprint_naming_the_key(tmp_path):
         LabelStore.open(tmp_path / "not-a-store.sqlite", FINGERPRINT)
     with pytest.raises(InputError, match="does not exist; create it"):
         LabelStore.open(tmp_path / "missing" / "s.sqlite", FINGERPRINT)
-
-
-BILLING = "my card was charged twice for the invoice please refund".split()
-TECH = "the app crashes with a login error on the settings page".split()
-
-
-def tickets(path: Path, n: int = 24) -> dict[str, str]:
-    """A CSV of two kinds of text (and one empty row); returns {text: gold}."""
-    rng = np.random.default_rng(0)
-    rows, gold = [], {}
-    for i in range(n):
-        label, words = ("billing", BILLING) if i % 2 else ("technical", TECH)
-        text = " ".join(rng.choice(words, size=rng.integers(4, 9)))
-        rows.append({"id": f"T{i:03d}", "text": text})
-        gold[text] = label
-    rows.insert(5, {"id": "EMPTY", "text": ""})
-    pd.DataFrame(rows).to_csv(path, index=False)
-    return gold
-
-
-def wait_for(condition, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_session_end_to_end(tmp_path, llama_dir, one_torch_thread):

@@ -21,7 +21,7 @@ pytest.importorskip("sklearn")
 
 from slmclassify.label.store import LabelStore  # noqa: E402
 
-from test_label import tickets  # noqa: E402
+from helpers import tickets  # noqa: E402
 from label_server import Page  # noqa: E402
 
 WAIT = 180

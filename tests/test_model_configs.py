@@ -5,15 +5,13 @@ log-probabilities (≤ 1e-4) in every mode."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from slmclassify import Classifier, EngineSettings, ModelLoadError, Task, load_model
 from slmclassify.core.config_check import context_limit
 
-from test_engine import assert_matches_reference, random_texts
+from helpers import assert_matches_reference, assert_refused_before_weights, random_texts
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "high_freq_factor": 4.0,
                "low_freq_factor": 1.0, "original_max_position_embeddings": 64}
@@ -107,20 +105,6 @@ REFUSED = [
     ("qwen2", {"layer_types": ["full_attention", "chunked_attention"]}, "layer_types='chunked_attention'"),
     ("llama", {"model_type": "gpt_neox"}, "architecture 'gpt_neox'"),
 ]
-
-
-def assert_refused_before_weights(folder, target, edit: dict, named: str) -> None:
-    """A copy of model `folder` in `target` with `edit` on its config and unreadable weights is refused
-    at load with one line naming `named` (the config is checked before any weight is read)."""
-    config = json.loads((folder / "config.json").read_text())
-    (target / "config.json").write_text(json.dumps({**config, **edit}))
-    for f in folder.iterdir():
-        if f.name != "config.json":
-            (target / f.name).write_bytes(f.read_bytes())
-    (target / "model.safetensors").write_bytes(b"not read: the config is refused first")
-    with pytest.raises(ModelLoadError, match=named.replace("(", r"\(").replace(".", r"\.")) as info:
-        load_model(str(target))
-    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("kind,edit,named", REFUSED, ids=[r[2] for r in REFUSED])

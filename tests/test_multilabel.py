@@ -11,8 +11,7 @@ from slmclassify import Classifier, EngineSettings, Task, TaskError
 from slmclassify.core import multilabel
 from slmclassify.jobs.sources import read_task
 
-from test_engine import assert_matches_reference, random_texts
-from test_label import wait_for
+from helpers import assert_matches_reference, interrupt_after, random_texts, wait_for
 
 LABELS = ("billing", "technical", "account", "shipping", "feedback")
 
@@ -405,8 +404,6 @@ def test_jsonl_and_parquet_get_a_list_column(tmp_path, llama_dir, run_main, suff
 
 def test_resume_with_a_multi_label_task_is_byte_identical(tmp_path, llama_dir, run_main, monkeypatch):
     """Interrupted in its fourth window and resumed: the output equals an uninterrupted run's."""
-    from test_resume import interrupt_after
-
     write_tickets(tmp_path / "in.csv", [(i, t, "") for i, t in enumerate(random_texts(40, seed=3))])
     base = ["classify", tmp_path / "in.csv", "--model", llama_dir, "--labels", ",".join(LABELS), "--multi-label",
             "--window", "8", "--quiet"]

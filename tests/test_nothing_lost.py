@@ -12,25 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from test_resume import _command, _env, interrupt_after, make_input
+from helpers import LABEL_ARG, classify_args, cli_command, cli_env, interrupt_after, make_input, one_error
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-LABELS = "billing,technical,account"
-
-
-def _args(src, target, model_dir, *extra):
-    return ["classify", str(src), "-o", str(target), "--labels", LABELS, "--model", str(model_dir), "--window", "8",
-            "--quiet", "--no-verify", *extra]
-
-
-def _one_error(code, err) -> str:
-    assert code == 2, err
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("slmclassify: error: "), err
-    return lines[0]
-
 
 # --------------------------------------------------------------------------- 1. one writer per output
 
@@ -41,9 +25,9 @@ def test_second_writer_of_an_output_is_refused_at_once(tmp_path, llama_dir):
     died with a FileNotFoundError traceback. Now the second run refuses at once, naming the first's
     pid, without loading the model, and the first run's output is whole."""
     src = make_input(tmp_path / "in.csv", 4000, seed=3)
-    env = _env(tmp_path)
+    env = cli_env(tmp_path)
     target = tmp_path / "out.csv"
-    base = [*_command(), "classify", str(src), "-o", str(target), "--labels", LABELS, "--model", str(llama_dir),
+    base = [*cli_command(), "classify", str(src), "-o", str(target), "--labels", LABEL_ARG, "--model", str(llama_dir),
             "--window", "16", "--quiet", "--no-verify", "--no-calibrate"]
     first = subprocess.Popen(base, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
@@ -57,7 +41,7 @@ def test_second_writer_of_an_output_is_refused_at_once(tmp_path, llama_dir):
     finally:
         _, first_err = first.communicate(timeout=300)
     err = second.stderr.decode()
-    line = _one_error(second.returncode, err)
+    line = one_error(second.returncode, err)
     assert running, "the first run ended before the second started; make the input longer"
     assert line == (f"slmclassify: error: {target} is being written by another slmclassify run (pid {first.pid}, "
                      f"lock {target}.lock); wait for it to finish or write to another file")
@@ -75,10 +59,10 @@ def test_lock_is_released_and_removed(run_main, tmp_path, llama_dir):
     src = make_input(tmp_path / "in.csv", 20)
     target = tmp_path / "out.csv"
     with OutputLock(str(target)):
-        code, _, err = run_main(*_args(src, target, llama_dir))
-        assert f"is being written by another slmclassify run (pid {os.getpid()}" in _one_error(code, err)
+        code, _, err = run_main(*classify_args(src, target, llama_dir))
+        assert f"is being written by another slmclassify run (pid {os.getpid()}" in one_error(code, err)
     assert not Path(f"{target}.lock").exists()
-    code, _, err = run_main(*_args(src, target, llama_dir))
+    code, _, err = run_main(*classify_args(src, target, llama_dir))
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["in.csv", "out.csv"]
 
@@ -105,17 +89,17 @@ def test_output_equal_to_input_is_refused(run_main, tmp_path, llama_dir, spellin
     else:
         os.link(src, data / "hard.csv")
         output = "data/hard.csv"
-    code, _, err = run_main(*_args("data/same.csv", output, llama_dir))
-    assert _one_error(code, err) == (f"slmclassify: error: the output {output} is the input file data/same.csv; "
-                                     "write to another file (the input is never overwritten)")
+    code, _, err = run_main(*classify_args("data/same.csv", output, llama_dir))
+    assert one_error(code, err) == (f"slmclassify: error: the output {output} is the input file data/same.csv; "
+                                    "write to another file (the input is never overwritten)")
     assert src.read_bytes() == before
     assert not any(p.name.endswith((".partial", ".lock", ".progress.json")) for p in data.iterdir())
 
 
 def test_input_named_like_the_outputs_partial_is_refused(run_main, tmp_path, llama_dir):
     src = make_input(tmp_path / "out.csv.partial", 12)
-    code, _, err = run_main(*_args(src, tmp_path / "out.csv", llama_dir, "--format", "csv"))
-    assert "is the input file" in _one_error(code, err)
+    code, _, err = run_main(*classify_args(src, tmp_path / "out.csv", llama_dir, "--format", "csv"))
+    assert "is the input file" in one_error(code, err)
 
 
 # --------------------------------------------------------------------------- 3, 4. what --resume trusts
@@ -124,7 +108,7 @@ def test_input_named_like_the_outputs_partial_is_refused(run_main, tmp_path, lla
 def _interrupted_run(run_main, monkeypatch, src, target, model_dir, windows=2):
     with monkeypatch.context() as patch:
         interrupt_after(patch, windows)
-        code, _, err = run_main(*_args(src, target, model_dir))
+        code, _, err = run_main(*classify_args(src, target, model_dir))
     assert code == 130, err
     assert json.loads(Path(f"{target}.progress.json").read_text())["rows_done"] == 8 * windows
 
@@ -153,14 +137,14 @@ def test_resume_refuses_a_partial_cut_short_or_changed(run_main, monkeypatch, tm
         data[at] ^= 0x01
         partial.write_bytes(bytes(data))
         reason = changed
-    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
-    assert _one_error(code, err) == (f"slmclassify: error: cannot resume {target}: {reason}; its rows cannot be "
-                                     "trusted, pass --restart to start over")
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--resume"))
+    assert one_error(code, err) == (f"slmclassify: error: cannot resume {target}: {reason}; its rows cannot be "
+                                    "trusted, pass --restart to start over")
     assert not target.exists()
-    code, _, err = run_main(*_args(src, target, llama_dir, "--restart"))
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--restart"))
     assert code == 0, err
     whole = tmp_path / f"whole.{ext}"
-    assert run_main(*_args(src, whole, llama_dir))[0] == 0
+    assert run_main(*classify_args(src, whole, llama_dir))[0] == 0
     assert target.read_bytes() == whole.read_bytes()
 
 
@@ -177,11 +161,11 @@ def test_resume_without_a_usable_progress_record_says_so(run_main, monkeypatch, 
     else:
         progress.write_text("{not json")
     before = Path(f"{target}.partial").read_bytes()
-    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
-    assert _one_error(code, err).startswith(f"slmclassify: error: cannot resume {target}: its progress record ")
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--resume"))
+    assert one_error(code, err).startswith(f"slmclassify: error: cannot resume {target}: its progress record ")
     assert "--restart" in err
     assert Path(f"{target}.partial").read_bytes() == before
-    assert run_main(*_args(src, target, llama_dir, "--restart"))[0] == 0
+    assert run_main(*classify_args(src, target, llama_dir, "--restart"))[0] == 0
 
 
 def test_resume_still_accepts_a_partial_longer_than_its_record(run_main, monkeypatch, tmp_path, llama_dir):
@@ -191,10 +175,10 @@ def test_resume_still_accepts_a_partial_longer_than_its_record(run_main, monkeyp
     _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
     with open(f"{target}.partial", "ab") as fh:
         fh.write(b"00099,half a row")
-    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--resume"))
     assert code == 0, err
     whole = tmp_path / "whole.csv"
-    assert run_main(*_args(src, whole, llama_dir))[0] == 0
+    assert run_main(*classify_args(src, whole, llama_dir))[0] == 0
     assert target.read_bytes() == whole.read_bytes()
 
 
@@ -227,8 +211,8 @@ def test_resume_refuses_an_input_edited_where_it_was_read(run_main, monkeypatch,
     os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     read = json.loads(Path(f"{target}.progress.json").read_text())["input_read"]["bytes"]
     assert read > at
-    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
-    assert _one_error(code, err) == (
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--resume"))
+    assert one_error(code, err) == (
         f"slmclassify: error: cannot resume {target}: the input file changed in the {read} bytes already read for "
         f"the 16 rows done since {target}.partial was started; run with the same input and options, or pass "
         "--restart to start over")
@@ -255,8 +239,8 @@ def test_resume_refuses_a_record_without_the_input_read(run_main, monkeypatch, t
     record = json.loads(record_path.read_text())
     del record["input_read"]
     record_path.write_text(json.dumps(record))
-    code, _, err = run_main(*_args(src, target, llama_dir, "--resume"))
-    assert _one_error(code, err) == (
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--resume"))
+    assert one_error(code, err) == (
         f"slmclassify: error: cannot resume {target}: its progress record was written by an older slmclassify and "
         "does not say which input bytes were read; its rows cannot be trusted, pass --restart to start over")
 
@@ -282,7 +266,7 @@ def test_parquet_list_and_binary_cells_are_written_as_text(run_main, tmp_path, l
         "text": pa.array([["card", "charged"], ["app crash"]]),
     }), src)
     target = tmp_path / "out.csv"
-    code, _, err = run_main(*_args(src, target, llama_dir, "--probes", "2"))
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--probes", "2"))
     assert code == 0, err
     out = pd.read_csv(target, dtype=str, keep_default_na=False)
     assert out["tags"].tolist() == ['["a", "b"]', '["c"]']
@@ -299,11 +283,11 @@ def test_binary_cells_that_are_not_utf8_are_refused_in_csv(run_main, tmp_path, l
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"blob": pa.array([b"ok", b"\xff\xfe"], pa.binary()), "text": ["card", "crash"]}), src)
     target = tmp_path / "out.csv"
-    code, _, err = run_main(*_args(src, target, llama_dir))
-    assert _one_error(code, err) == (f"slmclassify: error: cannot write {target} as CSV: row 2, column 'blob' holds "
-                                     "bytes that are not UTF-8 text; write .parquet, or pass --errors replace")
+    code, _, err = run_main(*classify_args(src, target, llama_dir))
+    assert one_error(code, err) == (f"slmclassify: error: cannot write {target} as CSV: row 2, column 'blob' holds "
+                                    "bytes that are not UTF-8 text; write .parquet, or pass --errors replace")
     assert not target.exists()
-    code, _, err = run_main(*_args(src, target, llama_dir, "--errors", "replace"))
+    code, _, err = run_main(*classify_args(src, target, llama_dir, "--errors", "replace"))
     assert code == 0, err
     assert "\ufffd" in target.read_text(encoding="utf-8")
 
@@ -348,7 +332,7 @@ def test_no_command_writes_over_a_file_it_reads(run_main, tmp_path, llama_dir, c
     }[case]
     before = {p: p.read_bytes() for p in (src, task, head)}
     code, _, err = run_main(*command)
-    line = _one_error(code, err)
+    line = one_error(code, err)
     assert "a command never writes over a file it reads" in line, line
     assert {p: p.read_bytes() for p in before} == before
     assert not store.exists() or store.stat().st_size == 0

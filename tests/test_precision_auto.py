@@ -21,7 +21,7 @@ from slmclassify.cli.main import cli
 from slmclassify.models.prepare import load_model
 from slmclassify.core.article_tickets import article_tickets
 
-from test_resume import interrupt_after, make_input
+from helpers import interrupt_after, make_input
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

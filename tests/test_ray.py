@@ -21,29 +21,19 @@ from slmclassify.cli.main import cli  # noqa: E402
 from slmclassify.errors import InputError, TaskError  # noqa: E402
 from slmclassify.ray import RaySettings, classify_dataset  # noqa: E402
 
-LABELS = ("billing", "technical", "account")
-TASK = Task(labels=LABELS, user_template="Ticket: {text}")
-WORDS = ("refund invoice charged twice crash login password parcel delivery slow error app settings "
-         "email profile account billing shipping feedback update waiting days").split()
+from helpers import LABELS, RAY_TASK, ray_texts  # noqa: E402
 
-
-def _texts(n: int, seed: int = 0) -> list[str]:
-    """Texts of 0..40 words, with empty ones and exact duplicates, as real exports have."""
-    rng = np.random.default_rng(seed)
-    texts = [" ".join(rng.choice(WORDS, size=rng.integers(1, 40))) for _ in range(n)]
-    for i in rng.choice(n, size=n // 20, replace=False):
-        texts[i] = "" if i % 2 else texts[(i * 7) % n]
-    return texts
+TASK = RAY_TASK
 
 
 @pytest.fixture(scope="module")
 def single_process(llama_loaded):
-    """Results of the single-process run on `_texts(n)`, cached per n."""
+    """Results of the single-process run on `ray_texts(n)`, cached per n."""
     cache = {}
 
     def results(n):
         if n not in cache:
-            cache[n] = Classifier(TASK, model=llama_loaded).classify(_texts(n))
+            cache[n] = Classifier(TASK, model=llama_loaded).classify(ray_texts(n))
         return cache[n]
 
     return results
@@ -63,7 +53,7 @@ def _assert_same(frame: pd.DataFrame, expected, n: int) -> None:
 
 
 def _dataset(n: int, blocks: int):
-    rows = [{"row": i, "text": t} for i, t in enumerate(_texts(n))]
+    rows = [{"row": i, "text": t} for i, t in enumerate(ray_texts(n))]
     return ray.data.from_items(rows, override_num_blocks=blocks)
 
 
@@ -121,7 +111,7 @@ def _assert_killed_and_replaced(killer: threading.Thread, figures) -> None:
 
 
 def _pool_run(model_dir, n: int, block_rows: int, on_start=None, actors: int = 2):
-    """`_texts(n)` through a `BlockPool` as the CLI runs one small file: longest first in blocks of
+    """`ray_texts(n)` through a `BlockPool` as the CLI runs one small file: longest first in blocks of
     equal work (`blocks.spread`), fed to the actors, put back in input order; (frame, pool)."""
     import pyarrow as pa
 
@@ -129,7 +119,7 @@ def _pool_run(model_dir, n: int, block_rows: int, on_start=None, actors: int = 2
     from slmclassify.ray.pool import start_pool
 
     pool = start_pool(TASK, model=str(model_dir), ray_settings=RaySettings(actors=actors, block_rows=block_rows))
-    blocks, order = spread(pa.table({"row": list(range(n)), "text": _texts(n)}), "text", block_rows, actors)
+    blocks, order = spread(pa.table({"row": list(range(n)), "text": ray_texts(n)}), "text", block_rows, actors)
     if on_start is not None:
         on_start(pool)
     rows = []
@@ -179,7 +169,7 @@ def test_pool_refuses_an_input_without_the_text_column_or_with_a_result_column(l
 def test_duplicates_in_blocks_of_different_actors_are_run_once_in_total(local_ray, llama_dir, llama_loaded):
     """Regression: a text in blocks of two actors was run through the model by both (the article's 600
     tickets: 335 distinct texts, 427 runs); the actors now share their scores through the board."""
-    distinct = [t for t in dict.fromkeys(_texts(40, seed=11)) if t][:30]
+    distinct = [t for t in dict.fromkeys(ray_texts(40, seed=11)) if t][:30]
     rng = np.random.default_rng(2)
     texts = [distinct[i] for _ in range(12) for i in rng.permutation(len(distinct))]  # 12 blocks of the same 30
     n = len(texts)
@@ -196,17 +186,24 @@ def test_duplicates_in_blocks_of_different_actors_are_run_once_in_total(local_ra
     _assert_same(frame, Classifier(TASK, model=llama_loaded).classify(texts), n)
 
 
-def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
-    texts = _texts(300, seed=3)
-    pd.DataFrame({"id": [f"{i:05d}" for i in range(300)], "text": texts}).to_csv(tmp_path / "in.csv", index=False)
-    common = ["--model", str(llama_dir), "--labels", ",".join(LABELS), "--quiet"]
-    runner = CliRunner()
+def _classify_here_and_on_ray(runner: CliRunner, tmp_path, common: list[str], block_rows: int):
+    """`classify` of tmp_path/in.csv with the options `common`: in this process to one.csv, then on Ray
+    (2 actors, blocks of `block_rows`) to ray.csv; both must succeed. Returns the Ray run's result."""
     single = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "one.csv"),
                                  "--no-verify", *common], catch_exceptions=False)
     assert single.exit_code == 0, single.output
     on_ray = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "ray.csv"), "--ray",
-                                 "--actors", "2", "--block-rows", "64", *common], catch_exceptions=False)
+                                 "--actors", "2", "--block-rows", str(block_rows), *common], catch_exceptions=False)
     assert on_ray.exit_code == 0, on_ray.output
+    return on_ray
+
+
+def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
+    texts = ray_texts(300, seed=3)
+    pd.DataFrame({"id": [f"{i:05d}" for i in range(300)], "text": texts}).to_csv(tmp_path / "in.csv", index=False)
+    common = ["--model", str(llama_dir), "--labels", ",".join(LABELS), "--quiet"]
+    runner = CliRunner()
+    on_ray = _classify_here_and_on_ray(runner, tmp_path, common, block_rows=64)
     assert "items: 300 (" in on_ray.output and "padding:" in on_ray.output
     assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
     from slmclassify import EngineSettings
@@ -428,18 +425,13 @@ def test_cli_ray_reads_items_of_several_fields_and_multi_label_like_one_process(
     """A template naming columns composes each row from them on the actors too, and a multi-label task's
     labels column is the joined string in CSV and a list in JSONL and Parquet; all as a single-process
     run writes them."""
-    texts = _texts(40, seed=5)
+    texts = ray_texts(40, seed=5)
     pd.DataFrame({"id": range(40), "subject": [t[:12] for t in texts], "body": texts}).to_csv(tmp_path / "in.csv",
                                                                                              index=False)
     common = ["--model", str(llama_dir), "--labels", ",".join(LABELS), "--multi-label", "--quiet",
               "--user-template", "Subject: {subject}\\n\\n{body}"]
     runner = CliRunner()
-    single = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "one.csv"),
-                                 "--no-verify", *common], catch_exceptions=False)
-    assert single.exit_code == 0, single.output
-    on_ray = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(tmp_path / "ray.csv"), "--ray",
-                                 "--actors", "2", "--block-rows", "16", *common], catch_exceptions=False)
-    assert on_ray.exit_code == 0, on_ray.output
+    _classify_here_and_on_ray(runner, tmp_path, common, block_rows=16)
     one, ray = (pd.read_csv(tmp_path / f, keep_default_na=False) for f in ("one.csv", "ray.csv"))
     assert ray["id"].tolist() == list(range(40)) and ray["labels"].tolist() == one["labels"].tolist()
     assert np.allclose(ray[[f"p_{n}" for n in LABELS]].to_numpy(float), one[[f"p_{n}" for n in LABELS]].to_numpy(float),

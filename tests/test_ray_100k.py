@@ -19,7 +19,7 @@ from slmclassify import Classifier  # noqa: E402
 from slmclassify.ray import RaySettings, classify_dataset  # noqa: E402
 from slmclassify.ray.local import start_ray  # noqa: E402
 
-from test_ray import LABELS, TASK, _texts  # noqa: E402
+from helpers import LABELS, RAY_TASK, ray_texts  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.environ.get("SLMCLASSIFY_RAY_100K"), reason="set SLMCLASSIFY_RAY_100K=1")
 
@@ -32,9 +32,9 @@ def test_100k_rows_in_order_and_equal_to_single_process(llama_dir, llama_loaded)
     from slmclassify.ray.pool import start_pool
 
     n = 100_000
-    texts = _texts(n, seed=7)
+    texts = ray_texts(n, seed=7)
     began = time.perf_counter()
-    expected = Classifier(TASK, model=llama_loaded).classify(texts)
+    expected = Classifier(RAY_TASK, model=llama_loaded).classify(texts)
     single = time.perf_counter() - began
     settings = RaySettings(actors=2, block_rows=1024)
     start_ray(num_cpus=2)
@@ -42,10 +42,10 @@ def test_100k_rows_in_order_and_equal_to_single_process(llama_dir, llama_loaded)
         ray.data.DataContext.get_current().enable_progress_bars = False
         ds = ray.data.from_items([{"row": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=16)
         began = time.perf_counter()
-        on_data = classify_dataset(ds, TASK, model=str(llama_dir), ray_settings=settings).dataset.to_pandas()
+        on_data = classify_dataset(ds, RAY_TASK, model=str(llama_dir), ray_settings=settings).dataset.to_pandas()
         data_s = time.perf_counter() - began
         began = time.perf_counter()
-        pool = start_pool(TASK, model=str(llama_dir), ray_settings=settings)
+        pool = start_pool(RAY_TASK, model=str(llama_dir), ray_settings=settings)
         blocks, order = spread(pa.table({"row": list(range(n)), "text": texts}), "text", settings.block_rows,
                                settings.actors)
         on_pool = restore(pa.concat_tables(pool.classify(blocks)), order).to_pandas()

@@ -11,7 +11,7 @@ pytest.importorskip("ray")  # the package imports Ray
 from slmclassify import Classifier  # noqa: E402
 from slmclassify.ray.sharing import Pace, SharedScores, board_key, score_block  # noqa: E402
 
-from test_ray import TASK, _texts  # noqa: E402
+from helpers import RAY_TASK, ray_texts  # noqa: E402
 
 K1, K2, K3 = (board_key(bytes([i])) for i in range(3))
 
@@ -62,13 +62,13 @@ def test_overlapping_blocks_of_two_classifiers_run_each_item_once(llama_dir, lla
     did not publish, and every row gets the single-process result."""
     from slmclassify import load_model
 
-    texts = _texts(90, seed=9)
+    texts = ray_texts(90, seed=9)
     first, second = texts[:60], texts[30:90] + texts[40:50]
     board = SharedScores()
-    classifiers = [Classifier(TASK, model=llama_loaded), Classifier(TASK, model=load_model(str(llama_dir)))]
+    classifiers = [Classifier(RAY_TASK, model=llama_loaded), Classifier(RAY_TASK, model=load_model(str(llama_dir)))]
     blocks = [score_block(clf, block, lambda p, w, t, s, o=owner: board.exchange(o, p, w, t, s), Pace())
               for clf, block, owner in zip(classifiers, (first, second), ("a", "b"))]
-    one = Classifier(TASK, model=llama_loaded)
+    one = Classifier(RAY_TASK, model=llama_loaded)
     distinct = {one.encode([t]).key(0) for t in texts if t}
     distinct_first = {one.encode([t]).key(0) for t in first if t}
     ran = [b.stats.scored - b.stats.reused for b in blocks]
@@ -78,5 +78,5 @@ def test_overlapping_blocks_of_two_classifiers_run_each_item_once(llama_dir, lla
         expected = one.classify(block_texts)
         assert [r.label for r in block.results] == [r.label for r in expected]
         assert [r.status for r in block.results] == [r.status for r in expected]
-        np.testing.assert_allclose(block.scores, np.array([[r.scores.get(lab, np.nan) for lab in TASK.labels]
+        np.testing.assert_allclose(block.scores, np.array([[r.scores.get(lab, np.nan) for lab in RAY_TASK.labels]
                                                            for r in expected]), atol=1e-4, rtol=0)

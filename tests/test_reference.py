@@ -10,7 +10,7 @@ import torch
 from slmclassify import Classifier, Task
 from slmclassify.core.reference import reference_scores
 
-from test_engine import random_texts
+from helpers import random_texts
 
 
 @torch.inference_mode()

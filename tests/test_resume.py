@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import random
 import signal
 import subprocess
@@ -17,47 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from slmclassify import classifier as classifier_module
 from slmclassify.cli.main import main
+
+from helpers import cli_command, cli_env, interrupt_after, make_input
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 LABELS = "billing,technical,account"
-WORDS = "card charged twice invoice app crash settings email profile refund login error password".split()
-
-
-def make_input(path: Path, n: int, seed: int = 0) -> Path:
-    """n short tickets with ids; about one in ten a repeat of an earlier one (duplicates), some empty."""
-    rng = random.Random(seed)
-    texts = []
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["id", "text"])
-        for i in range(n):
-            if texts and rng.random() < 0.1:
-                text = rng.choice(texts)
-            elif rng.random() < 0.03:
-                text = ""
-            else:
-                text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 10)))
-            texts.append(text)
-            writer.writerow([f"{i:05d}", text])
-    return path
-
-
-def interrupt_after(monkeypatch, windows: int):
-    """Ctrl-C while scoring window number `windows` (0-based)."""
-    original = classifier_module.Classifier.score_window
-    calls = []
-
-    def scoring(self, texts, start=0, progress=None, **kwargs):
-        calls.append(start)
-        if len(calls) > windows:
-            raise KeyboardInterrupt
-        return original(self, texts, start, progress, **kwargs)
-
-    monkeypatch.setattr(classifier_module.Classifier, "score_window", scoring)
-    return monkeypatch
 
 
 @pytest.fixture(scope="module")
@@ -169,16 +134,6 @@ def test_resume_refuses_stdin(run_main, tmp_path, llama_dir):
 # --------------------------------------------------------------------------- the kill test
 
 
-def _command():
-    script = Path(sys.executable).parent / "slmclassify"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from slmclassify.cli.main import main; main()"]
-
-
-def _env(tmp_path):
-    return {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-
-
 def _rows_done(target: Path) -> int:
     try:
         return json.loads(Path(f"{target}.progress.json").read_text())["rows_done"]
@@ -237,10 +192,10 @@ def test_kill_and_resume_is_byte_identical(tmp_path, llama_dir):
     each time: the output equals an uninterrupted run's byte for byte; every row once, in order.
     (One run of 10 processes: most of the time is process start-up, so the signals share it.)"""
     src = make_input(tmp_path / "in.csv", KILL_ROWS, seed=1)
-    env = _env(tmp_path)
+    env = cli_env(tmp_path)
     # a given schedule: a measured one may be measured again between the separate runs compared here
     # (a provisional one, on the busy machine), and float32 sums over other batches differ in the last digit
-    base = [*_command(), "classify", str(src), "--labels", LABELS, "--model", str(llama_dir),
+    base = [*cli_command(), "classify", str(src), "--labels", LABELS, "--model", str(llama_dir),
             "--window", "32", "--quiet", "--no-verify", "--no-calibrate", "--token-budget", "2048", "--max-rows", "128"]
     whole = tmp_path / "whole.csv"
     subprocess.run([*base, "-o", str(whole)], check=True, env=env, capture_output=True, timeout=300)

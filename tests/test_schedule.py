@@ -20,7 +20,7 @@ from slmclassify.backends.choice import cpu_seconds, others_share
 from slmclassify.models import schedule
 from slmclassify.models.prepare import load_model
 
-from test_engine import random_texts
+from helpers import random_texts
 
 TASK = Task(labels=("billing", "technical", "account"), user_template="Ticket: {text}")
 
