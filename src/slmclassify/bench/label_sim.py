@@ -243,6 +243,7 @@ def baseline_curve(predict, gold: np.ndarray, pickable: np.ndarray, test: np.nda
 def tfidf_predictor(texts: list[str], gold: np.ndarray, test: np.ndarray):
     """rows → TF-IDF (word 1-2-grams) + logistic regression's labels for the test items; C by CV where
     every label has two answers, else scikit-learn's default; one label answered: that label."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
     from .head_baselines import tfidf_lr
@@ -256,8 +257,6 @@ def tfidf_predictor(texts: list[str], gold: np.ndarray, test: np.ndarray):
             return np.full(len(test_texts), values[0])
         if counts.min() >= 2:
             return tfidf_lr(list(array[rows]), y, test_texts)
-        from sklearn.feature_extraction.text import TfidfVectorizer
-
         vectorizer = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2)).fit(list(array[rows]))
         model = LogisticRegression(max_iter=2000).fit(vectorizer.transform(list(array[rows])), y)
         return model.predict(vectorizer.transform(test_texts))

@@ -41,7 +41,7 @@ def default_taps(n_layers: int) -> Taps:
 def loop_taps(n_layers: int) -> Taps:
     """What the labelling loop's refits read: the deepest mean layer alone (⅘ of the depth). With the
     loop's fixed regularisation and a few answers per label, it beat the four mean layers on three
-    of four data sets and tied on the fourth (docs/learned-heads.md, "Few labels"), with a quarter
+    of four data sets and stayed within a point of them on the fourth (docs/learned-heads.md, "Few labels"), with a quarter
     of their width to hold for every item of the pool."""
     return Taps(mean=default_taps(n_layers).mean[-1:])
 
