@@ -95,8 +95,14 @@ def tfidf_lr(train_texts, train_gold, test_texts) -> np.ndarray:
     k = min(5, int(np.unique(train_gold, return_counts=True)[1].min()))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = LogisticRegressionCV(Cs=list(np.logspace(-2, 3, 6)), cv=StratifiedKFold(k, shuffle=True, random_state=0),
-                                     max_iter=2000).fit(vectorizer.transform(train_texts), train_gold)
+        if k < 2:  # a label with one item: no folds to choose C by, scikit-learn's default
+            from sklearn.linear_model import LogisticRegression
+
+            model = LogisticRegression(max_iter=2000)
+        else:
+            model = LogisticRegressionCV(Cs=list(np.logspace(-2, 3, 6)), max_iter=2000,
+                                         cv=StratifiedKFold(k, shuffle=True, random_state=0))
+        model.fit(vectorizer.transform(train_texts), train_gold)
     return model.predict(vectorizer.transform(test_texts))
 
 

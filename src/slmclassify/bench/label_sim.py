@@ -241,25 +241,17 @@ def baseline_curve(predict, gold: np.ndarray, pickable: np.ndarray, test: np.nda
 
 
 def tfidf_predictor(texts: list[str], gold: np.ndarray, test: np.ndarray):
-    """rows → TF-IDF (word 1-2-grams) + logistic regression's labels for the test items; C by CV where
-    every label has two answers, else scikit-learn's default; one label answered: that label."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-
+    """rows → TF-IDF (word 1-2-grams) + logistic regression's labels for the test items
+    (`head_baselines.tfidf_lr`); one label answered: that label."""
     from .head_baselines import tfidf_lr
 
     array, test_texts = np.array(texts, dtype=object), [texts[i] for i in np.flatnonzero(test)]
 
     def predict(rows):
         y = gold[rows]
-        values, counts = np.unique(y, return_counts=True)
-        if len(values) < 2:
-            return np.full(len(test_texts), values[0])
-        if counts.min() >= 2:
-            return tfidf_lr(list(array[rows]), y, test_texts)
-        vectorizer = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2)).fit(list(array[rows]))
-        model = LogisticRegression(max_iter=2000).fit(vectorizer.transform(list(array[rows])), y)
-        return model.predict(vectorizer.transform(test_texts))
+        if len(np.unique(y)) < 2:
+            return np.full(len(test_texts), y[0])
+        return tfidf_lr(list(array[rows]), y, test_texts)
     return predict
 
 
