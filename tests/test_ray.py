@@ -208,12 +208,12 @@ def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
     assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
     from slmclassify import EngineSettings
     from slmclassify.bench.ray_scaling import ray_figures
-    from slmclassify.jobs.ray_classify import run_ray_classify
+    from slmclassify.jobs.ray_classify import RayClassifyRequest, run_ray_classify
 
     # The Ray bench's child runs this job and reads every figure it prints from its return value.
-    found = ray_figures(run_ray_classify(str(tmp_path / "in.csv"), str(tmp_path / "job.csv"), Task(labels=LABELS),
-                                         EngineSettings(), RaySettings(actors=2, block_rows=64), model=str(llama_dir),
-                                         progress=False))
+    request = RayClassifyRequest(str(tmp_path / "in.csv"), str(tmp_path / "job.csv"), progress=False)
+    found = ray_figures(run_ray_classify(request, Task(labels=LABELS), EngineSettings(),
+                                         RaySettings(actors=2, block_rows=64), model=str(llama_dir)))
     assert None not in found.values(), found
     assert 0 <= found["ray_init_s"] < found["driver_to_submit_s"], found  # Ray is up already here: 0 s
     assert sum(actor["rows"] for actor in found["actors"]) == 300 and 0 < found["scored_by_model"] <= 300

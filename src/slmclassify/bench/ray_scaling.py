@@ -197,12 +197,12 @@ def child() -> None:
                                model=spec["model"])
         figures = single_figures(summary)
     else:
-        from ..jobs.ray_classify import run_ray_classify
+        from ..jobs.ray_classify import RayClassifyRequest, run_ray_classify
         from ..ray import RaySettings
 
         ray_settings = RaySettings(actors=spec["actors"], cpus_per_actor=1, block_rows=spec["block_rows"])
-        figures = ray_figures(run_ray_classify(spec["input"], spec["output"], task, settings, ray_settings,
-                                               model=spec["model"], address=spec["address"], progress=False))
+        request = RayClassifyRequest(spec["input"], spec["output"], address=spec["address"], progress=False)
+        figures = ray_figures(run_ray_classify(request, task, settings, ray_settings, model=spec["model"]))
     Path(spec["figures"]).write_text(json_line(figures))
 
 @contextlib.contextmanager

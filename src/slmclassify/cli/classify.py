@@ -1,8 +1,9 @@
 """`slmclassify classify` (here, or on Ray actors with --ray) and `slmclassify verify`.
 
-classify's options arrive as four frozen bundles: what to read and write (`ClassifyOptions`, which
-builds the job's `ClassifyRequest`), where to run (`RayOptions`), the head (`HeadOptions`) and the
-task and model (`ModelOptions`); verify's as `VerifyOptions` and `ModelOptions`."""
+classify's options arrive as four frozen bundles: what to read and write (`ClassifyOptions`: the
+job's `ClassifyRequest`, made as the flags are read, with --quiet and --window), where to run
+(`RayOptions`), the head (`HeadOptions`) and the task and model (`ModelOptions`); verify's as
+`VerifyOptions` and `ModelOptions`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import click
 
 from ..errors import TaskError, VerificationError
 from ..io.formats import check_writes
+from ..jobs.table_request import ClassifyRequest
 from . import summaries
 from .options import (HeadOptions, ModelOptions, bundle, head_options, hidden_alias, merged, task_and_head,
                       task_options)
@@ -20,44 +22,25 @@ from .startup import start_torch
 
 @dataclasses.dataclass(frozen=True)
 class ClassifyOptions:
-    """What classify reads and writes, and how, as typed."""
+    """classify's run options: the job's request, and what only the command uses."""
 
-    input_path: str
-    output_path: str
-    text_column: str = "text"
-    id_column: str | None = None
-    fmt: str | None = None
-    errors: str = "strict"
-    probes: int = 8
-    no_verify: bool = False
-    gold_column: str | None = None
-    result_prefix: str = ""
+    request: ClassifyRequest
     quiet: bool = False
-    resume: bool = False
-    restart: bool = False
+    """No progress bar."""
     window: int | None = None
     """Rows read, sorted and batched at a time (None: the settings' default)."""
 
-    def __post_init__(self) -> None:
-        if self.resume and self.restart:
-            raise TaskError("--resume and --restart exclude each other")
-
-    def request(self):
-        """The job's `ClassifyRequest`."""
-        from ..jobs.classify import ClassifyRequest
-
-        return ClassifyRequest(self.input_path, self.output_path, text_column=self.text_column,
-                               id_column=self.id_column, fmt=self.fmt, errors=self.errors,
-                               probes=0 if self.no_verify else self.probes, gold_column=self.gold_column,
-                               result_prefix=self.result_prefix, resume=self.resume, restart=self.restart)
+    @classmethod
+    def from_flags(cls, *, probes, no_verify, quiet, window, **request) -> ClassifyOptions:
+        return cls(ClassifyRequest(probes=0 if no_verify else probes, **request), quiet, window)
 
     def check_ray(self) -> None:
         """Refuse what a run on Ray cannot do (it keeps no partial run and reports no accuracy)."""
-        if self.resume or self.restart or self.gold_column:
+        if self.request.resume or self.request.restart or self.request.gold_column:
             raise TaskError("--ray does not support --resume, --restart or --gold-column")
 
 
-classify_options = bundle("run", ClassifyOptions, [
+classify_options = bundle("run", ClassifyOptions.from_flags, [
     click.argument("input_path", metavar="INPUT"),
     click.option("-o", "--output", "output_path", required=True,
                  help="Output file (.csv/.jsonl/.parquet, or - for stdout)."),
@@ -126,7 +109,8 @@ def classify(run: ClassifyOptions, ray: RayOptions, head: HeadOptions, opts: Mod
     if not ray.on:  # the --ray driver never imports torch (2.5 s before ray.init); its actors do
         start_torch()
     # (the input itself, and the run's partial and records beside -o, are checked by the job)
-    check_writes({"--task": opts.task_file, "--head": head.head_path, "--model": opts.model}, {"-o": run.output_path})
+    check_writes({"--task": opts.task_file, "--head": head.head_path, "--model": opts.model},
+                 {"-o": run.request.output_path})
     task, choice = task_and_head(head, opts)
     settings = opts.settings(window=run.window)
     if ray.on:
@@ -136,7 +120,7 @@ def classify(run: ClassifyOptions, ray: RayOptions, head: HeadOptions, opts: Mod
     from ..jobs.classify import run_classify
     from .progress import Progress
 
-    summary = run_classify(run.request(), task, settings, model=opts.model, head=choice,
+    summary = run_classify(run.request, task, settings, model=opts.model, head=choice,
                            on_loaded=lambda classifier: summaries.print_loaded(classifier, choice),
                            meter=lambda rows, size, done: Progress(rows, size, enabled=not run.quiet, done=done))
     summaries.print_classify(summary)
@@ -148,16 +132,15 @@ def classify(run: ClassifyOptions, ray: RayOptions, head: HeadOptions, opts: Mod
 
 def _classify_on_ray(run: ClassifyOptions, ray: RayOptions, task, settings, model) -> None:
     try:
-        from ..jobs.ray_classify import run_ray_classify  # imports Ray, and ..ray, first
+        from ..jobs.ray_classify import RayClassifyRequest, run_ray_classify  # imports Ray, and ..ray, first
     except ImportError as exc:
         raise TaskError(f"--ray needs Ray: pip install 'slmclassify[ray]' ({exc})") from None
     run.check_ray()
     rs = ray.settings()
     from .progress import Progress
 
-    summary = run_ray_classify(run.input_path, run.output_path, task, settings, rs, model=model,
-                               address=ray.ray_address, text_column=run.text_column, result_prefix=run.result_prefix,
-                               errors=run.errors, progress=not run.quiet,
+    request = RayClassifyRequest(**run.request.table(), address=ray.ray_address, progress=not run.quiet)
+    summary = run_ray_classify(request, task, settings, rs, model=model,
                                meter=lambda rows, size, done: Progress(rows, size, not run.quiet))
     summaries.print_ray(summary)
 

@@ -29,10 +29,11 @@ import pandas as pd
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.multilabel import canonical_labels, split_labels
-from ..errors import FieldError, InputError
+from ..errors import InputError
 from ..head.apply import HeadChoice
 from ..models.loading import LoadedModel
 from .meter import Meter, MeterFactory, no_meter
+from .table_request import ClassifyRequest
 from ..interrupts import handle_sigterm
 from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
                             refuse_resume)
@@ -47,30 +48,6 @@ from ..core.taps import Taps
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 from ..backends.memory import release_freed_memory
-
-
-@dataclasses.dataclass(frozen=True)
-class ClassifyRequest:
-    """Which table to classify into which output, and how (everything but the task, settings, model, head)."""
-
-    input_path: str
-    """CSV, JSONL or Parquet file, or - for stdin."""
-    output_path: str
-    """The output file (its format from its suffix), or - for stdout."""
-    text_column: str = "text"
-    id_column: str | None = None
-    """Column of row ids (kept; named in errors)."""
-    fmt: str | None = None
-    """Format of - (stdin/stdout)."""
-    errors: str = "strict"
-    """Invalid UTF-8: strict (an error naming the row) or replace."""
-    probes: int = 8
-    """Items checked against the per-item path after the run (0: none)."""
-    gold_column: str | None = None
-    """Column of true labels: the summary counts accuracy."""
-    result_prefix: str = ""
-    resume: bool = False
-    restart: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +103,6 @@ def run_classify(request: ClassifyRequest, task: Task, settings: EngineSettings,
 def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: EngineSettings, model,
                   choice: HeadChoice, on_loaded, meter: MeterFactory) -> ClassifySummary:
     """open the input → the run's identity → the run to continue, if any → load → stream → probes."""
-    if request.probes < 0:
-        raise FieldError("probes", "{field} must be 0 (no check) or more, got {value}", value=request.probes)
     resumable = request.output_path != "-" and request.input_path != "-"
     checkpoint = Checkpoint(request.output_path) if request.output_path != "-" else None
     reader, labels = _open_input(request, task, choice)

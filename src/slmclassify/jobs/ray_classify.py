@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..io.formats import FORMATS, check_not_input, check_output, table_format
 from ..io.lock import OutputLock
 from .meter import MeterFactory, no_meter
+from .table_request import TableRequest
 from ..core.results import RunStats
 from ..core.task import Task
 from ..ray.actors import process_started
@@ -30,6 +31,21 @@ from ..ray.blocks import restore, spread
 from ..ray.dataset import RaySettings, classify_dataset
 from ..ray.local import start_ray
 from ..ray.reading import driver_table, ray_read, reads_on_driver
+
+
+@dataclasses.dataclass(frozen=True)
+class RayClassifyRequest(TableRequest):
+    """Which table (a file, or a folder of files of one format) to classify on Ray into which output
+    (a file, or a folder of Parquet parts), and how (everything but the task and the settings)."""
+
+    address: str | None = None
+    """The Ray to join: auto, HOST:PORT, ray://HOST:10001, or local (None: `start_ray`'s choice)."""
+    progress: bool = True
+    """Ray Data's progress bars."""
+
+    def __post_init__(self) -> None:
+        if self.input_path == "-" or self.output_path == "-":
+            raise InputError("--ray reads and writes files or folders, not stdin/stdout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,14 +105,11 @@ class RaySummary:
         return dataclasses.asdict(self)
 
 
-def run_ray_classify(input_path: str, output_path: str, task: Task, settings: EngineSettings,
-                     ray_settings: RaySettings, *, model=None, address: str | None = None, text_column="text",
-                     result_prefix="", errors="strict", progress=True,
-                     meter: MeterFactory = no_meter) -> RaySummary:
-    """Classify INPUT into OUTPUT on Ray; returns the summary's figures. `progress`: Ray Data's
-    progress bars; `meter`: the rows written when this process feeds the actors."""
-    if input_path == "-" or output_path == "-":
-        raise InputError("--ray reads and writes files or folders, not stdin/stdout")
+def run_ray_classify(request: RayClassifyRequest, task: Task, settings: EngineSettings, ray_settings: RaySettings,
+                     *, model=None, meter: MeterFactory = no_meter) -> RaySummary:
+    """Classify the request's input into its output on Ray; returns the summary's figures. `meter`:
+    the rows written when this process feeds the actors."""
+    input_path, output_path, text_column = request.input_path, request.output_path, request.text_column
     folder_out = Path(output_path).suffix == ""
     if folder_out:
         if Path(output_path).is_file() or (Path(output_path).is_dir() and any(Path(output_path).iterdir())):
@@ -109,22 +122,23 @@ def run_ray_classify(input_path: str, output_path: str, task: Task, settings: En
         check_not_input(path, output_path)
     with OutputLock(output_path):  # one writer per output, refused before Ray starts
         began = time.time()
-        own_ray = start_ray(address)
+        own_ray = start_ray(request.address)
         try:
             initialised = time.time()
-            sample = first_texts(files, text_column, errors) if settings.precision == "auto" else None
+            sample = first_texts(files, text_column, request.errors) if settings.precision == "auto" else None
             how = dict(task=task, model=model, settings=settings, ray_settings=ray_settings, text_column=text_column,
-                       result_prefix=result_prefix, errors=errors, precision_sample=sample)
+                       result_prefix=request.result_prefix, errors=request.errors, precision_sample=sample)
             if reads_on_driver(in_fmt, files):
                 feed = "actors fed by this process, which read the file"
                 handed, rows, figures = _on_pool(in_fmt, files[0], output_path, out_fmt, folder_out, meter, how)
             else:
                 feed = "Ray Data: Ray's readers, an actor pool"
-                handed, rows, figures = _on_dataset(in_fmt, files, output_path, out_fmt, folder_out, progress, how)
+                handed, rows, figures = _on_dataset(in_fmt, files, output_path, out_fmt, folder_out, request.progress,
+                                                    how)
             finished = time.time()
             phases = {"ray_init": initialised - began, "began": began, "submitted": handed, "finished": finished,
                       "driver": process_started(), "feed": feed}
-            return _summary(figures, rows, ray_settings, address, output_path, phases)
+            return _summary(figures, rows, ray_settings, request.address, output_path, phases)
         finally:
             if own_ray:  # here, not at exit: Ray's exit hook first sleeps 0.5 s "for log messages"
                 ray.shutdown()
