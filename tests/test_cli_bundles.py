@@ -14,12 +14,13 @@ from slmclassify.core.taps import Taps
 from slmclassify.cli.bench import (BenchOptions, LoadtestOptions, SweepOptions, bench_options, loadtest_options,
                                    sweep_options)
 from slmclassify.cli.label import LabelOptions, label_options
-from slmclassify.cli.classify import (ClassifyOptions, RayOptions, VerifyOptions, classify_options, ray_options,
-                                      verify_options)
-from slmclassify.cli.evaluate import EvaluateOptions, FitOptions, evaluate_options, fit_options
+from slmclassify.cli.classify import RayOptions, VerifyOptions, classify_options, ray_options, verify_options
+from slmclassify.cli.evaluate import EvaluateOptions, evaluate_options, fit_options
 from slmclassify.cli.options import HeadOptions, ModelOptions, bundle, head_options, task_options
 from slmclassify.cli.serve import ServeOptions, serve_options
 from slmclassify.errors import TaskError
+from slmclassify.jobs.evaluate import EvaluateRequest
+from slmclassify.jobs.fit import FitRequest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -58,11 +59,11 @@ def test_classify_flags_make_the_request():
         "in.csv", "-o", "out.jsonl", "--text-column", "body", "--id-column", "id", "--errors", "replace",
         "--probes", "3", "--gold-column", "g", "--result-prefix", "p_", "--resume", "--window", "64", "--quiet"])
     run, ray = seen["run"], seen["ray"]
-    assert run.request() == ClassifyRequest("in.csv", "out.jsonl", text_column="body", id_column="id",
+    assert run.request == ClassifyRequest("in.csv", "out.jsonl", text_column="body", id_column="id",
                                             errors="replace", probes=3, gold_column="g", result_prefix="p_",
                                             resume=True)
     assert (run.window, run.quiet, ray.on) == (64, True, False)
-    assert _read([classify_options], ["in.csv", "-o", "-", "--format", "csv", "--no-verify"])["run"].request() == \
+    assert _read([classify_options], ["in.csv", "-o", "-", "--format", "csv", "--no-verify"])["run"].request == \
         ClassifyRequest("in.csv", "-", fmt="csv", probes=0)
 
 
@@ -85,8 +86,10 @@ def test_resume_and_restart_exclude_each_other(run_main, tmp_path):
     code, out, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--resume", "--restart",
                               "--labels", "a,b")
     assert (code, out, err) == (2, "", "slmclassify: error: --resume and --restart exclude each other\n")
-    with pytest.raises(TaskError):
-        ClassifyOptions("in.csv", "out.csv", resume=True, restart=True)
+    from slmclassify.jobs.classify import ClassifyRequest
+
+    with pytest.raises(TaskError, match="^resume and restart exclude each other$"):  # the library names fields
+        ClassifyRequest("in.csv", "out.csv", resume=True, restart=True)
 
 
 @pytest.mark.parametrize("flag", [["--resume"], ["--restart"], ["--gold-column", "gold"]])
@@ -112,11 +115,12 @@ def test_verify_flags_merge_the_old_probes_name():
 def test_evaluate_flags_merge_the_old_names():
     run = _read([evaluate_options], ["in.csv", "--label-column", "gold", "--limit", "7", "--plots", "p",
                                      "--target-accuracy", "0.9"])["run"]
-    assert run == EvaluateOptions("in.csv", label_column="gold", limit=7, plots_dir="p", target_accuracy=0.9)
+    assert run == EvaluateOptions(EvaluateRequest("in.csv", label_column="gold", limit=7, plots_dir="p",
+                                                  target_accuracy=0.9))
     assert run.plots() == {"--plots confusion.png": "p/confusion.png", "--plots reliability.png": "p/reliability.png",
                            "--plots coverage.png": "p/coverage.png"}
     assert run.single_label_flags() == ["--target-accuracy", "--plots"]
-    assert _read([evaluate_options], ["in.csv"])["run"] == EvaluateOptions("in.csv")
+    assert _read([evaluate_options], ["in.csv"])["run"] == EvaluateOptions(EvaluateRequest("in.csv"))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -133,11 +137,11 @@ def test_evaluate_refusals_read_as_before(run_main, tmp_path, args, message):
 def test_fit_flags_make_the_taps_and_curve():
     run = _read([fit_options], ["in.csv", "-o", "h.npz", "--label-column", "gold", "--layers", "2,4", "--curve", "4,8",
                                 "--scores"])["run"]
-    assert run == FitOptions("in.csv", "h.npz", label_column="gold", layers="2,4", curve="4,8", use_scores=True)
-    assert (run.taps(), run.curve_sizes()) == (Taps(last=(2, 4)), (4, 8))
-    assert _read([fit_options], ["in.csv", "-o", "h.npz"])["run"].taps() is None
+    assert run == FitRequest("in.csv", "h.npz", label_column="gold", taps=Taps(last=(2, 4)), curve_sizes=(4, 8),
+                             use_scores=True)
+    assert _read([fit_options], ["in.csv", "-o", "h.npz"])["run"] == FitRequest("in.csv", "h.npz")
     mixed = _read([fit_options], ["in.csv", "-o", "h.npz", "--layers", "mean3,5"])["run"]
-    assert mixed.taps() == Taps(last=(5,), mean=(3,))
+    assert mixed.taps == Taps(last=(5,), mean=(3,))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -15,7 +15,7 @@ from slmclassify.core.metrics import Evaluation
 from slmclassify.io.labelled import Labelled, read_labelled
 from slmclassify.io.plots import write_plots
 from slmclassify.jobs.sources import read_task
-from slmclassify.jobs.evaluate import evaluate_file, task_for_file
+from slmclassify.jobs.evaluate import EvaluateRequest, evaluate_file, task_for_file
 from slmclassify.errors import TaskError
 from slmclassify.core.labels import describe_labels
 
@@ -180,7 +180,7 @@ def test_evaluate_keeps_labels_with_commas(tmp_path, llama_loaded):
         {"input": "app crashes", "target_scores": {"yes, definitely": 0, "no": 1}}])
     task = task_for_file(path)
     assert task.labels == ("yes, definitely", "no")
-    summary = evaluate_file(path, task, model=llama_loaded).figures
+    summary = evaluate_file(EvaluateRequest(path), task, model=llama_loaded).figures
     assert summary["labels"] == ["yes, definitely", "no"] and summary["items"] == 2
 
 
@@ -230,7 +230,7 @@ def test_evaluate_counts_any_tied_label(tmp_path, llama_loaded):
         {"input": "my card was charged twice and the app crashes", "target_scores": scores} for scores in ties])
     task = Task(labels=("billing", "technical", "account"), calibrate=False)
     predicted = Classifier(task, model=llama_loaded).classify(["my card was charged twice and the app crashes"])[0]
-    summary = evaluate_file(path, task, model=llama_loaded).figures
+    summary = evaluate_file(EvaluateRequest(path), task, model=llama_loaded).figures
     expected = 1.0 if predicted.label in ("billing", "technical") else 0.0
     assert summary["accuracy"] == expected
 

@@ -1,13 +1,15 @@
 """`slmclassify evaluate` and `slmclassify fit`: the commands that read a labelled file.
 
-Each command's own options arrive as one frozen bundle (`EvaluateOptions`, `FitOptions`: old flag
-names merged, values checked), next to the head (`HeadOptions`, evaluate) and the task and model
-(`ModelOptions`)."""
+Each command's own options arrive as one frozen bundle, made as the flags are read (old flag names
+merged): evaluate's `EvaluateOptions` (the job's `EvaluateRequest` and --write-task), fit's the
+job's `FitRequest` itself; next to them the head (`HeadOptions`, evaluate) and the task and model
+(`ModelOptions`). The requests check their values."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,50 +20,43 @@ from . import summaries
 from .options import (HeadOptions, ModelOptions, bundle, head_options, hidden_alias, int_list, merged, task_and_head,
                       task_options)
 
+if TYPE_CHECKING:  # the jobs import torch: the commands import them when they run
+    from ..jobs.evaluate import EvaluateRequest
+    from ..jobs.fit import FitRequest
+
 PLOT_NAMES = ("confusion.png", "reliability.png", "coverage.png")
 """The files evaluate's --plots folder gets."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EvaluateOptions:
-    """What evaluate reads, reports and writes (old flag names merged into the new ones)."""
+    """evaluate's run options: the job's request (old flag names merged into the new ones), and
+    --write-task, which gives the request the --task file to write into."""
 
-    input_path: str
-    text_column: str = "text"
-    label_column: str = "label"
-    compare_modes: bool = False
-    fit_temperature: bool = False
-    target_accuracy: float | None = None
-    target_precision: float | None = None
-    """Multi-label: each label's threshold is the lowest reaching this precision (None: F1-optimal)."""
+    request: EvaluateRequest
     write_task: bool = False
-    fewshot_cost: int = 0
-    plots_dir: str | None = None
-    json_path: str | None = None
-    limit: int | None = None
-    """Only the first N items (None: all)."""
-
-    def __post_init__(self) -> None:
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise TaskError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy}")
 
     @classmethod
-    def from_flags(cls, *, gold_column, old_gold_column, n_items, old_n_items, **flags) -> EvaluateOptions:
-        return cls(label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
-                   limit=merged(n_items, old_n_items, "--n", "--limit"), **flags)
+    def from_flags(cls, *, gold_column, old_gold_column, n_items, old_n_items, write_task, **flags) -> EvaluateOptions:
+        from ..jobs.evaluate import EvaluateRequest
+
+        return cls(EvaluateRequest(
+            label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
+            limit=merged(n_items, old_n_items, "--n", "--limit"), **flags), write_task)
 
     def plots(self) -> dict[str, str]:
         """{what: path} of the plot files, for `check_writes`."""
-        if not self.plots_dir:
+        if not self.request.plots_dir:
             return {}
-        return {f"--plots {name}": str(Path(self.plots_dir) / name) for name in PLOT_NAMES}
+        return {f"--plots {name}": str(Path(self.request.plots_dir) / name) for name in PLOT_NAMES}
 
     def single_label_flags(self) -> list[str]:
         """The flags given that only a single-label evaluation uses."""
-        return [flag for flag, value in (("--compare-modes", self.compare_modes),
-                                         ("--fit-temperature", self.fit_temperature),
-                                         ("--target-accuracy", self.target_accuracy),
-                                         ("--fewshot-cost", self.fewshot_cost), ("--plots", self.plots_dir)) if value]
+        run = self.request
+        return [flag for flag, value in (("--compare-modes", run.compare_modes),
+                                         ("--fit-temperature", run.fit_temperature),
+                                         ("--target-accuracy", run.target_accuracy),
+                                         ("--fewshot-cost", run.fewshot_cost), ("--plots", run.plots_dir)) if value]
 
 
 evaluate_options = bundle("run", EvaluateOptions.from_flags, [
@@ -95,9 +90,10 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
 
     if run.write_task and not opts.task_file:
         raise TaskError("--write-task needs --task FILE")
+    request = dataclasses.replace(run.request, task_file=opts.task_file if run.write_task else None)
     # --write-task writes into the task file on purpose; nothing else may be written over an input
-    check_writes({"the input": run.input_path, "--task": opts.task_file, "--head": head.head_path,
-                  "--model": opts.model}, {"--json": run.json_path, **run.plots()})
+    check_writes({"the input": request.input_path, "--task": opts.task_file, "--head": head.head_path,
+                  "--model": opts.model}, {"--json": request.json_path, **run.plots()})
     if head.head_path or opts.task_file or head.scorer:
         head_task, choice = task_and_head(head, opts)
     else:
@@ -105,75 +101,47 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
 
         head_task, choice = None, HeadChoice()
     task = head_task if choice.head is not None else task_for_file(
-        run.input_path, run.text_column, run.label_column, task_file=opts.task_file, labels=opts.label_names(),
-        limit=run.limit, **opts.overrides())
-    if run.target_precision is not None and not (task.multi_label and 0 < run.target_precision <= 1):
+        request.input_path, request.text_column, request.label_column, task_file=opts.task_file,
+        labels=opts.label_names(), limit=request.limit, **opts.overrides())
+    if request.target_precision is not None and not (task.multi_label and 0 < request.target_precision <= 1):
         raise TaskError("--target-precision picks a multi-label task's thresholds: it needs --multi-label (or "
-                        f"multi_label = true) and a value in (0, 1], got {run.target_precision}")
-    task_file = opts.task_file if run.write_task else None
+                        f"multi_label = true) and a value in (0, 1], got {request.target_precision}")
     if task.multi_label:
         from ..jobs.evaluate import evaluate_multilabel_file
 
         if given := run.single_label_flags():
             raise TaskError(f"{given[0]} is for single-label tasks; a multi-label evaluation reports F1, subset "
                             "accuracy and Hamming loss, and picks thresholds (--target-precision)")
-        summaries.print_multilabel_evaluate(evaluate_multilabel_file(
-            run.input_path, task, opts.settings(), text_column=run.text_column, label_column=run.label_column,
-            model=opts.model, target_precision=run.target_precision, task_file=task_file, json_path=run.json_path,
-            limit=run.limit, head=choice))
+        summaries.print_multilabel_evaluate(evaluate_multilabel_file(request, task, opts.settings(), model=opts.model,
+                                                                     head=choice))
         return
-    summary = evaluate_file(
-        run.input_path, task, opts.settings(), text_column=run.text_column, label_column=run.label_column,
-        model=opts.model, compare_modes=run.compare_modes, fit_temperature=run.fit_temperature,
-        target_accuracy=run.target_accuracy, task_file=task_file, fewshot_cost=run.fewshot_cost,
-        plots_dir=run.plots_dir, json_path=run.json_path, limit=run.limit, head=choice,
-    )
+    summary = evaluate_file(request, task, opts.settings(), model=opts.model, head=choice)
     summaries.print_evaluate(summary)
 
 
-@dataclasses.dataclass(frozen=True)
-class FitOptions:
-    """What fit reads and writes, and how it fits (the old --label-column merged into --gold-column)."""
+def fit_request(*, gold_column, old_gold_column, layers, curve, **flags) -> FitRequest:
+    """The job's `FitRequest` from fit's flags: the old --label-column merged into --gold-column,
+    --layers and --curve parsed."""
+    from ..jobs.fit import FitRequest
 
-    input_path: str
-    output_path: str
-    text_column: str = "text"
-    label_column: str = "label"
-    folds: int = 5
-    group_column: str | None = None
-    layers: str | None = None
-    """Comma-separated layers, as typed: 15 (last token), mean15 (mean-pooled); None: chosen by CV."""
-    use_scores: bool = False
-    curve: str = "4,8,16,32,64"
-    """Learning-curve sizes (items per label), as typed."""
-    plot_path: str | None = None
-    json_path: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.folds < 2:
-            raise TaskError(f"--folds must be at least 2, got {self.folds}")
-
-    @classmethod
-    def from_flags(cls, *, gold_column, old_gold_column, **flags) -> FitOptions:
-        return cls(label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
-                   **flags)
-
-    def taps(self) -> Taps | None:
-        if not self.layers:
-            return None
-        try:
-            taps = Taps.parse(x for x in self.layers.split(",") if x.strip())
-        except ValueError as exc:
-            raise TaskError(f"--layers: {exc}") from None
-        if not taps or min(taps.last + taps.mean) < 1:
-            raise TaskError(f"--layers must list positive layer numbers, got {self.layers!r}")
-        return taps
-
-    def curve_sizes(self) -> tuple[int, ...]:
-        return tuple(int_list(self.curve, "--curve"))
+    return FitRequest(label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
+                      taps=parse_layers(layers), curve_sizes=tuple(int_list(curve, "--curve")), **flags)
 
 
-fit_options = bundle("run", FitOptions.from_flags, [
+def parse_layers(layers: str | None) -> Taps | None:
+    """--layers as typed (comma-separated: 15 at the last token, mean15 mean-pooled) → the taps; None: not given."""
+    if not layers:
+        return None
+    try:
+        taps = Taps.parse(x for x in layers.split(",") if x.strip())
+    except ValueError as exc:
+        raise TaskError(f"--layers: {exc}") from None
+    if not taps or min(taps.last + taps.mean) < 1:
+        raise TaskError(f"--layers must list positive layer numbers, got {layers!r}")
+    return taps
+
+
+fit_options = bundle("run", fit_request, [
     click.argument("input_path", metavar="LABELLED_FILE"),
     click.option("-o", "--output", "output_path", required=True, help="The head file to write (.npz)."),
     click.option("--text-column", default="text", show_default=True),
@@ -196,7 +164,7 @@ fit_options = bundle("run", FitOptions.from_flags, [
 @click.command()
 @fit_options
 @task_options
-def fit(run: FitOptions, opts: ModelOptions):
+def fit(run: FitRequest, opts: ModelOptions):
     """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
     regression on the model's hidden states, read on the fast path. Prints cross-validated accuracy,
     macro-F1 and ECE next to zero-shot scoring, and the learning curve."""
@@ -207,8 +175,4 @@ def fit(run: FitOptions, opts: ModelOptions):
                  {"-o": run.output_path, "--json": run.json_path, "--plot": run.plot_path})
     task = task_for_file(run.input_path, run.text_column, run.label_column, task_file=opts.task_file,
                          labels=opts.label_names(), **opts.overrides())
-    summary = fit_file(run.input_path, run.output_path, task, opts.settings(), model=opts.model,
-                       text_column=run.text_column, label_column=run.label_column, folds=run.folds, taps=run.taps(),
-                       use_scores=run.use_scores, curve_sizes=run.curve_sizes(), plot_path=run.plot_path,
-                       json_path=run.json_path, group_column=run.group_column)
-    summaries.print_fit(summary)
+    summaries.print_fit(fit_file(run, task, opts.settings(), model=opts.model))

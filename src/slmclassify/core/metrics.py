@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import FieldError
+
 ECE_BINS = 15
+
+
+def check_target_accuracy(value: float | None, field: str = "target_accuracy") -> None:
+    """A target accuracy is None (none asked) or in (0, 1]: refused otherwise, naming `field`. The
+    one check of every request that takes one (`evaluate`'s, a labelling session's)."""
+    if value is not None and not 0 < value <= 1:
+        raise FieldError(field, "{field} must be in (0, 1], got {value}", value=value)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from ..core.calibration import adjust, fit_temperature
 from ..classifier import Classifier, EngineSettings
 from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
-from ..core.metrics import Evaluation, gold_indices
+from ..core.metrics import Evaluation, check_target_accuracy, gold_indices
 from ..io.labelled import read_labelled
 from ..io.plots import write_plots
 from ..core import multilabel
@@ -28,6 +28,40 @@ from ..core.task import Example, Task
 from .sources import build_task
 from ..io.task_files import write_task_settings
 from ..timing import Side, Stopwatch, interleave
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateRequest:
+    """Which labelled file to score, and what to report and write (everything but the task, settings,
+    model, head). `evaluate_file` and `evaluate_multilabel_file` take the same request; the fields
+    marked single-label are refused by the command for a multi-label task."""
+
+    input_path: str
+    """A labelled table (CSV, JSONL, Parquet) or a BIG-bench task JSON."""
+    text_column: str = "text"
+    label_column: str = "label"
+    """Column of gold labels (tables; a multi-label task's are `;`-separated label sets)."""
+    limit: int | None = None
+    """Only the first N items (None: all)."""
+    compare_modes: bool = False
+    """Single-label: also score every scoring mode, with and without calibration."""
+    fit_temperature: bool = False
+    """Single-label: fit temperature scaling on these items."""
+    target_accuracy: float | None = None
+    """Single-label: report the confidence threshold that reaches this accuracy."""
+    target_precision: float | None = None
+    """Multi-label: each label's threshold is the lowest reaching this precision (None: F1-optimal)."""
+    fewshot_cost: int = 0
+    """Single-label: also time 0 vs this many examples per label in the prefix (0: not)."""
+    plots_dir: str | None = None
+    """Single-label: folder for confusion.png, reliability.png and coverage.png."""
+    task_file: str | None = None
+    """Write the threshold and fitted temperature (multi-label: the picked thresholds) into this task file."""
+    json_path: str | None = None
+    """Write the figures as JSON."""
+
+    def __post_init__(self) -> None:
+        check_target_accuracy(self.target_accuracy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,21 +116,20 @@ def task_for_file(path: str, text_column: str = "text", label_column: str = "lab
     return build_task(task_file, labels, default_instruction=data.instruction, **overrides)
 
 
-def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
-                  label_column="label", model=None, compare_modes=False, fit_temperature=False,
-                  target_accuracy=None, task_file=None, fewshot_cost=0, plots_dir=None, json_path=None,
-                  limit=None, head: HeadChoice = HeadChoice()) -> EvaluateSummary:
-    """Score the labelled items of `path` with `task`; write the plots, task-file values and JSON
-    asked for; returns the figures (`EvaluateSummary.figures` is the JSON summary).
+def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings | None = None, *, model=None,
+                  head: HeadChoice = HeadChoice()) -> EvaluateSummary:
+    """Score the labelled items of the request's file with `task`; write the plots, task-file values
+    and JSON asked for; returns the figures (`EvaluateSummary.figures` is the JSON summary).
 
-    `task_file`: write the threshold (and fitted temperature) into this task file. A head
-    (`head/`) with scorer head or combined (`head.used`) is the main report (gold labels are then the head's).
+    A head (`head/`) with scorer head or combined (`head.used`) is the main report (gold labels are
+    then the head's).
     """
+    path, target_accuracy = request.input_path, request.target_accuracy
     if task.multi_label:  # its scores are two per label: accuracy and the softmax do not apply
         raise TaskError("a multi-label task is evaluated by evaluate_multilabel_file (F1, subset accuracy, "
                         "Hamming loss, per-label thresholds)")
     settings = settings or EngineSettings()
-    data = read_labelled(path, text_column, label_column, task).head(limit)
+    data = read_labelled(path, request.text_column, request.label_column, task).head(request.limit)
     texts = data.texts
     use_head = head.used
     if use_head and head.head.multi_label:
@@ -111,11 +144,11 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
     # zero-shot figures (modes, temperature) index the task's labels (-1: a label only the head has)
     gold, accepted = gold_indices(data, task.labels)
     head_gold = np.array([head.head.labels.index(names[0]) for names in data.gold]) if use_head else None
-    if use_head and (gold < 0).any() and (compare_modes or fit_temperature):
+    if use_head and (gold < 0).any() and (request.compare_modes or request.fit_temperature):
         raise TaskError("{modes} and {temperature} score the task's labels, and some gold labels are only the "
                         "head's; run them without {head}",
                         names={"modes": "compare_modes", "temperature": "fit_temperature", "head": "head"})
-    if plots_dir:
+    if request.plots_dir:
         _check_matplotlib("plots_dir")
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     states = []
@@ -142,7 +175,7 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
 
     clf, scores, seconds = run(task, head.head.taps if use_head else Taps())
     temperature = task.temperature
-    if fit_temperature:
+    if request.fit_temperature:
         temperature = fit_temperature_on(scores, clf.bias, gold)
     if use_head:
         from ..head.apply import evaluate_head
@@ -158,21 +191,22 @@ def evaluate_file(path: str, task: Task, settings: EngineSettings | None = None,
         summary["uncalibrated"] = {"accuracy": raw.accuracy, "macro_f1": raw.macro_f1, "ece": raw.ece}
 
     rows = []
-    if compare_modes:
+    if request.compare_modes:
         rows = summary["modes"] = _compare_modes(run, evaluation, task, loaded, settings, texts)
 
-    if fewshot_cost > 0:
+    if request.fewshot_cost > 0:
         first_gold = [names[0] for names in data.gold]
-        summary["fewshot_cost"] = _fewshot_cost(loaded, task, settings, texts, first_gold, fewshot_cost)
+        summary["fewshot_cost"] = _fewshot_cost(loaded, task, settings, texts, first_gold, request.fewshot_cost)
 
     result = EvaluateSummary(
         model=loaded.name, items=len(texts), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
         precision_line=auto_line(loaded),
         label_token_lines=tuple(clf.label_token_lines()),
-        fitted_temperature=temperature if fit_temperature else None, main=main, head=head.head if use_head else None,
+        fitted_temperature=temperature if request.fit_temperature else None, main=main,
+        head=head.head if use_head else None,
         modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary,
         uncalibrated=summary.get("uncalibrated"))
-    return _write(result, plots_dir, task_file, json_path, temperature if fit_temperature else None)
+    return _write(result, request, temperature if request.fit_temperature else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,16 +236,16 @@ class MultiLabelSummary:
     """With a head: how many of these items fitted it (its figures on them are optimistic)."""
 
 
-def evaluate_multilabel_file(path: str, task: Task, settings: EngineSettings | None = None, *, text_column="text",
-                             label_column="label", model=None, target_precision: float | None = None,
-                             task_file=None, json_path=None, limit=None,
-                             head: HeadChoice = HeadChoice()) -> MultiLabelSummary:
+def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: EngineSettings | None = None, *,
+                             model=None, head: HeadChoice = HeadChoice()) -> MultiLabelSummary:
     """Score a file with `;`-separated gold labels under a multi-label task: the figures at the
     task's thresholds, per-label thresholds picked on these items (F1-optimal, or the lowest reaching
-    `target_precision`), and the figures at thresholds picked on the other half (cross-fitted, so
-    not measured where they were tuned). `task_file`: the picked thresholds are written into it.
-    With a one-vs-rest head (`head.used`) the figures are the head's, at the head's own thresholds,
-    with zero-shot's cross-fitted figures alongside."""
+    the request's `target_precision`), and the figures at thresholds picked on the other half
+    (cross-fitted, so not measured where they were tuned). The request's `task_file`: the picked
+    thresholds are written into it. With a one-vs-rest head (`head.used`) the figures are the
+    head's, at the head's own thresholds, with zero-shot's cross-fitted figures alongside."""
+    path, target_precision, task_file, json_path = (request.input_path, request.target_precision, request.task_file,
+                                                    request.json_path)
     settings = settings or EngineSettings()
     if head.used and not head.head.multi_label:
         raise TaskError("the head is single-label; a multi-label task needs a head fitted on it "
@@ -219,7 +253,7 @@ def evaluate_multilabel_file(path: str, task: Task, settings: EngineSettings | N
     if head.used and task_file:
         raise TaskError("a multi-label head keeps its own thresholds (picked when it was fitted): evaluate it "
                         "without {write}, or refit it", names={"write": "write_task"})
-    data = read_labelled(path, text_column, label_column, task).head(limit)
+    data = read_labelled(path, request.text_column, request.label_column, task).head(request.limit)
     gold = multilabel.gold_matrix([cell[0] for cell in data.gold], task.labels, task.label_separator, path)
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=data.texts, settings=settings)
     clf = Classifier(task, model=loaded, settings=settings)
@@ -282,8 +316,9 @@ def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list
     return rows
 
 
-def _write(result: EvaluateSummary, plots_dir, task_file, json_path, temperature) -> EvaluateSummary:
+def _write(result: EvaluateSummary, request: EvaluateRequest, temperature) -> EvaluateSummary:
     """Write the plots, the task file's threshold (and fitted temperature) and the JSON asked for."""
+    plots_dir, task_file, json_path = request.plots_dir, request.task_file, request.json_path
     plots = tuple(str(p) for p in write_plots(result.main, plots_dir)) if plots_dir else ()
     values = {}
     if task_file:

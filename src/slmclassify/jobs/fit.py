@@ -13,7 +13,7 @@ import numpy as np
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import Evaluation
 from ..io.labelled import read_labelled
-from ..errors import InputError
+from ..errors import FieldError, InputError
 from ..models.prepare import load_model
 from ..models.precision import auto_line
 from ..core.results import softmax
@@ -23,6 +23,39 @@ from ..core.taps import Taps
 from ..head.features import candidate_taps, collect, default_taps, feature_sets
 from ..head.fitting import CURVE_SIZES, cross_validated, fit, learning_curve
 from ..head.model import Head, model_fingerprint, task_record
+
+
+@dataclasses.dataclass(frozen=True)
+class FitRequest:
+    """Which labelled file to fit a head on, where to save it, and how to fit it (everything but the
+    task, settings, model)."""
+
+    input_path: str
+    """A labelled table (CSV, JSONL, Parquet) or a BIG-bench task JSON."""
+    output_path: str
+    """The head file to write (.npz)."""
+    text_column: str = "text"
+    label_column: str = "label"
+    """Column of gold labels (tables; a multi-label task's are `;`-separated label sets)."""
+    group_column: str | None = None
+    """Column grouping near copies of one text: cross-validation keeps each group in one fold."""
+    folds: int = 5
+    """Cross-validation folds (at least 2)."""
+    taps: Taps | None = None
+    """What the head reads (None: chosen by cross-validation; multi-label: the default taps)."""
+    use_scores: bool = False
+    """Append the calibrated label log-probabilities to the features."""
+    curve_sizes: tuple[int, ...] = CURVE_SIZES
+    """Learning curve: items per label."""
+    plot_path: str | None = None
+    """The learning-curve PNG (None: next to the head file)."""
+    json_path: str | None = None
+    """Write the figures as JSON."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.folds < 2:
+            raise FieldError("folds", "{field} must be at least 2, got {value}", value=self.folds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,16 +110,14 @@ class FitSummary:
     zero-shot and the head's out-of-fold probabilities; `rows` and the curve are then empty."""
 
 
-def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, model=None, text_column="text",
-             label_column="label", folds=5, taps: Taps | None = None, use_scores=False,
-             curve_sizes=CURVE_SIZES, plot_path: str | None = None, json_path: str | None = None,
-             seed: int = 0, group_column: str | None = None) -> FitSummary:
-    """Fit a head on a labelled file and save it (and the curve's PNG, the figures as JSON); returns
-    the CV metrics, zero-shot alongside and the learning curve."""
-    data = read_labelled(path, text_column, label_column, task, group_column)
+def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model=None) -> FitSummary:
+    """Fit a head on the request's labelled file and save it (and the curve's PNG, the figures as
+    JSON); returns the CV metrics, zero-shot alongside and the learning curve."""
+    path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
+    taps, use_scores = request.taps, request.use_scores
+    data = read_labelled(path, request.text_column, request.label_column, task, request.group_column)
     if task.multi_label:
-        return _fit_multilabel(path, output, task, settings, data, model=model, folds=folds, taps=taps,
-                               use_scores=use_scores, json_path=json_path, seed=seed)
+        return _fit_multilabel(request, task, settings, data, model)
     texts, gold = data.texts, [names[0] for names in data.gold]  # a head learns one label per item
     keep = [i for i, t in enumerate(texts) if t.strip()]
     skipped = len(texts) - len(keep)
@@ -96,7 +127,8 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
     labels = tuple(sorted(set(gold.tolist())))
     counts = {lab: int((gold == lab).sum()) for lab in labels}
     if len(labels) < 2:
-        raise InputError(f"{path}: the gold column {label_column!r} has fewer than two labels: {list(labels)}")
+        raise InputError(f"{path}: the gold column {request.label_column!r} has fewer than two labels: "
+                         f"{list(labels)}")
     if min(counts.values()) < folds:
         raise InputError("{path}: label {label!r} has {items} items; {folds}-fold cross-validation needs at least "
                          "{folds} per label (or pass {folds_field})", names={"folds_field": "folds"}, path=path,
@@ -123,10 +155,10 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
         rows.insert(0, ScorerFigures("zero-shot", ev.accuracy, ev.macro_f1, ev.ece))
     zero_shot = rows[0] if comparable else None
 
-    curve = learning_curve(X, gold, labels, sizes=curve_sizes, folds=folds, seed=seed, candidates=candidates,
+    curve = learning_curve(X, gold, labels, sizes=request.curve_sizes, folds=folds, seed=seed, candidates=candidates,
                            groups=groups)
     if curve:
-        plot_path = plot_path or str(Path(output).with_suffix("")) + "-curve.png"
+        plot_path = request.plot_path or str(Path(output).with_suffix("")) + "-curve.png"
         plot_curve(curve, head_ev.accuracy, zero_shot.accuracy if zero_shot else None,
                    len(gold) * (folds - 1) // folds // len(labels), plot_path)
     else:  # regression: an empty curve crashed matplotlib's log scale after the CV table, and no head was written
@@ -147,15 +179,14 @@ def fit_file(path: str, output: str, task: Task, settings: EngineSettings, *, mo
                 coef=final.coef, intercept=final.intercept, model=model_fingerprint(loaded), task=task_record(task),
                 info=info)
     head.save(output)
-    if json_path:
-        Path(json_path).write_text(json.dumps({k: v for k, v in info.items() if k != "item_hashes"}, indent=2))
+    _write_json(request.json_path, info)
     return FitSummary(
         model=loaded.name, skipped=skipped, items=len(texts), counts=counts, taps=taps, choice=choice,
         feature_values=len(taps) * loaded.model.config.hidden_size, use_scores=use_scores, seconds=seconds,
         precision_line=auto_line(loaded), rows=tuple(rows), zero_shot_comparable=comparable, folds=folds,
-        curve=tuple((int(n), float(acc)) for n, acc in curve), curve_sizes=tuple(curve_sizes),
+        curve=tuple((int(n), float(acc)) for n, acc in curve), curve_sizes=tuple(request.curve_sizes),
         smallest_fold=min(counts.values()) * (folds - 1) // folds, C=final.C, head=head, output=output,
-        plot_path=plot_path, json_path=json_path, warnings=warnings)
+        plot_path=plot_path, json_path=request.json_path, warnings=warnings)
 
 
 OPENING_WORDS = 5
@@ -190,13 +221,15 @@ def _features(model, task: Task, settings: EngineSettings, texts, taps: Taps | s
     return loaded, taps, scores, calibrated, states, time.perf_counter() - start
 
 
-def _fit_multilabel(path, output, task: Task, settings, data, *, model, folds, taps, use_scores, json_path,
-                    seed) -> FitSummary:
+def _fit_multilabel(request: FitRequest, task: Task, settings, data, model) -> FitSummary:
     """One-vs-rest heads (`head/one_vs_rest.py`) on `;`-separated gold labels: each label's
     thresholds F1-optimal on its out-of-fold probabilities, figures at thresholds picked on the
     other half of the items (zero-shot's and the head's alike)."""
     from ..core import multilabel
     from ..head.one_vs_rest import check_counts, cross_validated_one_vs_rest, fit_one_vs_rest
+
+    path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
+    taps, use_scores, json_path = request.taps, request.use_scores, request.json_path
 
     keep = [i for i, t in enumerate(data.texts) if t.strip()]
     texts = [data.texts[i] for i in keep]
@@ -220,14 +253,19 @@ def _fit_multilabel(path, output, task: Task, settings, data, *, model, folds, t
                 coef=final.coef, intercept=final.intercept, model=model_fingerprint(loaded), task=task_record(task),
                 info=info, multi_label=True, thresholds=thresholds)
     head.save(output)
-    if json_path:
-        Path(json_path).write_text(json.dumps({k: v for k, v in info.items() if k != "item_hashes"}, indent=2))
+    _write_json(json_path, info)
     return FitSummary(
         model=loaded.name, skipped=len(data.texts) - len(texts), items=len(texts), counts=counts, taps=taps,
         choice="given" if given else "default", feature_values=int(states.shape[1]), use_scores=use_scores, seconds=seconds,
         precision_line=auto_line(loaded), rows=(), zero_shot_comparable=True, folds=folds, curve=(),
         curve_sizes=(), smallest_fold=0, C=float(np.median(final.C)), head=head, output=output,
         plot_path=None, json_path=json_path, multi_label_rows=rows)
+
+
+def _write_json(path: str | None, info: dict) -> None:
+    """The head's figures (its `info`, less the item hashes) as JSON, when a path is given."""
+    if path:
+        Path(path).write_text(json.dumps({k: v for k, v in info.items() if k != "item_hashes"}, indent=2))
 
 
 def plot_curve(curve, full_accuracy: float, zero_shot: float | None, full_per_label: int, path: str) -> None:
