@@ -6,6 +6,8 @@ go through the console entry point and must read as they always have (one line, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -21,6 +23,7 @@ from slmclassify.cli.serve import ServeOptions, serve_options
 from slmclassify.errors import TaskError
 from slmclassify.jobs.evaluate import EvaluateRequest
 from slmclassify.jobs.fit import FitRequest
+from slmclassify.label.session import LabelRequest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -162,7 +165,9 @@ def test_fit_refusals_read_as_before(run_main, monkeypatch, tmp_path, args, mess
 def test_label_flags_make_its_options():
     run = _read([label_options], ["in.csv", "--store", "s.sqlite", "--sample", "50", "--review-first",
                                   "--target-accuracy", "0.8"])["run"]
-    assert run == LabelOptions("in.csv", store_path="s.sqlite", sample=50, review_first=True, target_accuracy=0.8)
+    assert run == LabelOptions(LabelRequest("in.csv", Path("s.sqlite"), sample=50, review_first=True,
+                                            target_accuracy=0.8))
+    assert _read([label_options], ["data/in.csv"])["run"].request.store_path == Path("in.labels.sqlite")
 
 
 def test_bench_flags_hold_the_model_options():

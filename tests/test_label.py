@@ -151,13 +151,13 @@ def test_store_refuses_another_fingerprint_naming_the_key(tmp_path):
 
 def test_session_end_to_end(tmp_path, llama_dir, one_torch_thread):
     from slmclassify.head import Head
-    from slmclassify.label.session import LabelSession
+    from slmclassify.label.session import LabelRequest, LabelSession
 
     data = tmp_path / "tickets.csv"
     gold = tickets(data)
     task = Task(labels=("billing", "technical"))
     store = tmp_path / "labels.sqlite"
-    session = LabelSession.start(str(data), task, model=str(llama_dir), store_path=store, first_slice=8, seed=1)
+    session = LabelSession.start(LabelRequest(str(data), store, first_slice=8, seed=1), task, model=str(llama_dir))
     try:
         assert session.wait_ready(120)
         state = session.state()
@@ -197,7 +197,7 @@ def test_session_end_to_end(tmp_path, llama_dir, one_torch_thread):
     finally:
         session.close()
 
-    again = LabelSession.start(str(data), task, model=str(llama_dir), store_path=store, first_slice=8, seed=1)
+    again = LabelSession.start(LabelRequest(str(data), store, first_slice=8, seed=1), task, model=str(llama_dir))
     try:
         state = again.state()
         assert state["labelled"] == len(given) and state["skipped"] == 1  # continues where it stopped
@@ -205,20 +205,20 @@ def test_session_end_to_end(tmp_path, llama_dir, one_torch_thread):
     finally:
         again.close()
     with pytest.raises(TaskError, match=r"\(seed differ"):
-        LabelSession.start(str(data), task, model=str(llama_dir), store_path=store, seed=2)
+        LabelSession.start(LabelRequest(str(data), store, seed=2), task, model=str(llama_dir))
     with pytest.raises(TaskError, match=r"\(labels, task differ"):
-        LabelSession.start(str(data), Task(labels=("technical", "billing")), model=str(llama_dir), store_path=store,
-                           seed=1)
+        LabelSession.start(LabelRequest(str(data), store, seed=1), Task(labels=("technical", "billing")),
+                           model=str(llama_dir))
 
 
 def test_classify_reads_the_session_head(tmp_path, llama_dir, one_torch_thread, run_main):
     """The head a session writes is one `classify --head` uses, with the task it was fitted for."""
-    from slmclassify.label.session import LabelSession
+    from slmclassify.label.session import LabelRequest, LabelSession
 
     data = tmp_path / "tickets.csv"
     gold = tickets(data, 12)
-    session = LabelSession.start(str(data), Task(labels=("billing", "technical")), model=str(llama_dir),
-                                 store_path=tmp_path / "s.sqlite")
+    session = LabelSession.start(LabelRequest(str(data), tmp_path / "s.sqlite"), Task(labels=("billing", "technical")),
+                                 model=str(llama_dir))
     try:
         assert session.wait_ready(120)
         wait_for(lambda: session.state()["scored"] == 13)
@@ -303,9 +303,9 @@ def test_close_stops_the_scorer_within_a_batch(tmp_path, llama_dir, one_torch_th
 
     data = tmp_path / "tickets.csv"
     tickets(data, 400)
-    session = session_module.LabelSession.start(str(data), Task(labels=("billing", "technical")), model=str(llama_dir),
-                                                store_path=tmp_path / "s.sqlite", first_slice=4,
-                                                settings=EngineSettings(max_rows=2, token_budget=None))
+    request = session_module.LabelRequest(str(data), tmp_path / "s.sqlite", first_slice=4)
+    session = session_module.LabelSession.start(request, Task(labels=("billing", "technical")),
+                                                EngineSettings(max_rows=2, token_budget=None), model=str(llama_dir))
     assert session.wait_ready(120)
     began = time.monotonic()
     session.close()
@@ -414,12 +414,12 @@ def test_a_foreign_store_names_the_labels_that_differ(tmp_path):
 def test_history_show_change_an_answer_and_reach_a_skipped_item(tmp_path, llama_dir, one_torch_thread):
     """The page lists the recent answers and the skipped items; showing one makes it the current item,
     and answering it changes its answer (or gives a skipped item one). Rows carry the --id-column."""
-    from slmclassify.label.session import LabelSession
+    from slmclassify.label.session import LabelRequest, LabelSession
 
     data = tmp_path / "tickets.csv"
     gold = tickets(data)
-    session = LabelSession.start(str(data), Task(labels=("billing", "technical")), model=str(llama_dir),
-                                 store_path=tmp_path / "s.sqlite", first_slice=8, id_column="id")
+    session = LabelSession.start(LabelRequest(str(data), tmp_path / "s.sqlite", first_slice=8, id_column="id"),
+                                 Task(labels=("billing", "technical")), model=str(llama_dir))
     try:
         assert session.wait_ready(120)
         first = session.state()["item"]
@@ -444,8 +444,8 @@ def test_history_show_change_an_answer_and_reach_a_skipped_item(tmp_path, llama_
     finally:
         session.close()
     with pytest.raises(InputError, match="no column 'nope' \\(--id-column\\)"):
-        LabelSession.start(str(data), Task(labels=("billing", "technical")), model=str(llama_dir),
-                           store_path=tmp_path / "s2.sqlite", id_column="nope")
+        LabelSession.start(LabelRequest(str(data), tmp_path / "s2.sqlite", id_column="nope"),
+                           Task(labels=("billing", "technical")), model=str(llama_dir))
 
 
 def test_the_page_address_is_kept_in_the_store(tmp_path):

@@ -230,15 +230,15 @@ def test_export_and_fit_from_the_store_without_the_page(tmp_path, llama_dir, run
 
     from slmclassify.head.model import Head
     from slmclassify.jobs.sources import read_task
-    from slmclassify.label.session import LabelSession
+    from slmclassify.label.session import LabelRequest, LabelSession
 
     pd.DataFrame({"id": range(12), "text": [f"{w} problem number {i}" for i, w in
                                             enumerate(["refund", "crash", "password"] * 4)]}).to_csv(
         tmp_path / "in.csv", index=False)
     (tmp_path / "t.toml").write_text(TASK_TOML)
     store = tmp_path / "in.labels.sqlite"
-    session = LabelSession.start(str(tmp_path / "in.csv"), read_task(tmp_path / "t.toml"), model=str(llama_dir),
-                                 store_path=store)
+    session = LabelSession.start(LabelRequest(str(tmp_path / "in.csv"), store), read_task(tmp_path / "t.toml"),
+                                 model=str(llama_dir))
     try:
         session.wait_ready()
         for row in (0, 3, 6, 9):

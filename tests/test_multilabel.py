@@ -423,7 +423,7 @@ def test_fit_and_label_refuse_a_multi_label_task_and_read_items_of_several_field
     read and the template ignored)."""
     import pandas as pd
 
-    from slmclassify.label.session import LabelSession
+    from slmclassify.label.session import LabelRequest, LabelSession
 
     rows = [(i, "Refund" if i % 2 else "Crash", f"{'card charged twice' if i % 2 else 'app crashes'} {i}",
              "billing" if i % 2 else "technical") for i in range(12)]
@@ -433,9 +433,9 @@ def test_fit_and_label_refuse_a_multi_label_task_and_read_items_of_several_field
     for multi in ((), ("--multi-label",)):
         code, _, err = run_main(*fit, *multi)
         assert code == 0, err
-    session = LabelSession.start(str(tmp_path / "in.csv"), Task(labels=("billing", "technical"), multi_label=True,
-                                                                user_template="Subject: {subject}\n\n{body}"),
-                                 model=str(llama_dir), store_path=tmp_path / "s.sqlite", first_slice=12)
+    session = LabelSession.start(LabelRequest(str(tmp_path / "in.csv"), tmp_path / "s.sqlite", first_slice=12),
+                                 Task(labels=("billing", "technical"), multi_label=True,
+                                      user_template="Subject: {subject}\n\n{body}"), model=str(llama_dir))
     try:
         assert session.wait_ready(120)
         assert session.state()["item"]["text"].startswith("Subject: ")
@@ -451,14 +451,14 @@ def test_label_session_takes_label_sets(tmp_path, llama_dir, one_torch_thread):
     import pandas as pd
 
     from slmclassify.head.model import Head
-    from slmclassify.label.session import LabelSession
+    from slmclassify.label.session import LabelRequest, LabelSession
 
     rows = _multilabel_rows(30, seed=1)
     write_tickets(tmp_path / "in.csv", rows)
     gold = {text: cell.split(";") for _, text, cell in rows}
     task = Task(labels=("billing", "technical", "account"), multi_label=True, label_separator="|")
-    start = dict(model=str(llama_dir), store_path=tmp_path / "s.sqlite", first_slice=30, seed=3)
-    session = LabelSession.start(str(tmp_path / "in.csv"), task, **start)
+    request = LabelRequest(str(tmp_path / "in.csv"), tmp_path / "s.sqlite", first_slice=30, seed=3)
+    session = LabelSession.start(request, task, model=str(llama_dir))
     given = {}
     try:
         assert session.wait_ready(120)
@@ -488,7 +488,7 @@ def test_label_session_takes_label_sets(tmp_path, llama_dir, one_torch_thread):
         assert head.multi_label and Head.load(tmp_path / "h.npz").thresholds == (0.5, 0.5, 0.5)
     finally:
         session.close()
-    again = LabelSession.start(str(tmp_path / "in.csv"), task, **start)
+    again = LabelSession.start(request, task, model=str(llama_dir))
     try:
         assert again.state()["labelled"] == len(given)
     finally:

@@ -173,13 +173,13 @@ def first_item(texts: list[str], task: Task, rows: int = 20000) -> dict:
     on a `rows`-row CSV made of `texts` with a row number appended (all distinct)."""
     import pandas as pd
 
-    from ..label.session import LabelSession
+    from ..label.session import LabelRequest, LabelSession
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "input.csv"
         pd.DataFrame({"text": [f"{texts[i % len(texts)]} (#{i})" for i in range(rows)]}).to_csv(path, index=False)
         began = time.perf_counter()
-        session = LabelSession.start(str(path), task, store_path=Path(tmp) / "s.sqlite")
+        session = LabelSession.start(LabelRequest(str(path), Path(tmp) / "s.sqlite"), task)
         loaded = time.perf_counter() - began
         session.wait_ready()
         seconds = time.perf_counter() - began

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,24 +17,27 @@ from ..interrupts import Interrupted, terminate_as_interrupt
 from . import startup
 from .options import ModelOptions, bundle, task_options
 
+if TYPE_CHECKING:  # the session imports torch: the command imports it when it runs
+    from ..label.session import LabelRequest
+
 
 @dataclasses.dataclass(frozen=True)
 class LabelOptions:
-    """label's options, as typed (checked by `run_label`, after the task and settings)."""
+    """label's options: the session's request (the store named after INPUT unless given), and what
+    only the command uses: the page's port and token, and --export / --fit."""
 
-    input_path: str
-    store_path: str | None = None
-    """None: `default_store(input_path)`."""
+    request: LabelRequest
     port: int = 0
     api_key: str | None = None
     export_path: str | None = None
     fit_path: str | None = None
-    sample: int = 20000
-    seed: int = 0
-    text_column: str = "text"
-    id_column: str | None = None
-    review_first: bool = False
-    target_accuracy: float | None = 0.9
+
+    @classmethod
+    def from_flags(cls, *, input_path, store_path, port, api_key, export_path, fit_path, **flags) -> LabelOptions:
+        from ..label.session import LabelRequest
+
+        store = Path(store_path) if store_path else default_store(input_path)
+        return cls(LabelRequest(input_path, store, **flags), port, api_key, export_path, fit_path)
 
 
 def default_store(input_path: str | Path) -> Path:
@@ -54,15 +58,12 @@ def run_label(run: LabelOptions, task, settings, *, model, task_file=None) -> No
     from ..label.session import LabelSession
     from ..label.store import LabelStore
 
-    if run.sample < 1:
-        raise TaskError(f"--sample must be a positive number of rows, got {run.sample}")
-    if run.target_accuracy is not None and not 0 < run.target_accuracy <= 1:
-        raise TaskError(f"--target-accuracy must be in (0, 1], got {run.target_accuracy}")
     if run.api_key is not None and not run.api_key.strip():
         raise TaskError("--api-key is empty; give a token or leave it out for a random one")
-    store_path = Path(run.store_path) if run.store_path else default_store(run.input_path)
+    request = run.request
+    store_path, input_path = Path(request.store_path), request.input_path
     page_export, page_fit = page_outputs(store_path)
-    reads = {"the input": run.input_path, "--task": task_file, "--model": model}
+    reads = {"the input": input_path, "--task": task_file, "--model": model}
     check_writes(reads, {"--store": store_path})
     check_writes({**reads, "the store": store_path}, {"--export": run.export_path, "--fit": run.fit_path,
                                                       "the page's export file": page_export,
@@ -71,14 +72,11 @@ def run_label(run: LabelOptions, task, settings, *, model, task_file=None) -> No
         check_writes({"--export": run.export_path}, {"--fit": run.fit_path})
 
     def start(**more):
-        return LabelSession.start(run.input_path, task, model=model, settings=settings, store_path=store_path,
-                                  sample=run.sample, seed=run.seed, text_column=run.text_column,
-                                  review_first=run.review_first, id_column=run.id_column,
-                                  target_accuracy=run.target_accuracy, **more)
+        return LabelSession.start(dataclasses.replace(request, **more), task, settings, model=model)
 
     if run.export_path or run.fit_path:
         if not store_path.exists():
-            raise TaskError(f"no label store at {store_path}: label first (`slmclassify label {run.input_path} "
+            raise TaskError(f"no label store at {store_path}: label first (`slmclassify label {input_path} "
                             "--task ...`), or give the store with --store")
         session = start(first_slice=1)  # the answered rows are scored first; no pool to pick from
         try:
@@ -89,7 +87,7 @@ def run_label(run: LabelOptions, task, settings, *, model, task_file=None) -> No
                 session.wait_ready()  # the answered rows' hidden states are scored first
                 head = session.fit(run.fit_path)
                 click.echo(f"wrote {run.fit_path}: a head fitted on {head.info['items']} answers; "
-                           f"classify with it: slmclassify classify {run.input_path} -o OUT --head {run.fit_path}")
+                           f"classify with it: slmclassify classify {input_path} -o OUT --head {run.fit_path}")
         finally:
             session.close()
         return
@@ -112,7 +110,7 @@ def run_label(run: LabelOptions, task, settings, *, model, task_file=None) -> No
     click.echo(f"stopped; the answers are kept in {store_path}", err=True)
 
 
-label_options = bundle("run", LabelOptions, [
+label_options = bundle("run", LabelOptions.from_flags, [
     click.argument("input_path", metavar="INPUT"),
     click.option("--store", "store_path", help="SQLite file of the answers (default: INPUT's name + .labels.sqlite, "
                  "here); starting again with it continues where it stopped."),

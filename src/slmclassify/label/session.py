@@ -35,6 +35,7 @@ the number an honest estimate needs) and `accuracy`, None until `refit.enough` r
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -42,8 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from ..classifier import Classifier, EngineSettings
+from ..core.metrics import check_target_accuracy
 from ..core.task import Task
-from ..errors import InputError, TaskError
+from ..errors import FieldError, InputError, TaskError
 from ..head.features import loop_taps
 from ..head.model import Head, model_fingerprint, task_hash
 from ..io.hashing import file_sha256
@@ -61,41 +63,67 @@ DEFAULT_TARGET_ACCURACY = 0.9
 task's `min_confidence` alone would be shown next to a head that may still be far less accurate."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LabelRequest:
+    """Which input to label, where the answers are kept, and how the session samples, picks and
+    estimates (everything but the task, settings, model)."""
+
+    input_path: str
+    """The table to label (CSV, JSONL, Parquet)."""
+    store_path: str | Path
+    """The SQLite file of the answers; starting again with it continues where it stopped."""
+    sample: int = 20000
+    """Work on a seeded sample of this many rows."""
+    seed: int = 0
+    first_slice: int = 300
+    """Items scored before the first is shown (the rest are scored behind it)."""
+    text_column: str = "text"
+    id_column: str | None = None
+    """A column of row ids, shown next to each item."""
+    review_first: bool = False
+    """The input is a `classify` output: offer its needs_review rows first."""
+    target_accuracy: float | None = DEFAULT_TARGET_ACCURACY
+    """The accuracy the auto-labelled share must reach (threshold from the cross-validated
+    predictions; no share while none reaches it); None: the task's `min_confidence` is the
+    threshold, whatever accuracy that gives."""
+    random_share: float = 0.3
+    """The share of picks made at random (`Picker`)."""
+
+    def __post_init__(self) -> None:
+        if self.sample < 1:
+            raise FieldError("sample", "{field} must be a positive number of rows, got {value}", value=self.sample)
+        if self.first_slice < 1:
+            raise FieldError("first_slice", "{field} must be positive, got {value}", value=self.first_slice)
+        check_target_accuracy(self.target_accuracy)
+
+
 class LabelSession:
     """One person labelling one input for one task; see the module docstring. Made by `start`."""
 
     @classmethod
-    def start(cls, input_path: str, task: Task, *, model=None, settings: EngineSettings | None = None,
-              store_path: str | Path, sample: int = 20000, seed: int = 0, first_slice: int = 300,
-              text_column: str = "text", review_first: bool = False,
-              target_accuracy: float | None = DEFAULT_TARGET_ACCURACY,
-              random_share: float = 0.3, id_column: str | None = None) -> LabelSession:
-        """Load the model and the input, open the store, start the scorer and the refitter.
-
-        `target_accuracy`: the accuracy the auto-labelled share must reach (threshold from the
-        cross-validated predictions; no share while no threshold reaches it); None: the task's
-        `min_confidence` is the threshold, whatever accuracy that gives.
-        `review_first`: offer first the rows a `classify` output flagged `needs_review`."""
+    def start(cls, request: LabelRequest, task: Task, settings: EngineSettings | None = None, *,
+              model=None) -> LabelSession:
+        """Load the model and the input, open the store, start the scorer and the refitter."""
         try:
             import sklearn  # noqa: F401
         except ImportError:
             raise InputError("labelling fits a head, which needs scikit-learn: pip install 'slmclassify[head]'") from None
-        if sample < 1 or first_slice < 1:
-            raise TaskError(f"sample and first_slice must be positive, got {sample} and {first_slice}")
-        frame, texts_all, ids, priority = read_input(input_path, task, text_column=text_column, id_column=id_column,
-                                                     review_first=review_first)
+        input_path, sample, seed = request.input_path, request.sample, request.seed
+        frame, texts_all, ids, priority = read_input(input_path, task, text_column=request.text_column,
+                                                     id_column=request.id_column, review_first=request.review_first)
         settings = settings or EngineSettings()
         loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts_all[:1000],
                             settings=settings)
         clf = Classifier(task, model=loaded, settings=settings)
-        fingerprint = {"input": {"rows": len(frame), "sha256": file_sha256(input_path)[:16], "text_column": text_column},
+        fingerprint = {"input": {"rows": len(frame), "sha256": file_sha256(input_path)[:16],
+                                 "text_column": request.text_column},
                        "task": task_hash(task), "labels": list(task.labels), "model": model_fingerprint(loaded),
                        "sample": sample, "seed": seed}
-        store = LabelStore.open(store_path, fingerprint)
+        store = LabelStore.open(request.store_path, fingerprint)
         try:
             session = cls(input_path, frame, texts_all, clf, store, sample=sample, seed=seed, priority=priority,
-                          target_accuracy=target_accuracy, random_share=random_share, ids=ids)
-            session._start_threads(first_slice)
+                          target_accuracy=request.target_accuracy, random_share=request.random_share, ids=ids)
+            session._start_threads(request.first_slice)
         except BaseException:
             store.close()
             raise
