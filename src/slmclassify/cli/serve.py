@@ -34,6 +34,7 @@ class ServeOptions:
     max_body_bytes: int
     max_queue: int
     request_timeout: float
+    prefix_cache_mb: float
     api_key: str | None
     insecure: bool
 
@@ -62,7 +63,8 @@ class ServeOptions:
         return ServeSettings(
             max_wait_ms=DEFAULT_MAX_WAIT_MS if self.max_wait_ms is None else self.max_wait_ms,
             max_texts=self.max_texts, max_body_bytes=self.max_body_bytes, max_queue_items=self.max_queue,
-            request_timeout_s=self.request_timeout, api_key=self.api_key or None)
+            request_timeout_s=self.request_timeout, prefix_cache_mb=self.prefix_cache_mb,
+            api_key=self.api_key or None)
 
     def engine(self):
         """The engine settings, under classify's flags (the old names merged in)."""
@@ -73,8 +75,9 @@ class ServeOptions:
 
 
 serve_options = bundle("run", ServeOptions, [
-    click.option("--task", "task_specs", multiple=True, required=True, metavar="NAME=FILE",
-                 help="A task to serve under NAME, from a TOML task file (repeat for several)."),
+    click.option("--task", "task_specs", multiple=True, metavar="NAME=FILE",
+                 help="A task to serve under NAME, from a TOML task file (repeat for several). Without one, "
+                      "the service answers chat completions with choices only."),
     click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M)."),
     click.option("--host", default="127.0.0.1", show_default=True),
     click.option("--port", type=int, default=8080, show_default=True, help="0 picks a free port (logged)."),
@@ -91,6 +94,9 @@ serve_options = bundle("run", ServeOptions, [
     click.option("--max-queue", type=int, default=1024, show_default=True,
                  help="Most texts waiting for the model (503 with Retry-After beyond)."),
     click.option("--request-timeout", type=float, default=30.0, show_default=True, help="Seconds before 504."),
+    click.option("--prefix-cache-mb", type=float, default=256.0, show_default=True,
+                 help="Memory for the cached prefixes of chat requests (their shared system turn and earlier "
+                      "turns); the least recently used are dropped beyond it."),
     click.option("--api-key", envvar="SLMCLASSIFY_API_KEY", help="Require 'Authorization: Bearer KEY' "
                  "(also from $SLMCLASSIFY_API_KEY); /healthz stays open. Needed off loopback unless --insecure."),
     click.option("--insecure", is_flag=True, help="Serve on a non-loopback --host without --api-key (anyone who "
@@ -101,7 +107,8 @@ serve_options = bundle("run", ServeOptions, [
 @click.command()
 @serve_options
 def serve(run: ServeOptions):
-    """Serve tasks over HTTP, batching concurrent requests by length (needs the 'serve' extra)."""
+    """Serve tasks, and chat completions with choices, over HTTP, batching concurrent requests by length
+    (needs the 'serve' extra)."""
     if run.open_beyond_loopback:
         if not run.insecure:
             raise TaskError(f"--host {run.host} listens beyond this machine, and without --api-key anyone who "

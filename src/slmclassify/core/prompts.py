@@ -8,7 +8,7 @@ Layout of one prompt (chat template of the model):
 Families differ only in what their templates render: Gemma's has no system role (the system text
 joins the first user turn), Qwen3's and SmolLM3's add an empty think block before the answer
 (`enable_thinking=False`); the head / item / tail split below holds for each. A tokenizer without a
-chat template (a base model) gets `_PLAIN_TEMPLATE`: the instruction and labels, the examples as
+chat template (a base model) gets `PLAIN_TEMPLATE`: the instruction and labels, the examples as
 `Input:` / `Label:` pairs, then the item and the answer cue `Label: ` (docs/models.md).
 
 `PromptRenderer.render(text)` is `head + user_template(text) + tail` when the template is *linear*
@@ -22,11 +22,11 @@ from __future__ import annotations
 from ..errors import TaskError
 from .task import Task
 
-_SENTINEL = "\u2063SLMCLASSIFY-ITEM\u2063"  # invisible separator: never in templates
+ITEM_MARK = "\u2063SLMCLASSIFY-ITEM\u2063"  # invisible separator: never in templates
 _PROBES = ("plain text", "  leading and trailing  ", "line one\nline two\n")
 
 # Used only for tokenizers that have no chat template (base models): a plain transcript.
-_PLAIN_TEMPLATE = (
+PLAIN_TEMPLATE = (
     "{% for m in messages %}"
     "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
     "{% elif m['role'] == 'user' %}Input: {{ m['content'] }}\n"
@@ -41,15 +41,14 @@ class PromptRenderer:
     def __init__(self, tokenizer, task: Task):
         self.tokenizer = tokenizer
         self.task = task
-        self._template = None if getattr(tokenizer, "chat_template", None) else _PLAIN_TEMPLATE
-        marked = self._render_messages(_SENTINEL)
-        count = marked.count(_SENTINEL)
+        marked = self._render_messages(ITEM_MARK)
+        count = marked.count(ITEM_MARK)
         if count != 1:
             raise TaskError(
                 f"the model's chat template {'drops' if count == 0 else f'repeats ({count} times)'} the item text "
                 "of the last user turn, so items cannot be scored with it; use a model whose chat template "
                 "renders each user message once")
-        self.head, self.tail = marked.split(_SENTINEL)
+        self.head, self.tail = marked.split(ITEM_MARK)
         self.linear = all(self._render_messages(p) == self.head + p + self.tail for p in _PROBES)
 
     def messages(self, text: str) -> list[dict[str, str]]:
@@ -68,11 +67,17 @@ class PromptRenderer:
         return self._render_messages(text)
 
     def _render_messages(self, item: str) -> str:
-        # The sentinel stands for the *text*; user_template wraps it like a real item.
-        # enable_thinking=False: templates with a thinking mode (Qwen3, SmolLM3) render the answer
-        # right after an empty think block, and the labels are scored after exactly that text;
-        # templates without one ignore the variable.
-        return self.tokenizer.apply_chat_template(
-            self.messages(item), tokenize=False, add_generation_prompt=True, chat_template=self._template,
-            enable_thinking=False,
-        )
+        # The mark stands for the *text*; user_template wraps it like a real item.
+        return render_chat(self.tokenizer, self.messages(item))
+
+
+def render_chat(tokenizer, messages: list[dict]) -> str:
+    """The prompt the model's chat template renders for `messages`, ending with the generation prompt
+    (`PLAIN_TEMPLATE` for a tokenizer without one).
+
+    enable_thinking=False: templates with a thinking mode (Qwen3, SmolLM3) render the answer right
+    after an empty think block, and answers are scored after exactly that text; templates without
+    one ignore the variable."""
+    template = None if getattr(tokenizer, "chat_template", None) else PLAIN_TEMPLATE
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         chat_template=template, enable_thinking=False)

@@ -46,10 +46,11 @@ class Scored:
 class Scorer:
     """Encodes texts for one task and tokenizer, and scores encoded items with an engine."""
 
-    task: Task
+    task: Task | None
+    """None for a scorer of prompts rendered elsewhere (`for_prompts`)."""
     tokenizer: object
     settings: EngineSettings
-    renderer: PromptRenderer
+    renderer: PromptRenderer | None
     label_tokens: list
     """Each label's token ids as they follow the prompt (before the mode truncates or terminates them)."""
     trie: LabelTrie
@@ -58,7 +59,7 @@ class Scorer:
     """The shared head of every prompt, run once per engine (empty with `prefix_cache` off)."""
     pool_from: int
     """Tokens of that head whether cached or not: a mean-pooled tap starts after them."""
-    split: PromptSplit
+    split: PromptSplit | None
     max_prompt_tokens: int
     """Longest prompt the engine is exact for (the model's context less the longest label)."""
     hidden_size: int
@@ -84,6 +85,17 @@ class Scorer:
         return cls(task=task, tokenizer=tokenizer, settings=settings, renderer=renderer, label_tokens=label_tokens,
                    trie=trie, mode_reason=mode_reason, prefix_ids=prefix_ids, pool_from=len(head_ids),
                    split=PromptSplit(tokenizer, renderer), max_prompt_tokens=max_prompt_tokens,
+                   hidden_size=config.hidden_size)
+
+    @classmethod
+    def for_prompts(cls, tokenizer, config, settings: EngineSettings, trie: LabelTrie,
+                    prefix_ids: list[int]) -> Scorer:
+        """A scorer of items already tokenized elsewhere (a chat request's conversation,
+        `core/conversation.py`) against `trie`, continuing `prefix_ids`: `score` only, no `encode`."""
+        return cls(task=None, tokenizer=tokenizer, settings=settings.with_defaults(), renderer=None,
+                   label_tokens=list(trie.sequences), trie=trie, mode_reason="choices scored whole",
+                   prefix_ids=list(prefix_ids), pool_from=len(prefix_ids), split=None,
+                   max_prompt_tokens=context_limit(config) - max(len(s) for s in trie.sequences),
                    hidden_size=config.hidden_size)
 
     def prefill(self, engine):

@@ -1,9 +1,11 @@
 """The FastAPI application: /v1/classify (ours, and vLLM's pooling shape, also at /classify),
-/v1/models, /v1/tasks, /healthz, /readyz, /metrics, /docs.
+/v1/chat/completions (OpenAI's, with choices: `chat.py`), /v1/models, /v1/tasks, /healthz, /readyz,
+/metrics, /docs.
 
 Handlers run on the event loop and never touch the model: they validate, tokenize (the
 tokenizer is used from this one thread only), queue a ticket and await it, while watching for
-the client's disconnect and the request timeout. Errors are JSON: {"error": "what is wrong"}.
+the client's disconnect and the request timeout. Errors are JSON: {"error": "what is wrong"}, or
+OpenAI's {"error": {"message", "type", ...}} on the OpenAI endpoints, whose clients read that.
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
-from ..classifier import item_text
+from ..classifier import EngineSettings, item_text
+from ..core.config_check import context_limit
+from ..core.conversation import choice_prompt
+from ..models.loading import LoadedModel
 from ..core.encode import valid_unicode
 from ..errors import InputError
 from .adapter import TaskRunner, result_json
+from .chat import ChatRequest, ChoiceRunners, PrefixCaches, chat_response, choices_of, message_dicts
 from .guard import Guard
 from .metrics import Metrics
 from .scheduler import QueueFull, Scheduler, Ticket
@@ -40,6 +46,10 @@ class Service:
     """Task name → its classifier, built at start-up (prefix cache and calibration done)."""
     settings: ServeSettings
     model_name: str
+    loaded: LoadedModel
+    """The model every task shares; chat requests run on it too."""
+    chat_settings: EngineSettings
+    """How chat requests are batched (the first task's measured schedule, or the defaults)."""
     metrics: Metrics = field(default_factory=Metrics)
 
 
@@ -152,6 +162,21 @@ class ApiError(HTTPException):
     """An error answered as {"error": message} with the given status and headers."""
 
 
+class OpenAIError(HTTPException):
+    """An error answered in OpenAI's shape, {"error": {"message", "type", "param", "code"}}, which its
+    clients read (the OpenAI SDK raises its own exception class per status)."""
+
+
+OPENAI_PATHS = ("/v1/chat/completions",)
+_OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable_error",
+                 504: "timeout_error"}
+
+
+def openai_error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": _OPENAI_TYPES.get(status, "api_error"), "param": None,
+                                   "code": status}}, status_code=status, headers=headers)
+
+
 def create_app(service: Service):
     """The ASGI app (FastAPI wrapped in the Guard middleware) for a built service."""
     settings, metrics = service.settings, service.metrics
@@ -170,11 +195,13 @@ def create_app(service: Service):
     app.state.scheduler = scheduler
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_request, exc: HTTPException):
+    async def _http_error(request: Request, exc: HTTPException):
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
             # FastAPI's words for a body that is not JSON text (an invalid UTF-8 byte): an invalid body
             return JSONResponse({"error": "invalid request body: it is not JSON text in UTF-8; send the body as "
                                           "UTF-8 JSON with 'Content-Type: application/json'"}, status_code=422)
+        if isinstance(exc, OpenAIError) or request.url.path in OPENAI_PATHS:
+            return openai_error(exc.status_code, exc.detail, exc.headers)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -184,6 +211,8 @@ def create_app(service: Service):
                              for e in exc.errors())
         if "json" not in request.headers.get("content-type", ""):
             problems += "; send the body as JSON with 'Content-Type: application/json'"
+        if request.url.path in OPENAI_PATHS:  # OpenAI answers a malformed request 400, in its shape
+            return openai_error(400, f"invalid request body: {problems}")
         # the offending input is echoed back: a lone surrogate in it could not be encoded as UTF-8
         detail = jsonable_encoder(exc.errors(), custom_encoder={str: _printable})
         return JSONResponse({"error": f"invalid request body: {problems}", "detail": detail}, status_code=422)
@@ -212,9 +241,9 @@ def create_app(service: Service):
                            "max_queue_items": settings.max_queue_items,
                            "request_timeout_s": settings.request_timeout_s}}
 
-    @app.get("/v1/models", summary="The tasks as OpenAI-style models (and the loaded model, with one task)")
+    @app.get("/v1/models", summary="The tasks as OpenAI-style models, then the loaded model")
     async def models():
-        names = list(service.runners) + ([service.model_name] if len(service.runners) == 1 else [])
+        names = [*service.runners, service.model_name]
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "slmclassify"}
                                            for name in names]}
 
@@ -278,8 +307,7 @@ def create_app(service: Service):
         """(one Result per text in order, the request's encoding): limits, queue, wait."""
         _check_count(len(texts))
         request.state.task, request.state.texts = runner.name, len(texts)
-        if not scheduler.alive:
-            raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
+        _check_ready()
         ticket = Ticket(runner, runner.encode(texts))
         if ticket.size:
             results = await _wait(ticket, request)
@@ -288,6 +316,32 @@ def create_app(service: Service):
         for r in results:
             metrics.items.labels(runner.name, r.status).inc()
         return results, ticket.encoded
+
+    def _check_ready() -> None:
+        if not scheduler.alive:
+            raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
+
+    caches = PrefixCaches(service.loaded.engine, int(settings.prefix_cache_mb * 2**20), metrics)
+    chat_runners = ChoiceRunners(service.loaded, service.chat_settings, caches)
+    context = context_limit(service.loaded.model.config)
+
+    @app.post("/v1/chat/completions", summary="OpenAI chat completion whose answer is one of given strings "
+                                              "(structured_outputs.choice, guided_choice or a response_format enum), "
+                                              "each scored whole")
+    async def chat_completions(body: ChatRequest, request: Request):
+        if body.model not in service.runners and body.model != service.model_name:
+            raise OpenAIError(404, f"the model {body.model!r} does not exist; GET /v1/models lists "
+                                   + ", ".join(repr(m) for m in [service.model_name, *service.runners]))
+        try:
+            prompt = choice_prompt(service.loaded.tokenizer, message_dicts(body), choices_of(body), context)
+        except InputError as exc:
+            raise OpenAIError(400, str(exc)) from None
+        request.state.task, request.state.texts = "chat", 1
+        _check_ready()
+        runner = chat_runners.runner(prompt)
+        scores = await _wait(Ticket(runner, runner.encode(prompt)), request)
+        metrics.items.labels(runner.name, "ok").inc()
+        return chat_response(body, prompt, scores[0])
 
     async def _wait(ticket: Ticket, request: Request):
         """Queue the ticket and wait for its results, the client's disconnect or the timeout."""

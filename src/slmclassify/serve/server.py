@@ -27,15 +27,17 @@ log = logging.getLogger("slmclassify.serve")
 
 def build_service(tasks: dict[str, Task], model: str | LoadedModel | None, engine: EngineSettings,
                   settings: ServeSettings):
-    """Load the model once and build every task's classifier (prefix cache, calibration)."""
+    """Load the model once and build every task's classifier (prefix cache, calibration). Without a
+    task, the service answers chat requests with choices only."""
     from .app import Service
 
-    if not tasks:
-        raise TaskError("give at least one task: --task NAME=FILE.toml")
     # --precision auto: decided once, on the first task, with article tickets (a service has no data yet)
-    loaded = load_model(model, engine.device, engine.precision, task=next(iter(tasks.values())), settings=engine)
+    first = next(iter(tasks.values()), None)
+    loaded = load_model(model, engine.device, engine.precision, task=first, settings=engine)
     runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=engine)) for name, task in tasks.items()}
-    return Service(runners=runners, settings=settings, model_name=loaded.name)
+    # chat requests are batched as the tasks are (their measured schedule), or by the defaults without one
+    chat = next(iter(runners.values())).classifier.settings if runners else engine.with_defaults()
+    return Service(runners=runners, settings=settings, model_name=loaded.name, loaded=loaded, chat_settings=chat)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -26,6 +26,8 @@ class ServeSettings:
     """A request not answered within this many seconds gets 504 and its pending texts are dropped."""
     api_key: str | None = None
     """When set, every endpoint but /healthz needs `Authorization: Bearer <key>`."""
+    prefix_cache_mb: float = 256.0
+    """Memory for the prefix caches of chat requests' heads (least recently used dropped; 0: none kept)."""
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
@@ -33,6 +35,8 @@ class ServeSettings:
         for name in ("max_texts", "max_body_bytes", "max_queue_items"):
             if getattr(self, name) < 1:
                 raise FieldError(name, "{field} must be positive, got {value}", value=getattr(self, name))
+        if not self.prefix_cache_mb >= 0:
+            raise FieldError("prefix_cache_mb", "{field} must be >= 0, got {value}", value=self.prefix_cache_mb)
         if not self.request_timeout_s > 0:
             raise FieldError("request_timeout_s", "{field} must be positive, got {value}", value=self.request_timeout_s)
         if self.api_key is not None and not self.api_key.strip():

@@ -1,0 +1,135 @@
+"""OpenAI chat completions with choices, through the official `openai` client against a running
+`serve` over a tiny random Llama: each whole choice's log-probability equals the Hugging Face
+forward's on the same rendered tokens, and requests with one system turn share one cached prefix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from slmclassify.core.config_check import context_limit  # noqa: E402
+from slmclassify.core.conversation import choice_prompt  # noqa: E402
+from slmclassify.core.reference import reference_scores  # noqa: E402
+from slmclassify.errors import InputError  # noqa: E402
+from slmclassify.serve.chat import PrefixCaches  # noqa: E402
+from slmclassify.serve.metrics import Metrics  # noqa: E402
+
+SYSTEM = "Route the support ticket to a team. Answer with the team's name only."
+CHOICES = ["billing", "technical support", "account"]
+TICKETS = ["My card was charged twice for the same invoice.", "The app crashes when I open settings.",
+           "Please change the email on my profile.", "refund", "login error crash after the update today"]
+
+
+def chat(ticket: str, system: str = SYSTEM) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": ticket}]
+
+
+def reference(loaded, messages, choices) -> np.ndarray:
+    """Each whole choice's log-probability after the rendered conversation, by the unmodified forward."""
+    prompt = choice_prompt(loaded.tokenizer, messages, tuple(choices), context_limit(loaded.model.config))
+    rendered = loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert list(prompt.prompt_ids) == loaded.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return reference_scores(loaded.model, list(prompt.prompt_ids), prompt.trie).double().numpy()
+
+
+def metric(url, name, **labels) -> float:
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_choices_in_every_spelling_equal_the_reference_and_share_one_prefix(llama_loaded):
+    from test_serve import running
+
+    with running(llama_loaded) as (url, _app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for ticket in TICKETS:
+            want = reference(llama_loaded, chat(ticket), CHOICES)
+            for extra in ({"structured_outputs": {"choice": CHOICES}}, {"guided_choice": CHOICES}):
+                answer = client.chat.completions.create(model="support", messages=chat(ticket), logprobs=True,
+                                                        top_logprobs=3, temperature=0, max_tokens=5,
+                                                        extra_body=extra)
+                top = {e.token: e.logprob for e in answer.choices[0].logprobs.content[0].top_logprobs}
+                assert np.allclose([top[c] for c in CHOICES], want, atol=1e-4), (top, want)
+                assert answer.choices[0].message.content == CHOICES[int(np.argmax(want))]
+                assert answer.choices[0].finish_reason == "stop"
+                assert answer.usage.prompt_tokens == len(choice_prompt(
+                    llama_loaded.tokenizer, chat(ticket), tuple(CHOICES), 10**6).prompt_ids)
+        # one system turn: its prefix computed once, every later batch finds it
+        assert metric(url, "slmclassify_prefix_cache_lookups_total", result="miss") == 1
+        assert metric(url, "slmclassify_prefix_cache_lookups_total", result="hit") >= 1
+        assert metric(url, "slmclassify_prefix_tokens_total", how="reused") > 0
+
+        # response_format with a string enum: the answer is JSON, the enum's strings scored as JSON strings
+        schema = {"type": "json_schema", "json_schema": {"name": "team", "schema": {"type": "string",
+                                                                                     "enum": CHOICES}}}
+        answer = client.chat.completions.create(model=llama_loaded.name, messages=chat(TICKETS[0]),
+                                                response_format=schema, logprobs=True, top_logprobs=3)
+        want = reference(llama_loaded, chat(TICKETS[0]), [f'"{c}"' for c in CHOICES])
+        assert answer.choices[0].message.content == f'"{CHOICES[int(np.argmax(want))]}"'
+        top = {e.token: e.logprob for e in answer.choices[0].logprobs.content[0].top_logprobs}
+        assert np.allclose([top[f'"{c}"'] for c in CHOICES], want, atol=1e-4)
+        # no logprobs asked: none given
+        assert client.chat.completions.create(model="support", messages=chat(TICKETS[1]),
+                                              extra_body={"guided_choice": CHOICES}).choices[0].logprobs is None
+
+
+def test_what_cannot_be_answered_is_refused_in_openai_shape(llama_loaded):
+    from test_serve import running
+
+    with running(llama_loaded, api_key="sesame") as (url, _app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0)
+        refused = [
+            (openai.BadRequestError, {}, "free-text generation is not supported"),
+            (openai.BadRequestError, {"extra_body": {"guided_choice": CHOICES}, "stream": True}, "stream"),
+            (openai.BadRequestError, {"extra_body": {"guided_choice": CHOICES}, "n": 2}, "n=2"),
+            (openai.BadRequestError, {"extra_body": {"guided_choice": ["a", "a"]}}, "given twice"),
+            (openai.BadRequestError, {"extra_body": {"guided_choice": CHOICES,
+                                                    "structured_outputs": {"choice": CHOICES}}}, "given twice"),
+            (openai.BadRequestError, {"response_format": {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "object"}}}}, "string enum"),
+            (openai.NotFoundError, {"model": "gpt-4o", "extra_body": {"guided_choice": CHOICES}}, "does not exist"),
+        ]
+        for error, kw, words in refused:
+            with pytest.raises(error) as caught:
+                client.chat.completions.create(**{"model": "support", "messages": chat("hi"), **kw})
+            assert words in caught.value.body["message"], caught.value.body
+        with pytest.raises(openai.BadRequestError, match="the last message must be the user's"):
+            client.chat.completions.create(model="support", messages=[*chat("hi"), {"role": "assistant",
+                                                                                   "content": "billing"}],
+                                           extra_body={"guided_choice": CHOICES})
+        with pytest.raises(openai.BadRequestError, match="messages"):  # malformed: 400 in OpenAI's shape too
+            client.chat.completions.create(model="support", messages=[], extra_body={"guided_choice": CHOICES})
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
+                model="support", messages=chat("hi"), extra_body={"guided_choice": CHOICES})
+
+
+def test_a_choice_that_begins_another_is_scored_with_the_end_of_turn(llama_loaded):
+    prompt = choice_prompt(llama_loaded.tokenizer, chat("refund please"), ("yes", "yes please"), 10**6)
+    assert prompt.trie.mode == "full"
+    assert len({seq[-1] for seq in prompt.trie.sequences}) == 1  # both end with the end of turn
+    with pytest.raises(InputError, match="the last message must be the user's"):
+        choice_prompt(llama_loaded.tokenizer, [{"role": "system", "content": "x"}], ("a", "b"), 10**6)
+    with pytest.raises(InputError, match="over the model's 8"):
+        choice_prompt(llama_loaded.tokenizer, chat("refund please"), ("a", "b"), 8)
+
+
+def test_prefix_caches_keep_the_most_recent_within_their_bytes(llama_loaded):
+    engine, metrics = llama_loaded.engine, Metrics()
+    heads = [tuple(range(5, 5 + n)) for n in (6, 7, 8)]
+    one = sum(t.numel() * t.element_size() for c in [engine.prefill(list(heads[2]))] for t in (*c.keys, *c.values))
+    caches = PrefixCaches(engine, max_bytes=one, metrics=metrics)  # room for the longest head alone
+    for head in heads:
+        caches.get(head)
+    assert list(caches._caches) == [heads[2]] and caches.bytes <= one
+    caches.get(heads[2])
+    caches.get(heads[0])
+    assert list(caches._caches) == [heads[0]]
+    assert PrefixCaches(engine, max_bytes=0, metrics=metrics).get(heads[0]).tokens == len(heads[0])
