@@ -15,8 +15,7 @@ from slmclassify.core.config_check import context_limit  # noqa: E402
 from slmclassify.core.conversation import choice_prompt  # noqa: E402
 from slmclassify.core.reference import reference_scores  # noqa: E402
 from slmclassify.errors import InputError  # noqa: E402
-from slmclassify.serve.chat import PrefixCaches  # noqa: E402
-from slmclassify.serve.metrics import Metrics  # noqa: E402
+from slmclassify.core.prefix_caches import PrefixCaches  # noqa: E402
 
 SYSTEM = "Route the support ticket to a team. Answer with the team's name only."
 CHOICES = ["billing", "technical support", "account"]
@@ -122,14 +121,35 @@ def test_a_choice_that_begins_another_is_scored_with_the_end_of_turn(llama_loade
 
 
 def test_prefix_caches_keep_the_most_recent_within_their_bytes(llama_loaded):
-    engine, metrics = llama_loaded.engine, Metrics()
+    engine, heard = llama_loaded.engine, []
     heads = [tuple(range(5, 5 + n)) for n in (6, 7, 8)]
     one = sum(t.numel() * t.element_size() for c in [engine.prefill(list(heads[2]))] for t in (*c.keys, *c.values))
-    caches = PrefixCaches(engine, max_bytes=one, metrics=metrics)  # room for the longest head alone
-    for head in heads:
+    caches = PrefixCaches(engine, max_bytes=one, observe=lambda event, tokens: heard.append((event, tokens)))
+    for head in heads:  # room for the longest head alone
         caches.get(head)
-    assert list(caches._caches) == [heads[2]] and caches.bytes <= one
+    assert caches.heads == [heads[2]] and caches.bytes <= one
     caches.get(heads[2])
     caches.get(heads[0])
-    assert list(caches._caches) == [heads[0]]
-    assert PrefixCaches(engine, max_bytes=0, metrics=metrics).get(heads[0]).tokens == len(heads[0])
+    assert caches.heads == [heads[0]]
+    assert heard == [("miss", 6), ("miss", 7), ("miss", 8), ("hit", 8), ("miss", 6)]
+    assert PrefixCaches(engine, max_bytes=0).get(heads[0]).tokens == len(heads[0])
+
+
+def test_a_service_without_tasks_answers_chat_and_lists_the_model(llama_loaded):
+    from fastapi.testclient import TestClient
+
+    from slmclassify import EngineSettings
+    from slmclassify.serve import ServeSettings
+    from slmclassify.serve.app import create_app
+    from slmclassify.serve.server import build_service
+
+    service = build_service({}, llama_loaded, EngineSettings(), ServeSettings(prefix_cache_mb=0))
+    with TestClient(create_app(service)) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [llama_loaded.name]
+        body = {"model": llama_loaded.name, "messages": chat(TICKETS[0]), "guided_choice": CHOICES, "logprobs": True,
+                "top_logprobs": 3}
+        answer = client.post("/v1/chat/completions", json=body).json()
+        want = reference(llama_loaded, chat(TICKETS[0]), CHOICES)
+        top = {e["token"]: e["logprob"] for e in answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
+        assert np.allclose([top[c] for c in CHOICES], want, atol=1e-4)  # no prefix kept: the head computed again
+        assert client.post("/v1/classify", json={"task": "support", "text": "hi"}).status_code == 404

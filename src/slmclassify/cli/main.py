@@ -1,7 +1,7 @@
 """The `slmclassify` command group and its entry point. Library errors become one-line messages
 and exit code 2; an error about a library field names the flag that set it (`options.flag_of`).
-The commands live in one module per group: classify (classify, verify), evaluate (evaluate, fit),
-bench (bench, sweep, loadtest), serve, label."""
+The commands live in one module per group: classify (classify, verify), batch, evaluate (evaluate,
+fit), bench (bench, sweep, loadtest), serve, label."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import click
 
 from ..errors import SlmClassifyError, VerificationError
-from . import bench, classify, evaluate, label, serve
+from . import batch, bench, classify, evaluate, label, serve
 from .options import flag_error
 from .startup import start_torch
 
@@ -61,6 +61,6 @@ def cli(ctx: click.Context) -> None:
         start_torch()
 
 
-for _command in (classify.classify, classify.verify, evaluate.evaluate, evaluate.fit, bench.bench, bench.sweep,
-                 bench.loadtest, serve.serve, label.label):
+for _command in (classify.classify, classify.verify, batch.batch, evaluate.evaluate, evaluate.fit, bench.bench,
+                 bench.sweep, bench.loadtest, serve.serve, label.label):
     cli.add_command(_command)

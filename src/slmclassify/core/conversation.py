@@ -20,10 +20,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import InputError, TaskError
-from .encode import choose_prefix
+from .encode import OK, EncodedItems, choose_prefix
 from .labels import LabelTrie, build_trie, end_of_turn_id, label_sequences, resolve_mode
+from .prefix_caches import PrefixCaches
 from .prompts import ITEM_MARK, render_chat
+from .scoring import Scored, Scorer
+from .settings import EngineSettings
 
 
 @dataclass(frozen=True)
@@ -76,3 +81,28 @@ def choice_prompt(tokenizer, messages: list[dict], choices: tuple[str, ...], con
         raise InputError(f"the conversation is {len(prompt_ids)} tokens and its longest choice {longest}: over the "
                          f"model's {context}; shorten the messages")
     return ChoicePrompt(prompt_ids=prompt_ids, head_ids=head_ids, trie=build_trie(choices, sequences, mode))
+
+
+class ChoiceScorer:
+    """Scores conversations of one key (head and choices) through the engine: a `Scorer` of their
+    trie continuing their head's prefix cache, the task path's batching and kernels."""
+
+    def __init__(self, tokenizer, config, settings: EngineSettings, prompt: ChoicePrompt):
+        self.scorer = Scorer.for_prompts(tokenizer, config, settings, prompt.trie, list(prompt.head_ids))
+        self.head_ids = prompt.head_ids
+        self.labels = prompt.trie.labels
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self.scorer.settings
+
+    def encode(self, prompts: list[ChoicePrompt]) -> EncodedItems:
+        """The prompts' ids as the engine runs them: after the head when they start with it, else whole."""
+        cached = [bool(p.head_ids) for p in prompts]
+        own = [np.array(p.own_ids if c else p.prompt_ids) for p, c in zip(prompts, cached)]
+        return EncodedItems.join(own, [OK] * len(prompts), cached, list(self.head_ids))
+
+    def score(self, items: EncodedItems, engine, caches: PrefixCaches) -> Scored:
+        """[n, choices] whole-choice log-probabilities of `items` (of this key), in their order."""
+        prefix = caches.get(self.head_ids) if self.head_ids else None
+        return self.scorer.score(items, engine, prefix)

@@ -26,12 +26,13 @@ from starlette.exceptions import HTTPException
 
 from ..classifier import EngineSettings, item_text
 from ..core.config_check import context_limit
+from ..core.chat_request import chat_choices, chat_completion, chat_messages
 from ..core.conversation import choice_prompt
 from ..models.loading import LoadedModel
 from ..core.encode import valid_unicode
 from ..errors import InputError
 from .adapter import TaskRunner, result_json
-from .chat import ChatRequest, ChoiceRunners, PrefixCaches, chat_response, choices_of, message_dicts
+from .chat import ChatRequest, ChoiceRunners, prefix_caches
 from .guard import Guard
 from .metrics import Metrics
 from .scheduler import QueueFull, Scheduler, Ticket
@@ -321,8 +322,8 @@ def create_app(service: Service):
         if not scheduler.alive:
             raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
 
-    caches = PrefixCaches(service.loaded.engine, int(settings.prefix_cache_mb * 2**20), metrics)
-    chat_runners = ChoiceRunners(service.loaded, service.chat_settings, caches)
+    chat_runners = ChoiceRunners(service.loaded, service.chat_settings,
+                                 prefix_caches(service.loaded.engine, settings.prefix_cache_mb, metrics), metrics)
     context = context_limit(service.loaded.model.config)
 
     @app.post("/v1/chat/completions", summary="OpenAI chat completion whose answer is one of given strings "
@@ -332,8 +333,9 @@ def create_app(service: Service):
         if body.model not in service.runners and body.model != service.model_name:
             raise OpenAIError(404, f"the model {body.model!r} does not exist; GET /v1/models lists "
                                    + ", ".join(repr(m) for m in [service.model_name, *service.runners]))
+        asked = body.model_dump()
         try:
-            prompt = choice_prompt(service.loaded.tokenizer, message_dicts(body), choices_of(body), context)
+            prompt = choice_prompt(service.loaded.tokenizer, chat_messages(asked), chat_choices(asked), context)
         except InputError as exc:
             raise OpenAIError(400, str(exc)) from None
         request.state.task, request.state.texts = "chat", 1
@@ -341,7 +343,7 @@ def create_app(service: Service):
         runner = chat_runners.runner(prompt)
         scores = await _wait(Ticket(runner, runner.encode(prompt)), request)
         metrics.items.labels(runner.name, "ok").inc()
-        return chat_response(body, prompt, scores[0])
+        return chat_completion(asked, prompt, scores[0])
 
     async def _wait(ticket: Ticket, request: Request):
         """Queue the ticket and wait for its results, the client's disconnect or the timeout."""

@@ -1,0 +1,286 @@
+"""The `batch` job: an OpenAI Batch API file of requests → one answer line per request line, in
+order, resumably.
+
+    check output → lock OUTPUT → [partial run? check it, resume or refuse] → load model
+    → for each window of lines: parse each line (a bad one gets its `error`, never the whole file)
+      → chat lines grouped by head and choices, each group scored in one pass continuing its head's
+        cached prefix (found by itself: `core/conversation.py`) → append the window's answers to
+        OUTPUT.partial → fsync → progress record → … → rename to OUTPUT
+
+A request line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}`,
+the body a chat completion with choices (`core/chat_request.py`). An answer line is the Batch API's
+`{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}`, or for
+a line that cannot be answered `{"id", "custom_id", "response": null, "error": {"code", "message"}}`.
+Windows are fixed by line number, and the ids and `created` times are derived from the line and
+the run's start, so a resumed run writes the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import signal
+import time
+
+import numpy as np
+import pandas as pd
+
+from ..classifier import EngineSettings
+from ..core.chat_request import chat_choices, chat_completion, chat_messages
+from ..core.config_check import context_limit
+from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
+from ..core.prefix_caches import PrefixCaches
+from ..errors import InputError
+from ..interrupts import handle_sigterm
+from ..io.checkpoint import Checkpoint, digest, input_fingerprint
+from ..io.formats import check_not_input
+from ..io.lock import OutputLock
+from ..io.sink import WriteFailed, open_sink
+from ..models.prepare import load_model
+from .resume import saved_run, same_model
+from .meter import Meter, MeterFactory, no_meter
+
+URLS = ("/v1/chat/completions",)
+COLUMNS = ["id", "custom_id", "response", "error"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRequest:
+    """Which request file to answer into which output, and how."""
+
+    input_path: str
+    """An OpenAI Batch API input file: JSON Lines of requests."""
+    output_path: str
+    """The answers, JSON Lines, one per request line in order."""
+    prefix_cache_mb: float = 256.0
+    """Memory for the cached heads of the conversations (least recently used dropped beyond it)."""
+    resume: bool = False
+    restart: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume and self.restart:
+            raise InputError("give --resume or --restart, not both")
+        if not self.prefix_cache_mb >= 0:
+            raise InputError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
+        if self.input_path == "-" or self.output_path == "-":
+            raise InputError("batch reads a file and writes a file (not - for stdin or stdout): it is resumable")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSummary:
+    """What a finished batch run did."""
+
+    model: str
+    lines: int
+    answered: int
+    """Lines answered with status 200."""
+    refused: dict[str, int]
+    """Lines answered with an error, by error code."""
+    items_per_s: float
+    """Answered lines per second of scoring (parsing, tokenizing and the engine; not the load)."""
+    head_tokens: dict[str, int]
+    """The conversations' head tokens: "computed" (a cache miss) and "reused" (read from the cache)."""
+    resumed_at: int
+    output: str
+
+
+@dataclasses.dataclass
+class _RunState:
+    """The figures kept across windows (saved in the progress record)."""
+
+    rows: int = 0
+    resumed_at: int = 0
+    answered: int = 0
+    refused: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    head_tokens: dict = dataclasses.field(default_factory=lambda: {"computed": 0, "reused": 0})
+
+    def to_json(self) -> dict:
+        return {"answered": self.answered, "refused": self.refused, "seconds": self.seconds,
+                "head_tokens": self.head_tokens}
+
+
+def run_batch(request: BatchRequest, settings: EngineSettings, *, model=None,
+              meter: MeterFactory = no_meter) -> BatchSummary:
+    """Answer every request line of `request.input_path` into `request.output_path`."""
+    check_not_input(request.input_path, request.output_path)
+    with OutputLock(request.output_path):
+        return _run_batch(request, settings, model, meter)
+
+
+def _run_batch(request: BatchRequest, settings: EngineSettings, model, meter: MeterFactory) -> BatchSummary:
+    checkpoint = Checkpoint(request.output_path)
+    try:
+        fingerprint = input_fingerprint(request.input_path)
+    except OSError as exc:
+        raise InputError(f"cannot read {request.input_path}: {exc.strerror}") from None
+    shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows}
+    identity = {"input": fingerprint, "settings": digest([repr(settings), shown]), "settings_shown": shown,
+                "task": None, "created": _now()}
+    saved = saved_run(checkpoint, identity, request.resume, request.restart, request.input_path, "jsonl")
+    loaded = load_model(model, settings.device, settings.precision, settings=settings)
+    same_model(saved, identity, loaded, checkpoint)
+    created = saved["created"] if saved is not None else identity["created"]
+    state = _RunState()
+    if saved is not None:
+        state = _RunState(rows=saved["rows_done"], resumed_at=saved["rows_done"], **saved["state"])
+    answer = _Answerer(loaded, settings.with_defaults(), request.prefix_cache_mb, state, created)
+    lines = _Lines(request.input_path, skip=state.rows)
+    sink = open_sink(request.output_path, checkpoint, "jsonl", COLUMNS, saved, True, identity, "strict")
+    bar = meter(None, lines.size, state.rows)
+    previous = handle_sigterm()
+    try:
+        for start, window in lines.windows(settings.window):
+            began = time.perf_counter()
+            frame = pd.DataFrame(answer.window(start, window), columns=COLUMNS)
+            state.seconds += time.perf_counter() - began
+            state.rows += len(window)
+            sink.write(frame, state, lines.read_digest())
+            bar.update(len(window), lines.bytes_read)
+    except KeyboardInterrupt as exc:
+        bar.close()
+        raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
+    except WriteFailed as failed:
+        bar.close()
+        sink.abandon()
+        raise sink.write_failed(failed.error) from None
+    except BaseException:
+        bar.close()
+        sink.abandon()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        lines.close()
+    bar.close()
+    sink.finish()
+    return BatchSummary(model=loaded.name, lines=state.rows, answered=state.answered, refused=dict(state.refused),
+                        items_per_s=state.answered / state.seconds if state.seconds else 0.0,
+                        head_tokens=dict(state.head_tokens), resumed_at=state.resumed_at,
+                        output=request.output_path)
+
+
+class _Answerer:
+    """Answers one window of request lines: parse, group the chat lines by key, score each group."""
+
+    def __init__(self, loaded, settings: EngineSettings, prefix_cache_mb: float, state: _RunState, created: int):
+        self.loaded, self.settings, self.state, self.created = loaded, settings, state, created
+        self.context = context_limit(loaded.model.config)
+        self.caches = PrefixCaches(loaded.engine, int(prefix_cache_mb * 2**20), self._observe)
+        self.scorers: dict[tuple, ChoiceScorer] = {}
+
+    def _observe(self, event: str, tokens: int) -> None:
+        if event == "miss":
+            self.state.head_tokens["computed"] += tokens
+
+    def window(self, start: int, lines: list[bytes]) -> list[dict]:
+        """One answer per line, in order."""
+        answers: list[dict | None] = [None] * len(lines)
+        asked: dict[int, tuple[str, dict, ChoicePrompt]] = {}
+        for k, raw in enumerate(lines):
+            custom_id = None
+            try:
+                custom_id, body = _request(raw, start + k)
+                prompt = choice_prompt(self.loaded.tokenizer, chat_messages(body), chat_choices(body), self.context)
+                asked[k] = custom_id, body, prompt
+            except InputError as exc:
+                answers[k] = self._refused(start + k, custom_id, str(exc))
+        groups: dict[tuple, list[int]] = {}
+        for k, (_id, _body, prompt) in asked.items():
+            groups.setdefault(prompt.key, []).append(k)
+        for key, members in groups.items():
+            scorer = self.scorers.get(key)
+            if scorer is None:
+                scorer = self.scorers[key] = ChoiceScorer(self.loaded.tokenizer, self.loaded.model.config,
+                                                          self.settings, asked[members[0]][2])
+            items = scorer.encode([asked[k][2] for k in members])
+            scores = scorer.score(items, self.loaded.engine, self.caches).scores
+            self.state.head_tokens["reused"] += len(scorer.head_ids) * int(items.cached.sum())
+            for k, row in zip(members, scores):
+                answers[k] = self._answered(start + k, *asked[k], row)
+        if len(self.scorers) > 256:  # keys of earlier windows; their prefixes stay in the LRU
+            self.scorers.clear()
+        return answers
+
+    def _answered(self, line: int, custom_id, body: dict, prompt: ChoicePrompt, scores: np.ndarray) -> dict:
+        self.state.answered += 1
+        completion = chat_completion(body, prompt, scores)
+        completion["id"] = f"chatcmpl-{_derived(self.created, line)}"
+        completion["created"] = self.created
+        return {"id": f"batch_req_{_derived(self.created, line)}", "custom_id": custom_id,
+                "response": {"status_code": 200, "request_id": _derived(self.created, line), "body": completion},
+                "error": None}
+
+    def _refused(self, line: int, custom_id, message: str) -> dict:
+        code = "invalid_request_error"
+        self.state.refused[code] = self.state.refused.get(code, 0) + 1
+        return {"id": f"batch_req_{_derived(self.created, line)}", "custom_id": custom_id, "response": None,
+                "error": {"code": code, "message": f"line {line + 1}: {message}"}}
+
+
+def _request(raw: bytes, index: int) -> tuple[str, dict]:
+    """(custom_id, body) of one request line; InputError says what is wrong with it."""
+    try:
+        line = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"not a JSON object ({exc})") from None
+    if not isinstance(line, dict):
+        raise InputError("not a JSON object")
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str):
+        raise InputError("custom_id must be a string")
+    if line.get("method", "POST") != "POST":
+        raise InputError(f"method {line.get('method')!r}: only POST is supported")
+    if line.get("url") not in URLS:
+        raise InputError(f"url {line.get('url')!r}: supported are {', '.join(URLS)} (chat completions with choices)")
+    if not isinstance(line.get("body"), dict):
+        raise InputError("body must be a JSON object: the request")
+    return custom_id, line["body"]
+
+
+def _now() -> int:
+    """The run's start, in the answers' `created` (a resumed run keeps its first run's)."""
+    return int(time.time())
+
+
+def _derived(created: int, line: int) -> str:
+    return hashlib.sha256(f"{created}:{line}".encode()).hexdigest()[:24]
+
+
+class _Lines:
+    """The input's lines, a window at a time, and the digest of the bytes read (for --resume)."""
+
+    def __init__(self, path: str, skip: int):
+        self.fh = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self.size = self.fh.seek(0, 2)
+        self.fh.seek(0)
+        self.digest, self.bytes_read, self.index = hashlib.sha256(), 0, 0
+        for _ in range(skip):
+            if not self._next():
+                raise InputError(f"{path} has fewer lines than the {skip} already answered")
+
+    def _next(self) -> bytes | None:
+        raw = self.fh.readline()
+        if not raw:
+            return None
+        self.digest.update(raw)
+        self.bytes_read += len(raw)
+        self.index += 1
+        return raw
+
+    def windows(self, size: int):
+        """(index of the first line, [raw lines without their newline]) per window of `size` lines."""
+        while True:
+            start, window = self.index, []
+            while len(window) < size and (raw := self._next()) is not None:
+                window.append(raw.rstrip(b"\r\n"))
+            if window:
+                yield start, window
+            if len(window) < size:
+                return
+
+    def read_digest(self) -> dict:
+        return {"bytes": self.bytes_read, "sha256": self.digest.hexdigest()}
+
+    def close(self) -> None:
+        self.fh.close()

@@ -1,0 +1,61 @@
+"""What a resumable job (`classify`, `batch`) checks before it continues a partial run: the partial
+and its record are whole and the run's input, options and model are the ones that made them."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..errors import InputError
+from ..io.checkpoint import changed, digest, input_read_changed, refuse_damaged, refuse_resume
+
+
+def saved_run(checkpoint, identity, resume, restart, input_path, fmt: str) -> dict | None:
+    """The record of the run to continue (resume), or None to start fresh; refuses what it must."""
+    if checkpoint is None or not checkpoint.exists():
+        return None
+    saved = checkpoint.load()
+    if restart:
+        checkpoint.discard()
+        return None
+    if not resume:
+        if saved is None and (why := checkpoint.unusable_record()):  # --resume would refuse it: say so now
+            raise InputError("{partial} holds an unfinished run that cannot be resumed ({why}); pass {restart} to "
+                             "start over", names={"restart": "restart"}, partial=checkpoint.partial, why=why)
+        done = f" ({saved['rows_done']} rows done)" if saved else ""
+        raise InputError("{partial} holds an unfinished run{done}; pass {resume} to continue it, or {restart} to "
+                         "start over", names={"resume": "resume", "restart": "restart"}, partial=checkpoint.partial,
+                         done=done)
+    if saved is None:
+        why = checkpoint.unusable_record()
+        if why:  # rows may be done, but nothing says which: never dropped without a word
+            raise refuse_damaged(checkpoint, why)
+        checkpoint.discard()  # an empty partial without a record: no chunk was ever completed
+        return None
+    damage = checkpoint.damage(saved, fmt)
+    if damage:
+        raise refuse_damaged(checkpoint, damage)
+    reason = changed(saved, identity) or input_read_changed(saved, input_path)
+    if reason:
+        raise refuse_resume(checkpoint, reason)
+    return saved
+
+
+def same_model(saved: dict | None, identity: dict, loaded, checkpoint) -> None:
+    """Add the loaded model and precision to `identity`; refuse to resume a run made with others."""
+    identity["model"] = digest([loaded.name, model_fingerprint(loaded)])
+    identity["model_shown"] = {"model": loaded.name}
+    if saved is not None and saved.get("model") != identity["model"]:
+        same_name = saved.get("model_shown", {}).get("model") == loaded.name
+        raise refuse_resume(checkpoint, "the model changed (same name, other weights or config)" if same_name
+                            else changed({"model": saved.get("model"), "model_shown": saved.get("model_shown")},
+                                         {"model": identity["model"], "model_shown": identity["model_shown"]}))
+    identity["precision"] = loaded.backend.precision  # what --precision auto picked, too
+    if saved is not None and saved.get("precision", identity["precision"]) != identity["precision"]:
+        raise refuse_resume(checkpoint, f"the precision changed ({saved['precision']} → {identity['precision']})")
+
+
+def model_fingerprint(loaded) -> str:
+    """The model's config, tokenizer size and embedding weights (what makes its scores)."""
+    model = loaded.model
+    weights = model.get_input_embeddings().weight.detach().cpu().contiguous().numpy()  # the same bytes on any device
+    return digest([model.config.to_json_string(), len(loaded.tokenizer), hashlib.sha256(weights.tobytes()).hexdigest()])

@@ -1,0 +1,131 @@
+"""`slmclassify batch`: an OpenAI Batch API file answered offline over a tiny random Llama: one
+answer line per request line in order, each choice's log-probability equal to the Hugging Face
+forward's, bad lines answered with their error, and a run interrupted and resumed equal to one run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from helpers import invoke
+from slmclassify.cli.main import cli
+from slmclassify.core.config_check import context_limit
+from slmclassify.core.conversation import choice_prompt
+from slmclassify.core.reference import reference_scores
+from slmclassify.interrupts import Interrupted
+from slmclassify.jobs import batch as batch_module
+
+CHOICES = ["billing", "technical support", "account"]
+TICKETS = ["My card was charged twice.", "The app crashes when I open settings.", "Change my email please.",
+           "refund", "login error crash after the update", "Where is my parcel?", "invoice missing", "hello"]
+
+
+def chat_line(k: int, ticket: str, system: str = "Route the ticket to a team.", **body) -> dict:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": ticket}]
+    return {"custom_id": f"req-{k}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "any", "messages": messages, "structured_outputs": {"choice": CHOICES},
+                     "logprobs": True, "top_logprobs": 3, **body}}
+
+
+def write_lines(path, lines) -> None:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+
+
+def answers(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir, llama_loaded):
+    good = [chat_line(k, t, system="Route the ticket." if k % 3 else "Sort the ticket.") for k, t in
+            enumerate(TICKETS)]
+    bad = ["not json", "", {"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {}},
+           {"custom_id": "y", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}},
+           {"method": "POST", "url": "/v1/chat/completions", "body": {}}]
+    lines = good[:3] + bad[:2] + good[3:6] + bad[2:] + good[6:]
+    src, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
+    write_lines(src, lines)
+    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--window", "4", "--quiet")
+    assert f"lines: {len(lines)} ({len(good)} answered, {len(bad)} refused)" in result.output
+    got = answers(out)
+    assert len(got) == len(lines)
+    context = context_limit(llama_loaded.model.config)
+    for k, (line, answer) in enumerate(zip(lines, got)):
+        if isinstance(line, dict) and line in good:
+            assert answer["custom_id"] == line["custom_id"] and answer["error"] is None
+            assert answer["response"]["status_code"] == 200
+            body = answer["response"]["body"]
+            prompt = choice_prompt(llama_loaded.tokenizer, line["body"]["messages"], tuple(CHOICES), context)
+            want = reference_scores(llama_loaded.model, list(prompt.prompt_ids), prompt.trie).double().numpy()
+            top = {e["token"]: e["logprob"] for e in body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
+            assert np.allclose([top[c] for c in CHOICES], want, atol=1e-4)
+            assert body["choices"][0]["message"]["content"] == CHOICES[int(np.argmax(want))]
+        else:
+            assert answer["response"] is None
+            assert answer["error"]["message"].startswith(f"line {k + 1}: "), answer
+    messages = [a["error"]["message"] for a in got if a["error"]]
+    assert "not a JSON object" in messages[0] and "not a JSON object" in messages[1]
+    assert "url '/v1/embeddings'" in messages[2] and "free-text generation" in messages[3]
+    assert "custom_id must be a string" in messages[4]
+    assert len({a["id"] for a in got}) == len(got)
+
+
+def test_interrupted_and_resumed_equals_one_run(tmp_path, llama_dir, monkeypatch):
+    lines = [chat_line(k, t) for k, t in enumerate(TICKETS * 2)]
+    src, whole, cut = tmp_path / "requests.jsonl", tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
+    write_lines(src, lines)
+    clock = iter([1_000_000, 1_000_000, 3_000_000, 4_000_000])  # the runs' starts: a resumed run keeps its first's
+    monkeypatch.setattr(batch_module, "_now", lambda: next(clock))
+    args = ["--model", str(llama_dir), "--window", "4", "--quiet"]
+    invoke("batch", src, "-o", whole, *args)
+
+    original, calls = batch_module._Answerer.window, []
+
+    def interrupted(self, start, window):
+        calls.append(start)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return original(self, start, window)
+
+    with monkeypatch.context() as m:
+        m.setattr(batch_module._Answerer, "window", interrupted)
+        result = CliRunner().invoke(cli, ["batch", str(src), "-o", str(cut), *args])
+    assert isinstance(result.exception, Interrupted) and "8 rows done" in str(result.exception)
+    assert not cut.exists() and len((tmp_path / "cut.jsonl.partial").read_text().splitlines()) == 8
+    refused = CliRunner().invoke(cli, ["batch", str(src), "-o", str(cut), *args])
+    assert "pass --resume to continue it" in str(refused.exception)
+    result = invoke("batch", src, "-o", cut, *args, "--resume")
+    assert "resumed at line 9" in result.output
+    assert cut.read_bytes() == whole.read_bytes()
+
+
+def test_a_changed_input_is_not_resumed(tmp_path, llama_dir, monkeypatch):
+    lines = [chat_line(k, t) for k, t in enumerate(TICKETS)]
+    src, out = tmp_path / "requests.jsonl", tmp_path / "out.jsonl"
+    write_lines(src, lines)
+    original = batch_module._Answerer.window
+
+    def interrupted(self, start, window):
+        if start > 0:
+            raise KeyboardInterrupt
+        return original(self, start, window)
+
+    with monkeypatch.context() as m:
+        m.setattr(batch_module._Answerer, "window", interrupted)
+        CliRunner().invoke(cli, ["batch", str(src), "-o", str(out), "--model", str(llama_dir), "--window", "4"])
+    write_lines(src, [chat_line(0, "something else")] + lines[1:])
+    result = CliRunner().invoke(cli, ["batch", str(src), "-o", str(out), "--model", str(llama_dir), "--window", "4",
+                                      "--resume"])
+    assert "cannot resume" in str(result.exception) and "input file changed" in str(result.exception)
+
+
+@pytest.mark.parametrize("args, words", [(["--resume", "--restart"], "not both"),
+                                         (["--prefix-cache-mb", "-1"], "--prefix-cache-mb must be >= 0")])
+def test_bad_options_are_refused_before_the_model_loads(tmp_path, args, words):
+    src = tmp_path / "requests.jsonl"
+    write_lines(src, [chat_line(0, "hi")])
+    result = CliRunner().invoke(cli, ["batch", str(src), "-o", str(tmp_path / "o.jsonl"), *args])
+    assert words in str(result.exception), result.output
