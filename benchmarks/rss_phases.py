@@ -37,7 +37,7 @@ threading.Thread(target=_sample, daemon=True).start()
 
 from slmclassify import classifier  # noqa: E402
 from slmclassify.cli.main import cli  # noqa: E402
-from slmclassify.core import engine  # noqa: E402
+from slmclassify.core.engine import Engine  # noqa: E402
 from slmclassify.jobs import classify as classify_job  # noqa: E402
 from slmclassify.models import loading, weights  # noqa: E402
 
@@ -62,7 +62,7 @@ _wrap(loading, "_convert_gguf", "GGUF conversion")
 _wrap(loading, "_load_pretrained", "config + tokenizer + weights")
 _wrap(weights, "from_safetensors", "read weights")
 _wrap(loading, "_ready", "GEMM choice + Engine()")
-_wrap(engine.Engine, "__init__", "Engine()")
+_wrap(Engine, "__init__", "Engine()")
 _wrap(classifier.Classifier, "content_free_prior", "calibration")
 _wrap(classifier.Classifier, "score_window", "scoring")
 _wrap(classify_job, "compare", "probes (reference path)")

@@ -162,9 +162,9 @@ def test_inline_and_merged_prefix_attention_equal_reference(tiny_loaded, monkeyp
     """Rows wide enough take the prefix's keys inline (one causal kernel call; with trie nodes, one
     masked call), narrower ones attend to it apart and merge by log-sum-exp: both must give the
     reference's scores, for item queries, node queries (full mode) and the last layer's reads."""
-    from slmclassify.core import engine
+    from slmclassify.core.engine import layout
 
-    monkeypatch.setattr(engine, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))
+    monkeypatch.setattr(layout, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))
     labels = ("billing", "technical", "account") if mode == "first" else ("billing", "technical", "account", "accounting")
     clf = Classifier(Task(labels=labels, mode=mode, user_template="Ticket: {text}\nCategory:"), model=tiny_loaded,
                      settings=EngineSettings(token_budget=300, max_rows=4))
@@ -183,10 +183,10 @@ def test_causal_attention_in_query_blocks_equals_reference(tiny_loaded, monkeypa
     """Row attention runs in blocks of queries (`attention.CAUSAL_BLOCK`; 4 here, so every row of 8
     or more columns takes them, the inline prefix's dummy queries included), causal without trie
     nodes, with the trie mask's rows (full mode): the scores must stay the reference's."""
-    from slmclassify.core import engine
+    from slmclassify.core.engine import layout
     from slmclassify.backends import attention
 
-    monkeypatch.setattr(engine, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))
+    monkeypatch.setattr(layout, "_INLINE_PREFIX_RATIO", 0.0 if inline else float("inf"))
     monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)
     blocked = []
     original = attention._causal_blocks

@@ -83,13 +83,13 @@ def test_layers_after_the_last_attention_compute_only_the_rows_read_later(family
     read positions, the one before them and their two predecessors (its K - 1 lags), the attention
     layer's output only those tokens again; still the reference's scores, with the trie's nodes,
     padded batches and one row, and the heads' states."""
-    from slmclassify.core import engine as engine_module
+    from slmclassify.core.engine import forward
 
     loaded = load_model(str(family_dir("lfm2", num_hidden_layers=4,
                                    layer_types=["conv", "full_attention", "conv", "conv"])),
                         device=TEST_DEVICE, precision="fp32")
     sizes = []
-    needed_rows = engine_module.Engine._needed_rows
+    needed_rows = forward.Engine._needed_rows
 
     def recorded(self, layout):
         needed = needed_rows(self, layout)
@@ -97,7 +97,7 @@ def test_layers_after_the_last_attention_compute_only_the_rows_read_later(family
                       layout.read.numel(), layout.B))
         return needed
 
-    monkeypatch.setattr(engine_module.Engine, "_needed_rows", recorded)
+    monkeypatch.setattr(forward.Engine, "_needed_rows", recorded)
     texts = random_texts(8, seed=5, max_words=40)
     for settings in (EngineSettings(token_budget=300, max_rows=4), EngineSettings(max_rows=1)):
         clf = Classifier(Task(labels=LABELS[mode], mode=mode), model=loaded, settings=settings)

@@ -86,7 +86,7 @@ def test_int8_engine_is_exact_without_quantisation(tiny_model_dir, monkeypatch, 
     monkeypatch.setattr(smoothing, "OUTLIER_RATIO", outlier_ratio)  # 1.0: half of all channels
     plans = []
     real = smoothing.plan_layer
-    monkeypatch.setattr("slmclassify.core.engine.plan_layer", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1])
+    monkeypatch.setattr("slmclassify.core.engine.arrange.plan_layer", lambda *a, **k: plans.append(real(*a, **k)) or plans[-1])
     clf = Classifier(TASK, model=load_model(str(tiny_model_dir), device="cpu", precision="int8"))
     assert len(plans) == 2 and all((p["qkv"].rows != p["qkv"].rows[0]).any() for p in plans)  # really smoothed
     assert all((p["down"].outliers is not None) == (outlier_ratio is not None) for p in plans)

@@ -46,6 +46,20 @@ class Backend:
         """Precision of the attention's q/k/v and of the mask."""
         return DTYPES[self.precision]
 
+    @classmethod
+    def exact(cls, device: torch.device, invariant: tuple[tuple[str, int | None], ...] = ()) -> Backend:
+        """float32 with the exact GEMM, `mm` (it computes with the float32 weights themselves): an
+        engine's default, and what a low-precision engine measures calibration with (`Engine.exact`)."""
+        return cls(device=device, precision="fp32", gemm="mm", invariant=invariant)
+
+    @property
+    def copy_bytes_per_weight(self) -> int:
+        """Bytes per linear weight that the GEMM kernel keeps beside the float32 weights the model's
+        modules share: oneDNN's blocked float32 copy, or the low-precision copy a bf16, fp16 or int8
+        kernel computes with; none for `mm`."""
+        kernel = self.gemm
+        return 4 if kernel == "onednn" else 2 if kernel in ("bf16", "fp16") else 1 if kernel.startswith("int8") else 0
+
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None, smooth=None) -> gemm.LinearOp:
         """A linear op computing x @ weight (+ bias) for `weight` [in, out] in float32. `smooth` (a
         `smoothing.Smoothing`, int8 kernels only) rescales it: the op then computes

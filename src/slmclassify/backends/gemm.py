@@ -126,7 +126,7 @@ def check_int8(kernel: str) -> int:
 
 
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without its weight (folded into the next projection: the engine's `_take_norm`).
+    """RMSNorm without its weight (folded into the next projection: `core/engine/arrange.py`'s `_take_norm`).
 
     One fused reduction (the vector norm) and one multiply: faster than F.rms_norm on CPU.
     """

@@ -1,6 +1,6 @@
 """Which model configurations the fast path computes exactly, checked once when a model loads.
 
-`engine.py` re-implements the decoder of each family described in `families.py` on the Hugging
+`engine/forward.py` re-implements the decoder of each family described in `families.py` on the Hugging
 Face modules' weights. A setting it does not implement must never be dropped silently (the scores
 would be wrong whenever verification is off or its probes miss the difference), so every source
 (local folder, hub id, GGUF) passes `check_config` before any weights are read: a configuration is

@@ -1,6 +1,6 @@
 """Model families as descriptions: what each decoder does differently from Llama's, as data.
 
-The one engine (`engine.py`) follows a `Family`; `config_check.py` derives its rules from the same
+The one engine (`engine/`) follows a `Family`; `config_check.py` derives its rules from the same
 description, so a setting a description does not cover is refused, named, instead of dropped.
 Adding a family is a description here plus its tests (`tests/test_families.py`).
 

@@ -1,6 +1,6 @@
 """The reference path: one item, its full prompt, no padding, no batching, the Hugging Face forward.
 
-It is slow on purpose and shares no code with `engine.py` beyond the label trie's definition of
+It is slow on purpose and shares no code with `engine/` beyond the label trie's definition of
 which tokens to read, so it is the oracle for the fast path (tests and `slmclassify verify`).
 The prompt runs once; each multi-token label continues from a copy of the prompt's KV cache
 (`past_key_values`, the unmodified Hugging Face cache), so a probe costs one prompt forward plus

@@ -6,7 +6,7 @@ resident memory for as long as any view lives, next to the engine's arranged cop
 peaked at about twice the weights. Here every tensor is read from the file straight into a tensor
 of its own when transformers asks for it (`_FileTensor`, handed to `from_pretrained` as the state
 dict): no file page counts toward the process, and a tensor the engine re-arranges is freed as
-soon as its arranged copy exists (`core/engine.py`), so the transient is one layer, not the model.
+soon as its arranged copy exists (`core/engine/arrange.py`), so the transient is one layer, not the model.
 safetensors' own `pread` backend read each tensor into a buffer and copied it, so the largest
 tensor was held twice for a moment: a 262,144-token embedding is 640 MiB in float32, and that
 moment was the load's peak (1.29x the weights of a Gemma 3 270M with its engine; now 1.10x,
