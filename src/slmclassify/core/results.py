@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
 from .encode import EMPTY
 
 
@@ -118,6 +119,15 @@ class RunStats:
 def result_columns(labels, prefix: str = "", first: str = "label") -> list[str]:
     """The columns a classified table gets, in order; `first` is `Task.result_column` (label or labels)."""
     return [prefix + c for c in (first, "confidence", "needs_review", *(f"p_{lab}" for lab in labels), "status")]
+
+
+def check_result_columns(columns, labels, prefix: str = "", first: str = "label") -> None:
+    """Refuse an input that already has a column the results would overwrite (`result_columns`),
+    naming the first and the `result_prefix` that avoids it."""
+    clash = [c for c in result_columns(labels, prefix, first) if c in columns]
+    if clash:
+        raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
+                         "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
 
 
 def result_frame(results: list[Result], labels, prefix: str = "", index=None, first: str = "label",

@@ -43,7 +43,7 @@ from ..io.labelled import gold_text
 from ..io.readers import open_table
 from ..io.sink import WriteFailed, open_sink
 from ..io.writers import parquet_schema
-from ..core.results import RunStats, result_arrow_fields, result_columns, result_frame
+from ..core.results import RunStats, check_result_columns, result_arrow_fields, result_columns, result_frame
 from ..core.taps import Taps
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
@@ -170,10 +170,7 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
 
         check_scorer(choice.head, task.labels, choice.scorer)
     labels = choice.labels(task)
-    clash = [c for c in result_columns(labels, request.result_prefix, task.result_column) if c in reader.columns]
-    if clash:
-        raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
-                         "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
+    check_result_columns(reader.columns, labels, request.result_prefix, task.result_column)
     return reader, labels
 
 

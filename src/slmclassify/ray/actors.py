@@ -44,16 +44,13 @@ def check_columns(names: list[str], task, text_column: str, result_prefix: str) 
     """The input has the text column (or every column a multi-field template names), and none that a
     result column would overwrite."""
     from ..errors import InputError
-    from ..core.results import result_columns
+    from ..core.results import check_result_columns
 
     for column in task.fields if task.multi_field else (text_column,):
         if column not in names:
             raise InputError(f"no {'text column' if column == text_column else 'column'} {column!r}; columns are: "
                              f"{', '.join(names)}")
-    clash = [c for c in result_columns(task.labels, result_prefix, task.result_column) if c in names]
-    if clash:
-        raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
-                         "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
+    check_result_columns(names, task.labels, result_prefix, task.result_column)
 
 
 def actor_arguments(task, model, settings, ray_settings, text_column: str, result_prefix: str, errors: str,
