@@ -28,6 +28,11 @@ PLOT_NAMES = ("confusion.png", "reliability.png", "coverage.png")
 """The files evaluate's --plots folder gets."""
 
 
+def gold_column_of(gold_column: str | None, old_gold_column: str | None) -> str:
+    """--gold-column, or its old name --label-column (not both); default: label."""
+    return merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label"
+
+
 @dataclasses.dataclass(frozen=True)
 class EvaluateOptions:
     """evaluate's run options: the job's request (old flag names merged into the new ones), and
@@ -40,9 +45,8 @@ class EvaluateOptions:
     def from_flags(cls, *, gold_column, old_gold_column, n_items, old_n_items, write_task, **flags) -> EvaluateOptions:
         from ..jobs.evaluate import EvaluateRequest
 
-        return cls(EvaluateRequest(
-            label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
-            limit=merged(n_items, old_n_items, "--n", "--limit"), **flags), write_task)
+        return cls(EvaluateRequest(label_column=gold_column_of(gold_column, old_gold_column),
+                                   limit=merged(n_items, old_n_items, "--n", "--limit"), **flags), write_task)
 
     def plots(self) -> dict[str, str]:
         """{what: path} of the plot files, for `check_writes`."""
@@ -124,7 +128,7 @@ def fit_request(*, gold_column, old_gold_column, layers, curve, **flags) -> FitR
     --layers and --curve parsed."""
     from ..jobs.fit import FitRequest
 
-    return FitRequest(label_column=merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label",
+    return FitRequest(label_column=gold_column_of(gold_column, old_gold_column),
                       taps=parse_layers(layers), curve_sizes=tuple(int_list(curve, "--curve")), **flags)
 
 

@@ -159,10 +159,7 @@ def print_multilabel_evaluate(summary) -> None:
             else "F1-optimal")
     picked = ", ".join(f"{label} {'none' if t is None else f'{t:.3f}'}" for label, t in zip(task.labels, summary.picked))
     _out(f"\nthresholds picked on all {summary.items} items ({goal}): {picked}")
-    if summary.task_values:
-        _out(f"wrote thresholds = {summary.task_values['thresholds']} into {summary.task_file}")
-    if summary.json_path:
-        _out(f"wrote {summary.json_path}")
+    _print_written(summary)
 
 
 def print_evaluate(summary) -> None:
@@ -204,6 +201,11 @@ def print_evaluate(summary) -> None:
              f"{base['ms_per_item']:.1f} -> {shots['ms_per_item']:.1f} ms per item ({cost['cost_ratio']:.2f}x)")
     for path in summary.plots:
         _out(f"wrote {path}")
+    _print_written(summary)
+
+
+def _print_written(summary) -> None:
+    """What an evaluation wrote besides the plots: the values put into the task file, and the JSON."""
     if summary.task_values:
         _out(f"wrote {', '.join(f'{k} = {v}' for k, v in summary.task_values.items())} into {summary.task_file}")
     if summary.json_path:
