@@ -21,6 +21,7 @@ from slmclassify.cli.evaluate import EvaluateOptions, evaluate_options, fit_opti
 from slmclassify.cli.options import HeadOptions, ModelOptions, bundle, head_options, task_options
 from slmclassify.cli.serve import ServeOptions, serve_options
 from slmclassify.errors import TaskError
+from slmclassify.jobs.classify import ClassifyRequest
 from slmclassify.jobs.evaluate import EvaluateRequest
 from slmclassify.jobs.fit import FitRequest
 from slmclassify.label.session import LabelRequest
@@ -56,8 +57,6 @@ def test_bundle_builds_its_object_when_invoked():
 
 
 def test_classify_flags_make_the_request():
-    from slmclassify.jobs.classify import ClassifyRequest
-
     seen = _read([classify_options, ray_options], [
         "in.csv", "-o", "out.jsonl", "--text-column", "body", "--id-column", "id", "--errors", "replace",
         "--probes", "3", "--gold-column", "g", "--result-prefix", "p_", "--resume", "--window", "64", "--quiet"])
@@ -89,8 +88,6 @@ def test_resume_and_restart_exclude_each_other(run_main, tmp_path):
     code, out, err = run_main("classify", tmp_path / "in.csv", "-o", tmp_path / "out.csv", "--resume", "--restart",
                               "--labels", "a,b")
     assert (code, out, err) == (2, "", "slmclassify: error: --resume and --restart exclude each other\n")
-    from slmclassify.jobs.classify import ClassifyRequest
-
     with pytest.raises(TaskError, match="^resume and restart exclude each other$"):  # the library names fields
         ClassifyRequest("in.csv", "out.csv", resume=True, restart=True)
 
@@ -105,6 +102,22 @@ def test_ray_refuses_what_it_cannot_do(run_main, tmp_path, flag):
     assert (code, out, err) == (2, "", "slmclassify: error: --ray does not support --resume, --restart or "
                                        "--gold-column\n")
     assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ClassifyRequest("in.csv", "out.csv", probes=-1), "probes must be 0 (no check) or more, got -1"),
+    (lambda: EvaluateRequest("in.csv", target_accuracy=0), "target_accuracy must be in (0, 1], got 0"),
+    (lambda: FitRequest("in.csv", "h.npz", folds=1), "folds must be at least 2, got 1"),
+    (lambda: LabelRequest("in.csv", "s.sqlite", sample=0), "sample must be a positive number of rows, got 0"),
+    (lambda: LabelRequest("in.csv", "s.sqlite", first_slice=0), "first_slice must be positive, got 0"),
+    (lambda: LabelRequest("in.csv", "s.sqlite", target_accuracy=1.5), "target_accuracy must be in (0, 1], got 1.5"),
+])
+def test_a_request_checks_its_fields_when_made(make, message):
+    """Each setting is checked once, where the request is made; the library names the field (the
+    CLI renames it to the flag: the refusals above)."""
+    with pytest.raises(TaskError) as refused:
+        make()
+    assert str(refused.value) == message
 
 
 def test_verify_flags_merge_the_old_probes_name():
