@@ -39,6 +39,7 @@ from .core.task import Task
 from .errors import InputError, TaskError
 from .models.loading import LoadedModel
 from .models.prepare import load_model
+from .models.schedule import scheduled
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,8 @@ class Classifier:
         settings = settings or EngineSettings()
         self.loaded = load_model(model, settings.device, settings.precision, task=task,
                                  sample=precision_sample, settings=settings)
-        self.schedule = self._measured_schedule(settings)
+        settings, self.schedule = scheduled(settings, self.loaded)
         """The measured schedule this classifier's `AUTO` settings took (`models/schedule.py`), or None."""
-        if self.schedule is not None:
-            settings = dataclasses.replace(settings, **{name: self.schedule[name] for name in settings.measured})
         self.scorer = Scorer.build(task, self.loaded.tokenizer, self.loaded.model.config, settings)
         self.prefix = self.scorer.prefill(self.engine)
         """The engine's keys and values of the shared prefix (None without one)."""
@@ -188,16 +187,6 @@ class Classifier:
         schedule = self.schedule if all(getattr(settings, k) == getattr(self.settings, k)
                                         for k in ("token_budget", "max_rows")) else None
         return self._variant(scorer=dataclasses.replace(self.scorer, settings=settings), schedule=schedule)
-
-    def _measured_schedule(self, settings: EngineSettings) -> dict | None:
-        """The schedule measured for this machine, model and precision (cached; `models/schedule.py`)
-        when `settings` leave a schedule field to it; None when they give both."""
-        if not settings.measured:
-            return None
-        from .models.schedule import measured_schedule
-        from .cache import cache_root
-
-        return {**measured_schedule(self.loaded, cache_root()), "took": settings.measured}
 
     def with_trie(self, trie: LabelTrie) -> Classifier:
         """This classifier scoring the task's labels with another label trie (same labels, in order),

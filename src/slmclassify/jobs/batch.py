@@ -38,6 +38,7 @@ from ..io.formats import check_not_input
 from ..io.lock import OutputLock
 from ..io.sink import WriteFailed, open_sink
 from ..models.prepare import load_model
+from ..models.schedule import scheduled
 from .resume import saved_run, same_model
 from .meter import Meter, MeterFactory, no_meter
 
@@ -125,7 +126,8 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, model, meter: Me
     state = _RunState()
     if saved is not None:
         state = _RunState(rows=saved["rows_done"], resumed_at=saved["rows_done"], **saved["state"])
-    answer = _Answerer(loaded, settings.with_defaults(), request.prefix_cache_mb, state, created)
+    settings, _schedule = scheduled(settings, loaded)  # batched as offline classify is, on this machine
+    answer = _Answerer(loaded, settings, request.prefix_cache_mb, state, created)
     lines = _Lines(request.input_path, skip=state.rows)
     sink = open_sink(request.output_path, checkpoint, "jsonl", COLUMNS, saved, True, identity, "strict")
     bar = meter(None, lines.size, state.rows)

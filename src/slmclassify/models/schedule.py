@@ -37,6 +37,7 @@ serialised across processes (`choice.measuring`), so two runs starting at once d
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from pathlib import Path
 
@@ -76,6 +77,18 @@ def schedule_key(loaded) -> str:
     backend = loaded.backend
     return (f"{choice.machine_key(backend.device)}|{choice.model_key(loaded.model.config)}|schedule v{VERSION}|"
             f"{backend.precision} {backend.gemm}")
+
+
+def scheduled(settings, loaded):
+    """(`settings` with the fields left to the measurement (`AUTO`) taken from this machine's measured
+    schedule, that schedule with the fields it filled as "took"); the schedule is None when `settings`
+    give both fields."""
+    if not settings.measured:
+        return settings, None
+    from ..cache import cache_root
+
+    schedule = {**measured_schedule(loaded, cache_root()), "took": settings.measured}
+    return dataclasses.replace(settings, **{name: schedule[name] for name in settings.measured}), schedule
 
 
 def measured_schedule(loaded, cache_dir: Path | None) -> dict:

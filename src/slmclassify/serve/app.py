@@ -27,12 +27,13 @@ from starlette.exceptions import HTTPException
 from ..classifier import EngineSettings, item_text
 from ..core.config_check import context_limit
 from ..core.chat_request import chat_choices, chat_completion, chat_messages
+from ..core.completions import completion_ask, completion_choice, completion_response
 from ..core.conversation import choice_prompt
 from ..models.loading import LoadedModel
 from ..core.encode import valid_unicode
 from ..errors import InputError
 from .adapter import TaskRunner, result_json
-from .chat import ChatRequest, ChoiceRunners, prefix_caches
+from .chat import ChatRequest, ChoiceRunners, CompletionRequest, CompletionRunner, prefix_caches
 from .guard import Guard
 from .metrics import Metrics
 from .scheduler import QueueFull, Scheduler, Ticket
@@ -50,7 +51,7 @@ class Service:
     loaded: LoadedModel
     """The model every task shares; chat requests run on it too."""
     chat_settings: EngineSettings
-    """How chat requests are batched (the first task's measured schedule, or the defaults)."""
+    """How chat requests are batched: as the first task, or by this machine's measured schedule without one."""
     metrics: Metrics = field(default_factory=Metrics)
 
 
@@ -168,7 +169,7 @@ class OpenAIError(HTTPException):
     clients read (the OpenAI SDK raises its own exception class per status)."""
 
 
-OPENAI_PATHS = ("/v1/chat/completions",)
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")
 _OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable_error",
                  504: "timeout_error"}
 
@@ -330,9 +331,7 @@ def create_app(service: Service):
                                               "(structured_outputs.choice, guided_choice or a response_format enum), "
                                               "each scored whole")
     async def chat_completions(body: ChatRequest, request: Request):
-        if body.model not in service.runners and body.model != service.model_name:
-            raise OpenAIError(404, f"the model {body.model!r} does not exist; GET /v1/models lists "
-                                   + ", ".join(repr(m) for m in [service.model_name, *service.runners]))
+        _check_model(body.model)
         asked = body.model_dump()
         try:
             prompt = choice_prompt(service.loaded.tokenizer, chat_messages(asked), chat_choices(asked), context)
@@ -344,6 +343,30 @@ def create_app(service: Service):
         scores = await _wait(Ticket(runner, runner.encode(prompt)), request)
         metrics.items.labels(runner.name, "ok").inc()
         return chat_completion(asked, prompt, scores[0])
+
+    @app.post("/v1/completions", summary="OpenAI completion with the prompt's log-probabilities (echo, logprobs, "
+                                         "max_tokens 0 or 1): prompts that share a context computed once")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_model(body.model)
+        asked = body.model_dump()
+        tokenizer = service.loaded.tokenizer
+        try:
+            ask = completion_ask(asked, tokenizer, context)
+        except InputError as exc:
+            raise OpenAIError(400, str(exc)) from None
+        request.state.task, request.state.texts = "completions", len(ask.prompts)
+        _check_count(len(ask.prompts))
+        _check_ready()
+        runner = CompletionRunner(service.loaded.engine, tokenizer.pad_token_id, ask)
+        answers = await _wait(Ticket(runner, runner.encode()), request)
+        metrics.items.labels(runner.name, "ok").inc(len(ask.prompts))
+        return completion_response(asked, ask, [completion_choice(k, ask, ids, *answers[k], tokenizer)
+                                                for k, ids in enumerate(ask.prompts)])
+
+    def _check_model(name: str) -> None:
+        if name not in service.runners and name != service.model_name:
+            raise OpenAIError(404, f"the model {name!r} does not exist; GET /v1/models lists "
+                                   + ", ".join(repr(m) for m in [service.model_name, *service.runners]))
 
     async def _wait(ticket: Ticket, request: Request):
         """Queue the ticket and wait for its results, the client's disconnect or the timeout."""

@@ -1,5 +1,5 @@
-"""OpenAI's chat completions with choices in the service: the request as FastAPI validates and
-documents it, and the scheduler's runners for conversations.
+"""OpenAI's chat completions with choices, and completions with the prompt's log-probabilities, in
+the service: the requests as FastAPI validates and documents them, and the scheduler's runners.
 
 What a request asks and its answer are `core/chat_request.py`'s; its prompt, head and trie
 `core/conversation.py`'s. Requests of one head and choices share one runner, so the scheduler
@@ -14,6 +14,7 @@ from collections import OrderedDict
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.completions import CompletionAsk, completion_rows, row_logprobs
 from ..core.conversation import ChoicePrompt, ChoiceScorer
 from ..core.encode import EncodedItems
 from ..core.prefix_caches import PrefixCaches
@@ -107,3 +108,48 @@ class ChoiceRunners:
                 self._runners.popitem(last=False)
         self._runners.move_to_end(prompt.key)
         return runner
+
+
+class CompletionRequest(BaseModel):
+    """The fields of OpenAI's completions request that change the answer (`core/completions.py`
+    reads them); sampling fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_tokens: int | None = 16
+    n: int | None = 1
+    stream: bool | None = False
+
+
+class CompletionRunner:
+    """The scheduler's view of one completions request: its rows run together on the worker thread
+    (a row's trie is its own, so requests do not share engine batches); `results` gives each prompt's
+    (token log-probs, top ids, top log-probs)."""
+
+    name = "completions"
+    token_budget = None
+    max_rows = 1
+
+    def __init__(self, engine, pad_id: int, ask: CompletionAsk):
+        self.engine, self.pad_id, self.ask = engine, pad_id, ask
+        self.rows = completion_rows(ask)
+        self._answer: dict[int, tuple] = {}
+
+    def encode(self) -> EncodedRequest:
+        tokens = sum(1 + (r.trie.n_nodes if r.trie is not None else 0) for r in self.rows)
+        return EncodedRequest(items=None, status=("ok",), scored=(0,), lengths=(tokens,))
+
+    def score(self, picks) -> tuple[np.ndarray, BatchWork]:
+        for row in self.rows:
+            self._answer.update(row_logprobs(self.engine, self.pad_id, row, self.ask))
+        tokens = self.encode().lengths[0]
+        return np.zeros((len(picks), 1)), BatchWork(rows=len(self.rows), real_tokens=tokens, processed_tokens=tokens)
+
+    def results(self, scores: np.ndarray, status: tuple[str, ...]) -> list[tuple]:
+        return [self._answer[k] for k in range(len(self.ask.prompts))]
+
+    def empty_scores(self, n: int) -> np.ndarray:
+        return np.full((n, 1), np.nan)

@@ -17,6 +17,7 @@ from ..classifier import Classifier, EngineSettings
 from ..errors import TaskError
 from ..models.loading import LoadedModel
 from ..models.prepare import load_model
+from ..models.schedule import scheduled
 from ..core.task import Task
 from ..web.bind import bind as web_bind
 from .adapter import TaskRunner
@@ -36,7 +37,7 @@ def build_service(tasks: dict[str, Task], model: str | LoadedModel | None, engin
     loaded = load_model(model, engine.device, engine.precision, task=first, settings=engine)
     runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=engine)) for name, task in tasks.items()}
     # chat requests are batched as the tasks are (their measured schedule), or by the defaults without one
-    chat = next(iter(runners.values())).classifier.settings if runners else engine.with_defaults()
+    chat = next(iter(runners.values())).classifier.settings if runners else scheduled(engine, loaded)[0]
     return Service(runners=runners, settings=settings, model_name=loaded.name, loaded=loaded, chat_settings=chat)
 
 

@@ -442,10 +442,29 @@ class Engine:
 
     def _step_logprobs(self, read: torch.Tensor, trie: LabelTrie) -> torch.Tensor:
         """[B, 1+T, hidden] normed hidden states → [B, N_steps] log-probabilities of the trie steps."""
+        step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
+        return torch.cat([logprobs[:, step_pos, step_token] for logprobs in self._logprobs(read, trie)])
+
+    @torch.inference_mode()
+    def read_logprobs(self, read: torch.Tensor, trie: LabelTrie, top: int):
+        """[B, 1+T, hidden] read states → ([B, N_steps] log-probabilities of the trie steps, and at
+        every read position the `top` likeliest tokens' log-probabilities and ids, [B, 1+T, top]
+        each), float32 / int64 numpy: a completion's prompt log-probabilities (`core/completions.py`)."""
+        step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
+        steps, values, ids = [], [], []
+        for logprobs in self._logprobs(read, trie):
+            steps.append(logprobs[:, step_pos, step_token])
+            best = logprobs.topk(top, dim=-1) if top else None
+            values.append(best.values if best else logprobs.new_zeros(*logprobs.shape[:2], 0))
+            ids.append(best.indices if best else logprobs.new_zeros(*logprobs.shape[:2], 0, dtype=torch.long))
+        return (torch.cat(steps).float().cpu().numpy(), torch.cat(values).float().cpu().numpy(),
+                torch.cat(ids).cpu().numpy())
+
+    def _logprobs(self, read: torch.Tensor, trie: LabelTrie):
+        """[b, 1+T, V] log-softmax of the output layer at the read positions, a chunk of rows at a time
+        (`output_rows`)."""
         B = read.shape[0]
         per_call = self.output_rows(trie)
-        step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
-        out = []
         rows = self.backend.invariant_rows("lm_head") or 1  # its batch-invariant path (`gemm.PaddedRows`)
         for start in range(0, B, per_call):
             chunk = read[start : start + per_call]  # [b, 1+T, hidden]
@@ -458,9 +477,7 @@ class Engine:
                 logits = logits / self.logits_divisor
             if self.logit_softcap is not None:
                 logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-            logprobs = torch.log_softmax(logits, dim=-1)
-            out.append(logprobs[:, step_pos, step_token])  # [b, N_steps]
-        return torch.cat(out)
+            yield torch.log_softmax(logits, dim=-1)
 
 
 def _setting(config, name: str | None) -> float | None:
