@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from helpers import invoke
@@ -45,11 +46,14 @@ def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir
            {"custom_id": "y", "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}},
            {"method": "POST", "url": "/v1/chat/completions", "body": {}}]
-    lines = good[:3] + bad[:2] + good[3:6] + bad[2:] + good[6:]
+    ids = llama_loaded.tokenizer("Question: who handles refunds?\nAnswer: billing")["input_ids"]
+    scored = {"custom_id": "lm-eval", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "m", "prompt": [ids], "echo": True, "logprobs": 2, "max_tokens": 0}}
+    lines = good[:3] + bad[:2] + good[3:6] + [scored] + bad[2:] + good[6:]
     src, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
     write_lines(src, lines)
     result = invoke("batch", src, "-o", out, "--model", llama_dir, "--window", "4", "--quiet")
-    assert f"lines: {len(lines)} ({len(good)} answered, {len(bad)} refused)" in result.output
+    assert f"lines: {len(lines)} ({len(good) + 1} answered, {len(bad)} refused)" in result.output
     got = answers(out)
     assert len(got) == len(lines)
     context = context_limit(llama_loaded.model.config)
@@ -63,6 +67,12 @@ def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir
             top = {e["token"]: e["logprob"] for e in body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
             assert np.allclose([top[c] for c in CHOICES], want, atol=1e-4)
             assert body["choices"][0]["message"]["content"] == CHOICES[int(np.argmax(want))]
+        elif line is scored:  # every prompt token's log-probability, as the forward gives it
+            with torch.inference_mode():
+                want = torch.log_softmax(llama_loaded.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            lps = answer["response"]["body"]["choices"][0]["logprobs"]["token_logprobs"]
+            assert lps[0] is None
+            assert np.allclose(lps[1:], want[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy(), atol=1e-4)
         else:
             assert answer["response"] is None
             assert answer["error"]["message"].startswith(f"line {k + 1}: "), answer

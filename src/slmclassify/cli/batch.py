@@ -1,4 +1,5 @@
-"""`slmclassify batch`: an OpenAI Batch API file of chat completions with choices, answered offline
+"""`slmclassify batch`: an OpenAI Batch API file of chat completions with choices (and completions
+with the prompt's log-probabilities), answered offline
 (the job: `jobs/batch.py`). Its options arrive as `BatchOptions` (the job's request, with --quiet and
 --window) and `ModelOptions` (the model and how it runs)."""
 
@@ -44,9 +45,9 @@ model_options = bundle("opts", ModelOptions, [model_option(), token_budget_optio
 @batch_options
 @model_options
 def batch(run: BatchOptions, opts: ModelOptions):
-    """Answer an OpenAI Batch API file of chat completions with choices: each choice scored whole, the
-    conversations' shared heads computed once. One answer line per request line, in order; a bad line
-    gets its error, never the whole file."""
+    """Answer an OpenAI Batch API file of chat completions with choices (each choice scored whole, the
+    conversations' shared heads computed once) and completions with the prompt's log-probabilities.
+    One answer line per request line, in order; a bad line gets its error, never the whole file."""
     from ..jobs.batch import run_batch
 
     summary = run_batch(run.request, opts.settings(window=run.window), model=opts.model,

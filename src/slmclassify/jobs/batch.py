@@ -8,7 +8,9 @@ order, resumably.
         OUTPUT.partial → fsync → progress record → … → rename to OUTPUT
 
 A request line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}`,
-the body a chat completion with choices (`core/chat_request.py`). An answer line is the Batch API's
+the body a chat completion with choices (`core/chat_request.py`), or `"url": "/v1/completions"` with
+a completion asking for the prompt's log-probabilities (`core/completions.py`), answered as the
+service answers them. An answer line is the Batch API's
 `{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}`, or for
 a line that cannot be answered `{"id", "custom_id", "response": null, "error": {"code", "message"}}`.
 Windows are fixed by line number, and the ids and `created` times are derived from the line and
@@ -28,6 +30,7 @@ import pandas as pd
 
 from ..classifier import EngineSettings
 from ..core.chat_request import chat_choices, chat_completion, chat_messages
+from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
 from ..core.prefix_caches import PrefixCaches
@@ -42,7 +45,7 @@ from ..models.schedule import scheduled
 from .resume import saved_run, same_model
 from .meter import Meter, MeterFactory, no_meter
 
-URLS = ("/v1/chat/completions",)
+URLS = ("/v1/chat/completions", "/v1/completions")
 COLUMNS = ["id", "custom_id", "response", "error"]
 
 
@@ -182,7 +185,10 @@ class _Answerer:
         for k, raw in enumerate(lines):
             custom_id = None
             try:
-                custom_id, body = _request(raw, start + k)
+                custom_id, url, body = _request(raw, start + k)
+                if url == "/v1/completions":  # its own engine rows: its trie is its own
+                    answers[k] = self._completed(start + k, custom_id, body)
+                    continue
                 prompt = choice_prompt(self.loaded.tokenizer, chat_messages(body), chat_choices(body), self.context)
                 asked[k] = custom_id, body, prompt
             except InputError as exc:
@@ -205,12 +211,23 @@ class _Answerer:
         return answers
 
     def _answered(self, line: int, custom_id, body: dict, prompt: ChoicePrompt, scores: np.ndarray) -> dict:
+        return self._ok(line, custom_id, chat_completion(body, prompt, scores), "chatcmpl")
+
+    def _completed(self, line: int, custom_id, body: dict) -> dict:
+        tokenizer = self.loaded.tokenizer
+        ask = completion_ask(body, tokenizer, self.context)
+        answer = {}
+        for row in completion_rows(ask):
+            answer.update(row_logprobs(self.loaded.engine, tokenizer.pad_token_id, row, ask))
+        choices = [completion_choice(k, ask, ids, *answer[k], tokenizer) for k, ids in enumerate(ask.prompts)]
+        return self._ok(line, custom_id, completion_response(body, ask, choices), "cmpl")
+
+    def _ok(self, line: int, custom_id, body: dict, kind: str) -> dict:
         self.state.answered += 1
-        completion = chat_completion(body, prompt, scores)
-        completion["id"] = f"chatcmpl-{_derived(self.created, line)}"
-        completion["created"] = self.created
+        body["id"] = f"{kind}-{_derived(self.created, line)}"
+        body["created"] = self.created
         return {"id": f"batch_req_{_derived(self.created, line)}", "custom_id": custom_id,
-                "response": {"status_code": 200, "request_id": _derived(self.created, line), "body": completion},
+                "response": {"status_code": 200, "request_id": _derived(self.created, line), "body": body},
                 "error": None}
 
     def _refused(self, line: int, custom_id, message: str) -> dict:
@@ -220,8 +237,8 @@ class _Answerer:
                 "error": {"code": code, "message": f"line {line + 1}: {message}"}}
 
 
-def _request(raw: bytes, index: int) -> tuple[str, dict]:
-    """(custom_id, body) of one request line; InputError says what is wrong with it."""
+def _request(raw: bytes, index: int) -> tuple[str, str, dict]:
+    """(custom_id, url, body) of one request line; InputError says what is wrong with it."""
     try:
         line = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -234,10 +251,11 @@ def _request(raw: bytes, index: int) -> tuple[str, dict]:
     if line.get("method", "POST") != "POST":
         raise InputError(f"method {line.get('method')!r}: only POST is supported")
     if line.get("url") not in URLS:
-        raise InputError(f"url {line.get('url')!r}: supported are {', '.join(URLS)} (chat completions with choices)")
+        raise InputError(f"url {line.get('url')!r}: supported are {', '.join(URLS)} (chat completions with choices, "
+                         "completions with the prompt's log-probabilities)")
     if not isinstance(line.get("body"), dict):
         raise InputError("body must be a JSON object: the request")
-    return custom_id, line["body"]
+    return custom_id, line["url"], line["body"]
 
 
 def _now() -> int:
