@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import signal
 import time
 
 import numpy as np
@@ -35,15 +34,14 @@ from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
 from ..core.prefix_caches import PrefixCaches
 from ..errors import InputError
-from ..interrupts import handle_sigterm
 from ..io.checkpoint import Checkpoint, digest, input_fingerprint
 from ..io.formats import check_not_input
 from ..io.lock import OutputLock
-from ..io.sink import WriteFailed, open_sink
+from ..io.sink import open_sink
 from ..models.prepare import load_model
 from ..models.schedule import scheduled
-from .resume import saved_run, same_model
-from .meter import Meter, MeterFactory, no_meter
+from .resume import same_model, saved_run, writing
+from .meter import MeterFactory, no_meter
 
 URLS = ("/v1/chat/completions", "/v1/completions")
 COLUMNS = ["id", "custom_id", "response", "error"]
@@ -134,8 +132,7 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, model, meter: Me
     lines = _Lines(request.input_path, skip=state.rows)
     sink = open_sink(request.output_path, checkpoint, "jsonl", COLUMNS, saved, True, identity, "strict")
     bar = meter(None, lines.size, state.rows)
-    previous = handle_sigterm()
-    try:
+    with writing(sink, state, bar, lines.close):
         for start, window in lines.windows(settings.window):
             began = time.perf_counter()
             frame = pd.DataFrame(answer.window(start, window), columns=COLUMNS)
@@ -143,22 +140,6 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, model, meter: Me
             state.rows += len(window)
             sink.write(frame, state, lines.read_digest())
             bar.update(len(window), lines.bytes_read)
-    except KeyboardInterrupt as exc:
-        bar.close()
-        raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
-    except WriteFailed as failed:
-        bar.close()
-        sink.abandon()
-        raise sink.write_failed(failed.error) from None
-    except BaseException:
-        bar.close()
-        sink.abandon()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        lines.close()
-    bar.close()
-    sink.finish()
     return BatchSummary(model=loaded.name, lines=state.rows, answered=state.answered, refused=dict(state.refused),
                         items_per_s=state.answered / state.seconds if state.seconds else 0.0,
                         head_tokens=dict(state.head_tokens), resumed_at=state.resumed_at,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import signal
 import time
 from collections import Counter
 from typing import Callable
@@ -33,15 +32,14 @@ from ..errors import InputError
 from ..head.apply import HeadChoice
 from ..models.loading import LoadedModel
 from .meter import Meter, MeterFactory, no_meter
+from .resume import same_model, saved_run, writing
 from .table_request import ClassifyRequest
-from ..interrupts import handle_sigterm
-from ..io.checkpoint import (Checkpoint, changed, digest, input_fingerprint, input_read_changed, refuse_damaged,
-                            refuse_resume)
+from ..io.checkpoint import Checkpoint, digest, input_fingerprint
 from ..io.formats import check_not_input, check_output
 from ..io.lock import OutputLock
 from ..io.labelled import gold_text
 from ..io.readers import open_table
-from ..io.sink import WriteFailed, open_sink
+from ..io.sink import open_sink
 from ..io.writers import parquet_schema
 from ..core.results import RunStats, check_result_columns, result_arrow_fields, result_columns, result_frame
 from ..core.taps import Taps
@@ -107,7 +105,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
     checkpoint = Checkpoint(request.output_path) if request.output_path != "-" else None
     reader, labels = _open_input(request, task, choice)
     identity = _identity(request, out_fmt, task, settings, choice, resumable)
-    saved = _saved_run(checkpoint, identity, request.resume, request.restart, request.input_path, out_fmt)
+    saved = saved_run(checkpoint, identity, request.resume, request.restart, request.input_path, out_fmt)
 
     done = saved["rows_done"] if saved is not None else 0
     if settings.precision == "auto" and not isinstance(model, LoadedModel):  # decided when it is prepared
@@ -125,7 +123,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         classifier = _as_recorded(saved, classifier, task, settings)
         if on_loaded is not None:
             on_loaded(classifier)
-        _same_model(saved, identity, classifier, checkpoint)
+        same_model(saved, identity, classifier.loaded, checkpoint)
     except BaseException:
         reader.close()
         raise
@@ -196,29 +194,14 @@ def _identity(request: ClassifyRequest, out_fmt: str, task: Task, settings: Engi
     return identity
 
 
-def _same_model(saved: dict | None, identity: dict, classifier: Classifier, checkpoint) -> None:
-    """Add the loaded model and precision to `identity`; refuse to resume a run made with others."""
-    identity["model"] = digest([classifier.loaded.name, _model_fingerprint(classifier)])
-    identity["model_shown"] = {"model": classifier.loaded.name}
-    if saved is not None and saved.get("model") != identity["model"]:
-        same_name = saved.get("model_shown", {}).get("model") == classifier.loaded.name
-        raise refuse_resume(checkpoint, "the model changed (same name, other weights or config)" if same_name
-                            else changed({"model": saved.get("model"), "model_shown": saved.get("model_shown")},
-                                         {"model": identity["model"], "model_shown": identity["model_shown"]}))
-    identity["precision"] = classifier.loaded.backend.precision  # what --precision auto picked, too
-    if saved is not None and saved.get("precision", identity["precision"]) != identity["precision"]:
-        raise refuse_resume(checkpoint, f"the precision changed ({saved['precision']} → {identity['precision']})")
-
-
 def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, choice: HeadChoice, labels,
             state: _RunState, sink, resumable: bool, bar: Meter) -> None:
     """Score each chunk and append it, with its result columns, to the sink; on Ctrl-C/SIGTERM or a
     failed write, keep the finished chunks for --resume and raise what the user reads."""
     gold_column = request.gold_column
-    previous = handle_sigterm()
     results = choice.results_step()
     taps = choice.head.taps if choice.used else Taps()
-    try:
+    with writing(sink, state, bar, reader.close):
         for start, frame in chunks:
             window = classifier.score_window(reader.texts(frame), start, taps=taps, results=results)
             results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index,
@@ -231,22 +214,6 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
                        reader.read_digest() if resumable else None)
             bar.update(len(frame), reader.bytes_read)
             release_freed_memory()  # the window's frames and activations: freed, but glibc's arenas keep the pages
-    except KeyboardInterrupt as exc:
-        bar.close()
-        raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
-    except WriteFailed as failed:  # a full disk: the finished chunks stay for --resume
-        bar.close()
-        sink.abandon()
-        raise sink.write_failed(failed.error) from None
-    except BaseException:
-        bar.close()
-        sink.abandon()
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        reader.close()
-    bar.close()
-    sink.finish()
 
 
 def label_lines(classifier: Classifier) -> tuple[str, ...]:
@@ -283,37 +250,6 @@ def _after(chunks, skip_rows: int):
         yield start, frame
 
 
-def _saved_run(checkpoint, identity, resume, restart, input_path, fmt: str) -> dict | None:
-    """The record of the run to continue (resume), or None to start fresh; refuses what it must."""
-    if checkpoint is None or not checkpoint.exists():
-        return None
-    saved = checkpoint.load()
-    if restart:
-        checkpoint.discard()
-        return None
-    if not resume:
-        if saved is None and (why := checkpoint.unusable_record()):  # --resume would refuse it: say so now
-            raise InputError("{partial} holds an unfinished run that cannot be resumed ({why}); pass {restart} to "
-                             "start over", names={"restart": "restart"}, partial=checkpoint.partial, why=why)
-        done = f" ({saved['rows_done']} rows done)" if saved else ""
-        raise InputError("{partial} holds an unfinished run{done}; pass {resume} to continue it, or {restart} to "
-                         "start over", names={"resume": "resume", "restart": "restart"}, partial=checkpoint.partial,
-                         done=done)
-    if saved is None:
-        why = checkpoint.unusable_record()
-        if why:  # rows may be done, but nothing says which: never dropped without a word
-            raise refuse_damaged(checkpoint, why)
-        checkpoint.discard()  # an empty partial without a record: no chunk was ever completed
-        return None
-    damage = checkpoint.damage(saved, fmt)
-    if damage:
-        raise refuse_damaged(checkpoint, damage)
-    reason = changed(saved, identity) or input_read_changed(saved, input_path)
-    if reason:
-        raise refuse_resume(checkpoint, reason)
-    return saved
-
-
 def _as_recorded(saved: dict | None, classifier: Classifier, task: Task, settings: EngineSettings) -> Classifier:
     """The classifier of a resumed run computing as the interrupted run did, from what that run
     recorded (`identity["gemm"]`, `identity["schedule"]`), so that the output is byte-identical:
@@ -324,7 +260,7 @@ def _as_recorded(saved: dict | None, classifier: Classifier, task: Task, setting
       int8-onednn, whose rows share a quantisation range, or torch's attention): elsewhere an item's
       scores are the same bits in any batch, and the schedule measured now is used.
 
-    Another precision or model is refused by `_same_model`, naming it."""
+    Another precision or model is refused by `resume.same_model`, naming it."""
     from ..backends import gemm
     from ..models.engines import with_backend
 
@@ -346,16 +282,6 @@ def _task_shown(task: Task) -> dict:
     shown = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
     shown["examples"] = [[e.text, e.label] for e in task.examples]
     return {k: list(v) if isinstance(v, tuple) else v for k, v in shown.items()}
-
-
-def _model_fingerprint(classifier: Classifier) -> str:
-    """The model's config, tokenizer size and embedding weights (what makes its scores)."""
-    import hashlib
-
-    model = classifier.loaded.model
-    weights = model.get_input_embeddings().weight.detach().cpu().contiguous().numpy()  # the same bytes on any device
-    return digest([model.config.to_json_string(), len(classifier.loaded.tokenizer),
-                   hashlib.sha256(weights.tobytes()).hexdigest()])
 
 
 # --------------------------------------------------------------------------- run state

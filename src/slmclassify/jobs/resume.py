@@ -1,12 +1,17 @@
-"""What a resumable job (`classify`, `batch`) checks before it continues a partial run: the partial
-and its record are whole and the run's input, options and model are the ones that made them."""
+"""What the resumable jobs (`classify`, `batch`) share: the checks before a partial run is continued
+(the partial and its record whole, the run's input, options and model the ones that made them), and
+the chunk loop's way out (`writing`)."""
 
 from __future__ import annotations
 
 import hashlib
+import signal
+from contextlib import contextmanager
 
 from ..errors import InputError
+from ..interrupts import handle_sigterm
 from ..io.checkpoint import changed, digest, input_read_changed, refuse_damaged, refuse_resume
+from ..io.sink import WriteFailed
 
 
 def saved_run(checkpoint, identity, resume, restart, input_path, fmt: str) -> dict | None:
@@ -59,3 +64,30 @@ def model_fingerprint(loaded) -> str:
     model = loaded.model
     weights = model.get_input_embeddings().weight.detach().cpu().contiguous().numpy()  # the same bytes on any device
     return digest([model.config.to_json_string(), len(loaded.tokenizer), hashlib.sha256(weights.tobytes()).hexdigest()])
+
+
+@contextmanager
+def writing(sink, state, bar, close):
+    """Around a job's loop of chunks appended to `sink`: SIGTERM read as Ctrl-C; on Ctrl-C or a failed
+    write (a full disk) the finished chunks stay for --resume and what the user reads is raised; on any
+    other error the sink is abandoned; `close()` (the input) always; the sink finished when the loop
+    ends. `state`: the job's run state (its `rows`, `to_json()`); `bar`: its meter."""
+    previous = handle_sigterm()
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        bar.close()
+        raise sink.interrupted(state, getattr(exc, "signal", signal.SIGINT)) from None
+    except WriteFailed as failed:
+        bar.close()
+        sink.abandon()
+        raise sink.write_failed(failed.error) from None
+    except BaseException:
+        bar.close()
+        sink.abandon()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        close()
+    bar.close()
+    sink.finish()
