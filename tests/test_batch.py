@@ -12,6 +12,8 @@ import torch
 from click.testing import CliRunner
 
 from helpers import invoke
+from slmclassify import Classifier
+from slmclassify.jobs.sources import read_task
 from slmclassify.cli.main import cli
 from slmclassify.core.config_check import context_limit
 from slmclassify.core.conversation import choice_prompt
@@ -49,11 +51,18 @@ def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir
     ids = llama_loaded.tokenizer("Question: who handles refunds?\nAnswer: billing")["input_ids"]
     scored = {"custom_id": "lm-eval", "method": "POST", "url": "/v1/completions",
               "body": {"model": "m", "prompt": [ids], "echo": True, "logprobs": 2, "max_tokens": 0}}
-    lines = good[:3] + bad[:2] + good[3:6] + [scored] + bad[2:] + good[6:]
+    pooled = [{"custom_id": f"c-{k}", "method": "POST", "url": "/v1/classify",
+               "body": {"model": "support", "input": texts}} for k, texts in enumerate([TICKETS[:3], "refund", [""]])]
+    lines = good[:3] + bad[:2] + good[3:6] + [scored, pooled[0]] + bad[2:] + pooled[1:] + good[6:]
     src, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
     write_lines(src, lines)
-    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--window", "4", "--quiet")
-    assert f"lines: {len(lines)} ({len(good) + 1} answered, {len(bad)} refused)" in result.output
+    task_file = tmp_path / "support.toml"
+    task_file.write_text('labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\n')
+    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--window", "4", "--quiet",
+                    "--task", f"support={task_file}")
+    answered = len(good) + 1 + len(pooled)
+    assert f"lines: {len(lines)} ({answered} answered, {len(bad)} refused)" in result.output
+    offline = Classifier(read_task(task_file), model=llama_loaded)
     got = answers(out)
     assert len(got) == len(lines)
     context = context_limit(llama_loaded.model.config)
@@ -67,6 +76,14 @@ def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir
             top = {e["token"]: e["logprob"] for e in body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
             assert np.allclose([top[c] for c in CHOICES], want, atol=1e-4)
             assert body["choices"][0]["message"]["content"] == CHOICES[int(np.argmax(want))]
+        elif line in pooled:  # the task's results, as offline classify gives them
+            texts = line["body"]["input"]
+            want = offline.classify([texts] if isinstance(texts, str) else texts)
+            data = answer["response"]["body"]["data"]
+            assert [d["label"] for d in data] == [w.label for w in want]
+            for d, w in zip(data, want):
+                assert np.allclose(d["probs"], [w.probabilities[lab] for lab in offline.task.labels], atol=1e-4) \
+                    if w.probabilities else d["probs"] == []
         elif line is scored:  # every prompt token's log-probability, as the forward gives it
             with torch.inference_mode():
                 want = torch.log_softmax(llama_loaded.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)

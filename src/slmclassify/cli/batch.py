@@ -17,12 +17,14 @@ from .progress import Progress
 @dataclasses.dataclass(frozen=True)
 class BatchOptions:
     request: BatchRequest
+    task_specs: tuple[str, ...] = ()
+    """`NAME=FILE.toml` per task, for `/v1/classify` lines."""
     quiet: bool = False
     window: int | None = None
 
     @classmethod
-    def from_flags(cls, *, quiet, window, **request) -> BatchOptions:
-        return cls(BatchRequest(**request), quiet, window)
+    def from_flags(cls, *, task_specs, quiet, window, **request) -> BatchOptions:
+        return cls(BatchRequest(**request), task_specs, quiet, window)
 
 
 batch_options = bundle("run", BatchOptions.from_flags, [
@@ -31,6 +33,8 @@ batch_options = bundle("run", BatchOptions.from_flags, [
     click.option("--prefix-cache-mb", type=float, default=256.0, show_default=True,
                  help="Memory for the cached heads of the conversations (their shared system turn and earlier "
                       "turns); the least recently used are dropped beyond it."),
+    click.option("--task", "task_specs", multiple=True, metavar="NAME=FILE",
+                 help="A task for /v1/classify lines whose model is NAME, from a TOML task file (repeat for several)."),
     click.option("--resume", is_flag=True, help="Continue the unfinished run kept in OUTPUT.partial."),
     click.option("--restart", is_flag=True, help="Discard an unfinished run (OUTPUT.partial) and start over."),
     click.option("--window", type=int, help="Request lines read, grouped and batched at a time; also the resume "
@@ -46,11 +50,13 @@ model_options = bundle("opts", ModelOptions, [model_option(), token_budget_optio
 @model_options
 def batch(run: BatchOptions, opts: ModelOptions):
     """Answer an OpenAI Batch API file of chat completions with choices (each choice scored whole, the
-    conversations' shared heads computed once) and completions with the prompt's log-probabilities.
+    conversations' shared heads computed once), completions with the prompt's log-probabilities, and
+    classify requests (vLLM's pooling shape) for the tasks given with --task.
     One answer line per request line, in order; a bad line gets its error, never the whole file."""
     from ..jobs.batch import run_batch
+    from ..jobs.sources import named_tasks
 
-    summary = run_batch(run.request, opts.settings(window=run.window), model=opts.model,
+    summary = run_batch(run.request, opts.settings(window=run.window), named_tasks(run.task_specs), model=opts.model,
                         meter=lambda rows, size, done: Progress(rows, size, enabled=not run.quiet, done=done))
     refused = sum(summary.refused.values())
     resumed = f", resumed at line {summary.resumed_at + 1}" if summary.resumed_at else ""

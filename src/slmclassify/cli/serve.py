@@ -8,7 +8,7 @@ import dataclasses
 import click
 
 from ..core.task import Task
-from ..jobs.sources import read_task
+from ..jobs.sources import named_tasks
 from ..errors import TaskError
 from .options import (ModelOptions, bundle, hidden_alias, max_rows_option, max_tokens_option, merged,
                       token_budget_option)
@@ -45,15 +45,7 @@ class ServeOptions:
 
     def tasks(self) -> dict[str, Task]:
         """`--task NAME=FILE.toml` options → {name: Task}."""
-        tasks = {}
-        for spec in self.task_specs:
-            name, sep, path = spec.partition("=")
-            if not sep or not name.strip() or not path.strip():
-                raise TaskError(f"--task must be NAME=FILE.toml, got {spec!r}")
-            if name.strip() in tasks:
-                raise TaskError(f"task name {name.strip()!r} is given twice")
-            tasks[name.strip()] = read_task(path.strip())
-        return tasks
+        return named_tasks(self.task_specs)
 
     def settings(self):
         """The service's `ServeSettings`."""

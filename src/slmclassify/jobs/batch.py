@@ -9,8 +9,9 @@ order, resumably.
 
 A request line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}`,
 the body a chat completion with choices (`core/chat_request.py`), or `"url": "/v1/completions"` with
-a completion asking for the prompt's log-probabilities (`core/completions.py`), answered as the
-service answers them. An answer line is the Batch API's
+a completion asking for the prompt's log-probabilities (`core/completions.py`), or
+`"url": "/v1/classify"` in vLLM's pooling shape for a task given to the job, answered as the service
+answers them (a task's lines of a window are scored together). An answer line is the Batch API's
 `{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}`, or for
 a line that cannot be answered `{"id", "custom_id", "response": null, "error": {"code", "message"}}`.
 Windows are fixed by line number, and the ids and `created` times are derived from the line and
@@ -27,12 +28,13 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..classifier import EngineSettings
+from ..classifier import Classifier, EngineSettings, item_text
 from ..core.chat_request import chat_choices, chat_completion, chat_messages
 from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
 from ..core.prefix_caches import PrefixCaches
+from ..core.task import Task
 from ..errors import InputError
 from ..io.checkpoint import Checkpoint, digest, input_fingerprint
 from ..io.formats import check_not_input
@@ -40,10 +42,11 @@ from ..io.lock import OutputLock
 from ..io.sink import open_sink
 from ..models.prepare import load_model
 from ..models.schedule import scheduled
+from ..serve.adapter import TaskRunner, pooling_response
 from .resume import same_model, saved_run, writing
 from .meter import MeterFactory, no_meter
 
-URLS = ("/v1/chat/completions", "/v1/completions")
+URLS = ("/v1/chat/completions", "/v1/completions", "/v1/classify")
 COLUMNS = ["id", "custom_id", "response", "error"]
 
 
@@ -103,15 +106,17 @@ class _RunState:
                 "head_tokens": self.head_tokens}
 
 
-def run_batch(request: BatchRequest, settings: EngineSettings, *, model=None,
+def run_batch(request: BatchRequest, settings: EngineSettings, tasks: dict[str, Task] | None = None, *, model=None,
               meter: MeterFactory = no_meter) -> BatchSummary:
-    """Answer every request line of `request.input_path` into `request.output_path`."""
+    """Answer every request line of `request.input_path` into `request.output_path`; `tasks` (name →
+    Task) answer `/v1/classify` lines whose `model` names them."""
     check_not_input(request.input_path, request.output_path)
     with OutputLock(request.output_path):
-        return _run_batch(request, settings, model, meter)
+        return _run_batch(request, settings, tasks or {}, model, meter)
 
 
-def _run_batch(request: BatchRequest, settings: EngineSettings, model, meter: MeterFactory) -> BatchSummary:
+def _run_batch(request: BatchRequest, settings: EngineSettings, tasks: dict[str, Task], model,
+               meter: MeterFactory) -> BatchSummary:
     checkpoint = Checkpoint(request.output_path)
     try:
         fingerprint = input_fingerprint(request.input_path)
@@ -119,16 +124,22 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, model, meter: Me
         raise InputError(f"cannot read {request.input_path}: {exc.strerror}") from None
     shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows}
     identity = {"input": fingerprint, "settings": digest([repr(settings), shown]), "settings_shown": shown,
-                "task": None, "created": _now()}
+                "task": digest(repr(sorted(tasks.items()))), "task_shown": {"tasks": sorted(tasks)},
+                "created": _now()}
     saved = saved_run(checkpoint, identity, request.resume, request.restart, request.input_path, "jsonl")
-    loaded = load_model(model, settings.device, settings.precision, settings=settings)
+    loaded = load_model(model, settings.device, settings.precision, task=next(iter(tasks.values()), None),
+                        settings=settings)
     same_model(saved, identity, loaded, checkpoint)
     created = saved["created"] if saved is not None else identity["created"]
     state = _RunState()
     if saved is not None:
         state = _RunState(rows=saved["rows_done"], resumed_at=saved["rows_done"], **saved["state"])
     settings, _schedule = scheduled(settings, loaded)  # batched as offline classify is, on this machine
-    answer = _Answerer(loaded, settings, request.prefix_cache_mb, state, created)
+    if saved is not None and "schedule" in saved:  # the batches the first run made, should the measurement move
+        settings = dataclasses.replace(settings, **saved["schedule"])
+    identity["schedule"] = {"token_budget": settings.token_budget, "max_rows": settings.max_rows}
+    runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=settings)) for name, task in tasks.items()}
+    answer = _Answerer(loaded, settings, request.prefix_cache_mb, state, created, runners)
     lines = _Lines(request.input_path, skip=state.rows)
     sink = open_sink(request.output_path, checkpoint, "jsonl", COLUMNS, saved, True, identity, "strict")
     bar = meter(None, lines.size, state.rows)
@@ -149,8 +160,10 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, model, meter: Me
 class _Answerer:
     """Answers one window of request lines: parse, group the chat lines by key, score each group."""
 
-    def __init__(self, loaded, settings: EngineSettings, prefix_cache_mb: float, state: _RunState, created: int):
+    def __init__(self, loaded, settings: EngineSettings, prefix_cache_mb: float, state: _RunState, created: int,
+                 runners: dict[str, TaskRunner]):
         self.loaded, self.settings, self.state, self.created = loaded, settings, state, created
+        self.runners = runners
         self.context = context_limit(loaded.model.config)
         self.caches = PrefixCaches(loaded.engine, int(prefix_cache_mb * 2**20), self._observe)
         self.scorers: dict[tuple, ChoiceScorer] = {}
@@ -163,12 +176,17 @@ class _Answerer:
         """One answer per line, in order."""
         answers: list[dict | None] = [None] * len(lines)
         asked: dict[int, tuple[str, dict, ChoicePrompt]] = {}
+        classify: dict[str, list[tuple[int, str, dict, list[str]]]] = {}  # task → its lines of this window
         for k, raw in enumerate(lines):
             custom_id = None
             try:
                 custom_id, url, body = _request(raw, start + k)
                 if url == "/v1/completions":  # its own engine rows: its trie is its own
                     answers[k] = self._completed(start + k, custom_id, body)
+                    continue
+                if url == "/v1/classify":
+                    name, texts = self._pooling(body)
+                    classify.setdefault(name, []).append((k, custom_id, body, texts))
                     continue
                 prompt = choice_prompt(self.loaded.tokenizer, chat_messages(body), chat_choices(body), self.context)
                 asked[k] = custom_id, body, prompt
@@ -187,12 +205,49 @@ class _Answerer:
             self.state.head_tokens["reused"] += len(scorer.head_ids) * int(items.cached.sum())
             for k, row in zip(members, scores):
                 answers[k] = self._answered(start + k, *asked[k], row)
+        for name, asking in classify.items():
+            self._classified(start, self.runners[name], asking, answers)
         if len(self.scorers) > 256:  # keys of earlier windows; their prefixes stay in the LRU
             self.scorers.clear()
         return answers
 
     def _answered(self, line: int, custom_id, body: dict, prompt: ChoicePrompt, scores: np.ndarray) -> dict:
         return self._ok(line, custom_id, chat_completion(body, prompt, scores), "chatcmpl")
+
+    def _pooling(self, body: dict) -> tuple[str, list[str]]:
+        """(the task, the texts) of a `/v1/classify` line in vLLM's pooling shape."""
+        name, texts = body.get("model"), body.get("input")
+        if name not in self.runners:
+            if len(self.runners) == 1 and name == self.loaded.name:
+                name = next(iter(self.runners))
+            else:
+                raise InputError(f"model {name!r} names no task; give tasks with --task NAME=FILE.toml"
+                                 + (f" (given: {', '.join(self.runners)})" if self.runners else ""))
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InputError("input must be a string or a non-empty list of strings")
+        if self.runners[name].classifier.task.multi_field:
+            raise InputError(f"task {name!r} takes items of several fields: not in the pooling shape")
+        for index, text in enumerate(texts):
+            item_text(text, index, where="input")  # a lone surrogate is refused, naming it
+        return name, texts
+
+    def _classified(self, start: int, runner: TaskRunner, asking: list, answers: list) -> None:
+        """Every text of a task's lines in one encoding and one scoring pass; each line's results."""
+        texts = [t for *_, line_texts in asking for t in line_texts]
+        encoded = runner.encode(texts)
+        scores = runner.empty_scores(len(texts))
+        if encoded.scored:
+            got, _work = runner.score([(encoded, i) for i in encoded.scored])
+            scores[list(encoded.scored)] = got
+        results = runner.results(scores, encoded.status)
+        offset = 0
+        for k, custom_id, body, line_texts in asking:
+            n = len(line_texts)
+            tokens = sum(encoded.items.prompt_length(i) for i in range(offset, offset + n))
+            response = pooling_response(body["model"], runner.labels, results[offset: offset + n], tokens, "", 0)
+            answers[k] = self._ok(start + k, custom_id, response, "classify")
+            offset += n
 
     def _completed(self, line: int, custom_id, body: dict) -> dict:
         tokenizer = self.loaded.tokenizer

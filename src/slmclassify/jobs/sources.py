@@ -14,6 +14,7 @@ from typing import Any
 from ..core.settings import EngineSettings
 from ..core.settings_sources import merge_settings
 from ..core.task import Task, merge_task, task_engine_settings
+from ..errors import TaskError
 from ..io.saved_settings import saved_settings
 from ..io.task_files import read_task_file
 
@@ -21,6 +22,19 @@ from ..io.task_files import read_task_file
 def read_task(path: str | os.PathLike) -> Task:
     """The task of a TOML task file. Unknown keys are an error, so typos do not pass silently."""
     return Task.from_dict(read_task_file(path), source=str(path))
+
+
+def named_tasks(specs) -> dict[str, Task]:
+    """`NAME=FILE.toml` specs (`--task` of serve and batch) → {name: Task}, in the order given."""
+    tasks = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise TaskError(f"--task must be NAME=FILE.toml, got {spec!r}")
+        if name.strip() in tasks:
+            raise TaskError(f"task name {name.strip()!r} is given twice")
+        tasks[name.strip()] = read_task(path.strip())
+    return tasks
 
 
 def build_task(task_file: str | os.PathLike | None = None, labels: tuple[str, ...] | None = None,

@@ -32,7 +32,7 @@ from ..core.conversation import choice_prompt
 from ..models.loading import LoadedModel
 from ..core.encode import valid_unicode
 from ..errors import InputError
-from .adapter import TaskRunner, result_json
+from .adapter import TaskRunner, pooling_response, result_json
 from .chat import ChatRequest, ChoiceRunners, CompletionRequest, CompletionRunner, prefix_caches
 from .guard import Guard
 from .metrics import Metrics
@@ -293,12 +293,8 @@ def create_app(service: Service):
         texts = [body.input] if isinstance(body.input, str) else body.input
         results, encoded = await _run(runner, texts, request)
         tokens = sum(encoded.items.prompt_length(i) for i in range(len(texts)))
-        labels = runner.labels
-        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": body.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens,
-                                               "completion_tokens": 0, "prompt_tokens_details": None},
-                "data": [{"index": k, "label": r.label, "probs": [r.probabilities.get(lab) for lab in labels]
-                          if r.probabilities else [], "num_classes": len(labels)} for k, r in enumerate(results)]}
+        return pooling_response(body.model, runner.labels, results, tokens, f"classify-{uuid.uuid4().hex}",
+                                int(time.time()))
 
     def _check_count(n: int) -> None:
         if n > settings.max_texts:
