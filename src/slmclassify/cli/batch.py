@@ -6,12 +6,15 @@ with the prompt's log-probabilities), answered offline
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import click
 
-from ..jobs.batch import BatchRequest
 from .options import ModelOptions, bundle, device_options, max_rows_option, model_option, token_budget_option
 from .progress import Progress
+
+if TYPE_CHECKING:  # the job imports torch: the CLI (and a --ray driver) imports it only to run it
+    from ..jobs.batch import BatchRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +27,8 @@ class BatchOptions:
 
     @classmethod
     def from_flags(cls, *, task_specs, quiet, window, **request) -> BatchOptions:
+        from ..jobs.batch import BatchRequest
+
         return cls(BatchRequest(**request), task_specs, quiet, window)
 
 
