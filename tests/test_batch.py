@@ -149,7 +149,7 @@ def test_a_changed_input_is_not_resumed(tmp_path, llama_dir, monkeypatch):
     assert "cannot resume" in str(result.exception) and "input file changed" in str(result.exception)
 
 
-@pytest.mark.parametrize("args, words", [(["--resume", "--restart"], "not both"),
+@pytest.mark.parametrize("args, words", [(["--resume", "--restart"], "--resume and --restart exclude each other"),
                                          (["--prefix-cache-mb", "-1"], "--prefix-cache-mb must be >= 0")])
 def test_bad_options_are_refused_before_the_model_loads(tmp_path, args, words):
     src = tmp_path / "requests.jsonl"

@@ -7,6 +7,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..errors import FieldError
+
+
+def check_prefix_cache_mb(value: float) -> None:
+    """The memory for prefix caches (serve's and batch's --prefix-cache-mb): 0 or more MB."""
+    if not value >= 0:
+        raise FieldError("prefix_cache_mb", "{field} must be >= 0, got {value}", value=value)
+
 
 class PrefixCaches:
     """Prefix caches by head ids, within `max_bytes` (0: none kept, each lookup computes its head).

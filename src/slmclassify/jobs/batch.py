@@ -33,7 +33,7 @@ from ..core.chat_request import chat_choices, chat_completion, chat_messages
 from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
-from ..core.prefix_caches import PrefixCaches
+from ..core.prefix_caches import PrefixCaches, check_prefix_cache_mb
 from ..core.task import Task
 from ..errors import InputError
 from ..io.checkpoint import Checkpoint, digest, input_fingerprint
@@ -44,6 +44,7 @@ from ..models.prepare import load_model
 from ..models.schedule import scheduled
 from ..serve.adapter import TaskRunner, pooling_response
 from .resume import same_model, saved_run, writing
+from .table_request import check_resume
 from .meter import MeterFactory, no_meter
 
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/classify")
@@ -64,10 +65,8 @@ class BatchRequest:
     restart: bool = False
 
     def __post_init__(self) -> None:
-        if self.resume and self.restart:
-            raise InputError("give --resume or --restart, not both")
-        if not self.prefix_cache_mb >= 0:
-            raise InputError(f"--prefix-cache-mb must be >= 0, got {self.prefix_cache_mb}")
+        check_resume(self.resume, self.restart)
+        check_prefix_cache_mb(self.prefix_cache_mb)
         if self.input_path == "-" or self.output_path == "-":
             raise InputError("batch reads a file and writes a file (not - for stdin or stdout): it is resumable")
 

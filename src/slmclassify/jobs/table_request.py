@@ -51,8 +51,12 @@ class ClassifyRequest(TableRequest):
     """Discard an unfinished run (OUTPUT.partial) and start over."""
 
     def __post_init__(self) -> None:
-        if self.resume and self.restart:
-            raise TaskError("{resume} and {restart} exclude each other",
-                            names={"resume": "resume", "restart": "restart"})
+        check_resume(self.resume, self.restart)
         if self.probes < 0:
             raise FieldError("probes", "{field} must be 0 (no check) or more, got {value}", value=self.probes)
+
+
+def check_resume(resume: bool, restart: bool) -> None:
+    """A resumable job's --resume and --restart (classify, batch) exclude each other."""
+    if resume and restart:
+        raise TaskError("{resume} and {restart} exclude each other", names={"resume": "resume", "restart": "restart"})

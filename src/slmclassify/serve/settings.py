@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.prefix_caches import check_prefix_cache_mb
 from ..errors import FieldError, TaskError
 
 DEFAULT_MAX_WAIT_MS = 50.0
@@ -35,8 +36,7 @@ class ServeSettings:
         for name in ("max_texts", "max_body_bytes", "max_queue_items"):
             if getattr(self, name) < 1:
                 raise FieldError(name, "{field} must be positive, got {value}", value=getattr(self, name))
-        if not self.prefix_cache_mb >= 0:
-            raise FieldError("prefix_cache_mb", "{field} must be >= 0, got {value}", value=self.prefix_cache_mb)
+        check_prefix_cache_mb(self.prefix_cache_mb)
         if not self.request_timeout_s > 0:
             raise FieldError("request_timeout_s", "{field} must be positive, got {value}", value=self.request_timeout_s)
         if self.api_key is not None and not self.api_key.strip():
