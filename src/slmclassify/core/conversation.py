@@ -18,6 +18,7 @@ prompt runs whole, so the cache never changes an answer.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,10 @@ from .prefix_caches import PrefixCaches
 from .prompts import ITEM_MARK, render_chat
 from .scoring import Scored, Scorer
 from .settings import EngineSettings
+
+
+_end_of_turn = functools.lru_cache(maxsize=8)(end_of_turn_id)
+"""The end-of-turn token of a tokenizer, found once (it renders a chat template) rather than per request."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ def choice_prompt(tokenizer, messages: list[dict], choices: tuple[str, ...], con
         head_ids = ()
     sequences = label_sequences(tokenizer, tail, choices)
     try:
-        mode, sequences, _reason = resolve_mode(choices, sequences, "full", end_of_turn_id(tokenizer))
+        mode, sequences, _reason = resolve_mode(choices, sequences, "full", _end_of_turn(tokenizer))
     except TaskError as exc:  # two choices tokenize alike, or one to nothing
         raise InputError(f"the choices cannot be told apart by the model's tokens ({exc})") from None
     longest = max(len(s) for s in sequences)
