@@ -18,7 +18,10 @@ import pytest
 from slmclassify.errors import InputError
 from slmclassify.io import check_output, open_table, read_table, write_table
 from slmclassify.io.writers import ChunkWriter, ipc_to_parquet, parquet_schema
-from slmclassify.core.results import Result, result_arrow_fields, result_frame
+from slmclassify.core.results import Columns, Result, result_arrow_fields, result_frame
+
+AB = Columns(((None, ("a", "b"), False),))
+"""The result columns of a task of labels a and b."""
 
 ROWS = [{"id": f"{i:04d}", "text": f"text number {i}, with a comma", "n": str(i)} for i in range(23)]
 
@@ -171,14 +174,14 @@ def test_written_in_chunks_equals_written_whole(tmp_path, ext):
     outputs = []
     for chunk_rows in (1, 4, 23):
         reader = open_table(str(src), "text")
-        schema = (parquet_schema(reader, result_arrow_fields(("a", "b"))) if ext == "parquet"
+        schema = (parquet_schema(reader, result_arrow_fields(AB)) if ext == "parquet"
                   else reader.columns + ["label"])
         target = tmp_path / f"out{chunk_rows}.{ext}"
         log = tmp_path / f"log{chunk_rows}"
         with open(log if ext == "parquet" else target, "wb") as fh:
             writer = ChunkWriter(fh, ext, schema, ipc=ext == "parquet")
             for start, frame in reader.chunks(chunk_rows):
-                results = result_frame(_results(len(frame) + start)[start:], ("a", "b"), index=frame.index)
+                results = result_frame(_results(len(frame) + start)[start:], AB, index=frame.index)
                 writer.write(pd.concat([frame, results], axis=1))
             writer.close()
         if ext == "parquet":
@@ -196,7 +199,7 @@ def test_written_in_chunks_equals_written_whole(tmp_path, ext):
 
 
 def test_result_frame_types_do_not_depend_on_the_rows():
-    all_empty = result_frame([Result(None, None, {}, True, "empty")], ("a", "b"))
+    all_empty = result_frame([Result(None, None, {}, True, "empty")], AB)
     assert str(all_empty["confidence"].dtype) == "float64" and all_empty["needs_review"].dtype == bool
     assert list(all_empty.columns) == ["label", "confidence", "needs_review", "p_a", "p_b", "status"]
 
@@ -207,13 +210,13 @@ def test_mixed_type_jsonl_to_parquet(tmp_path):
     src.write_text('{"id": 1, "text": "a", "x": 1.5, "v": "s"}\n{"id": 2, "text": "b", "x": 2, "v": 3}\n'
                    '{"id": 3, "text": "c", "x": null, "v": [1, 2]}\n', encoding="utf-8")
     reader = open_table(str(src), "text")
-    schema = parquet_schema(reader, result_arrow_fields(("a", "b")))
+    schema = parquet_schema(reader, result_arrow_fields(AB))
     assert [str(schema.field(c).type) for c in ("id", "text", "x", "v")] == ["int64", "string", "double", "string"]
     target = tmp_path / "out.parquet"
     with open(tmp_path / "log", "wb") as fh:
         writer = ChunkWriter(fh, "parquet", schema, ipc=True)
         for _, frame in reader.chunks(2):
-            writer.write(pd.concat([frame, result_frame(_results(len(frame)), ("a", "b"), index=frame.index)], axis=1))
+            writer.write(pd.concat([frame, result_frame(_results(len(frame)), AB, index=frame.index)], axis=1))
     ipc_to_parquet(str(tmp_path / "log"), str(target))
     back = pq.read_table(target).to_pydict()
     assert back["id"] == [1, 2, 3] and back["x"] == [1.5, 2.0, None] and back["v"] == ["s", "3", "[1, 2]"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from .core.calibration import CONTENT_FREE, adjust, prior_from_scores
 from .core.encode import EncodedItems, valid_unicode
-from .core import multilabel
+from .core import multilabel, questions
 from .core.labels import LabelTrie, describe_labels
 from .core.reference import reference_scores
 from .core.results import Result, RunStats, make_results
@@ -172,7 +172,7 @@ class Classifier:
         """Each scored label (a multi-label task's yes/no branches) and its tokens after the chat template,
         with the warnings about misleading first tokens where they apply (single-label tasks)."""
         return describe_labels(self.loaded.tokenizer, self.trie.labels, self.label_tokens,
-                               warn=not self.task.multi_label)
+                               warn=not (self.task.multi_label or self.task.questions))
 
     def with_settings(self, settings: EngineSettings) -> Classifier:
         """This classifier with other batching, window or item cap (same model, prefix and calibration);
@@ -211,11 +211,16 @@ class Classifier:
         exact = self.engine.exact()
         prefix = self.prefix if exact is self.engine else self.scorer.prefill(exact)
         scores = self.scorer.score(encoded, exact, prefix).scores
+        if self.task.questions:
+            return questions.prior(self.task, scores)
         return multilabel.prior_log_odds(scores) if self.task.multi_label else prior_from_scores(scores)
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         """Scores with the task's calibration applied (prior removed, temperature): [n, L] label
-        scores, or a multi-label task's [n, L] log-odds of yes from its [n, 2L] branch scores."""
+        scores, or a multi-label task's [n, L] log-odds of yes from its [n, 2L] branch scores (a task of
+        questions: each question's, side by side, `questions.calibrated`)."""
+        if self.task.questions:
+            return questions.calibrated(self.task, scores, self.bias)
         if self.task.multi_label:
             return multilabel.adjust(scores, self.bias, self.task.temperature)
         return adjust(scores, self.bias, self.task.temperature)
@@ -223,6 +228,8 @@ class Classifier:
     def results(self, scores: np.ndarray, status: list[str]) -> list[Result]:
         """[n, L] raw scores ([n, 2L] multi-label; NaN rows for empty items) → one Result per item, in order."""
         task = self.task
+        if task.questions:
+            return questions.results(task, scores, self.calibrated(scores), list(status))
         if task.multi_label:
             return multilabel.make_results(task.labels, scores, self.calibrated(scores), list(status),
                                            task.label_thresholds, task.min_confidence, task.label_separator)
@@ -330,7 +337,9 @@ class Classifier:
         return np.stack(rows) if rows else np.zeros((0, len(self.trie.labels)))
 
     def __repr__(self) -> str:
-        return f"Classifier(model={self.loaded.name!r}, labels={list(self.task.labels)}, mode={self.mode!r})"
+        what = (f"questions={[q.name for q in self.task.questions]}" if self.task.questions
+                else f"labels={list(self.task.labels)}")
+        return f"Classifier(model={self.loaded.name!r}, {what}, mode={self.mode!r})"
 
 
 __all__ = ["Classifier", "EngineSettings", "Result", "ResultsStep", "ScoredItems"]

@@ -29,6 +29,9 @@ class Result:
     labels: tuple[str, ...] = ()
     """The predicted labels: (label,), or in a multi-label task those at or above their thresholds
     (then `label` is them joined by the task's separator, `probabilities` each label's P(yes))."""
+    answers: dict[str, Result] = field(default_factory=dict)
+    """A task of several questions (`core/questions.py`): each question's Result by its name (then
+    `label` is None, `needs_review` is any answer's and `confidence` the least sure answer's)."""
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
@@ -116,22 +119,57 @@ class RunStats:
         return 1 - self.real_tokens / self.processed_tokens if self.processed_tokens else 0.0
 
 
-def result_columns(labels, prefix: str = "", first: str = "label") -> list[str]:
-    """The columns a classified table gets, in order; `first` is `Task.result_column` (label or labels)."""
-    return [prefix + c for c in (first, "confidence", "needs_review", *(f"p_{lab}" for lab in labels), "status")]
+@dataclass(frozen=True)
+class Columns:
+    """What a task's results are written as (`columns_for`): one answer's columns per question, in
+    order, then `status` (a task of several questions: first `needs_review`, any answer's)."""
+
+    answers: tuple[tuple[str | None, tuple[str, ...], bool], ...]
+    """Per question: (its name, or None for a task of one question; its labels; multi_label)."""
+
+    @property
+    def questions(self) -> bool:
+        return self.answers[0][0] is not None
 
 
-def check_result_columns(columns, labels, prefix: str = "", first: str = "label") -> None:
+def columns_for(task, labels=None) -> Columns:
+    """The result columns of `task`; `labels`: the labels its results use when not the task's (a head's)."""
+    if task.questions:
+        return Columns(tuple((q.name, q.labels, q.multi_label) for q in task.questions))
+    return Columns(((None, tuple(task.labels if labels is None else labels), task.multi_label),))
+
+
+def answer_columns(name: str | None, labels, multi_label: bool, prefix: str) -> list[str]:
+    """One answer's columns: `label` (or `labels`), `confidence`, `needs_review`, `p_LABEL`..., each
+    after `NAME_` for a question of several (`p_NAME_LABEL`)."""
+    first = "labels" if multi_label else "label"
+    if name is None:
+        return [prefix + c for c in (first, "confidence", "needs_review", *(f"p_{lab}" for lab in labels))]
+    return [prefix + c for c in (f"{name}_labels" if multi_label else name, f"{name}_confidence",
+                                 f"{name}_needs_review", *(f"p_{name}_{lab}" for lab in labels))]
+
+
+def result_columns(columns: Columns, prefix: str = "") -> list[str]:
+    """The columns a classified table gets, in order."""
+    names = [c for answer in columns.answers for c in answer_columns(*answer, prefix)]
+    return names + [prefix + c for c in (("needs_review",) if columns.questions else ()) + ("status",)]
+
+
+def check_result_columns(existing, columns: Columns, prefix: str = "") -> None:
     """Refuse an input that already has a column the results would overwrite (`result_columns`),
-    naming the first and the `result_prefix` that avoids it."""
-    clash = [c for c in result_columns(labels, prefix, first) if c in columns]
+    naming the first and the `result_prefix` that avoids it; and results that would name one column
+    twice (a question's `p_NAME_LABEL` that is another question's column)."""
+    names = result_columns(columns, prefix)
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise InputError(f"the results would have two columns named {twice[0]!r}; rename a question or a label")
+    clash = [c for c in names if c in existing]
     if clash:
         raise InputError("the input already has column {column!r}; pass {prefix} (e.g. pred_) so the results do "
                          "not overwrite it", names={"prefix": "result_prefix"}, column=clash[0])
 
 
-def result_frame(results: list[Result], labels, prefix: str = "", index=None, first: str = "label",
-                 lists: bool = False):
+def result_frame(results: list[Result], columns: Columns, prefix: str = "", index=None, lists: bool = False):
     """The result columns of `results` as a pandas DataFrame (one row per result, in order).
 
     Types are fixed whatever the rows hold: label and status strings (label None when empty),
@@ -140,26 +178,32 @@ def result_frame(results: list[Result], labels, prefix: str = "", index=None, fi
     """
     import pandas as pd
 
-    names = result_columns(labels, prefix, first)
-    chosen = ([None if r.label is None else list(r.labels) for r in results] if lists and first == "labels"
-              else [r.label for r in results])
-    data = {
-        names[0]: pd.Series(chosen, dtype=object, index=index),
-        names[1]: pd.Series([np.nan if r.confidence is None else r.confidence for r in results],
-                            dtype=np.float64, index=index),
-        names[2]: pd.Series([r.needs_review for r in results], dtype=bool, index=index),
-    }
-    for name, label in zip(names[3:-1], labels):
-        data[name] = pd.Series([r.probabilities.get(label, np.nan) for r in results], dtype=np.float64, index=index)
-    data[names[-1]] = pd.Series([r.status for r in results], dtype=object, index=index)
+    data = {}
+    for name, labels, multi_label in columns.answers:
+        answers = results if name is None else [r.answers[name] for r in results]
+        names = answer_columns(name, labels, multi_label, prefix)
+        chosen = ([None if r.label is None else list(r.labels) for r in answers] if lists and multi_label
+                  else [r.label for r in answers])
+        data[names[0]] = pd.Series(chosen, dtype=object, index=index)
+        data[names[1]] = pd.Series([np.nan if r.confidence is None else r.confidence for r in answers],
+                                   dtype=np.float64, index=index)
+        data[names[2]] = pd.Series([r.needs_review for r in answers], dtype=bool, index=index)
+        for column, label in zip(names[3:], labels):
+            data[column] = pd.Series([r.probabilities.get(label, np.nan) for r in answers], dtype=np.float64,
+                                     index=index)
+    if columns.questions:
+        data[prefix + "needs_review"] = pd.Series([r.needs_review for r in results], dtype=bool, index=index)
+    data[prefix + "status"] = pd.Series([r.status for r in results], dtype=object, index=index)
     return pd.DataFrame(data, index=index)
 
 
-def result_arrow_fields(labels, prefix: str = "", first: str = "label", lists: bool = True) -> list:
+def result_arrow_fields(columns: Columns, prefix: str = "", lists: bool = True) -> list:
     """The Arrow fields of the result columns (Parquet output), matching `result_frame` with `lists`."""
     import pyarrow as pa
 
-    names = result_columns(labels, prefix, first)
-    chosen = pa.list_(pa.string()) if first == "labels" and lists else pa.string()
-    types = [chosen, pa.float64(), pa.bool_(), *([pa.float64()] * len(labels)), pa.string()]
-    return [pa.field(n, t) for n, t in zip(names, types)]
+    types = []
+    for _, labels, multi_label in columns.answers:
+        chosen = pa.list_(pa.string()) if multi_label and lists else pa.string()
+        types += [chosen, pa.float64(), pa.bool_(), *([pa.float64()] * len(labels))]
+    types += ([pa.bool_()] if columns.questions else []) + [pa.string()]
+    return [pa.field(n, t) for n, t in zip(result_columns(columns, prefix), types)]

@@ -21,7 +21,7 @@ from .batching import Batch, collate, plan_batches
 from .config_check import context_limit
 from .encode import EncodedItems, PromptSplit, choose_prefix, encode_items
 from .labels import LabelTrie, build_trie, end_of_turn_id, label_sequences, resolve_mode
-from .multilabel import branches
+from .questions import scored_names
 from .prompts import PromptRenderer
 from .results import RunStats
 from .settings import EngineSettings
@@ -70,13 +70,17 @@ class Scorer:
         a schedule left to the measurement (`AUTO`) and not measured takes the built-in defaults."""
         settings = settings.with_defaults()
         renderer = PromptRenderer(tokenizer, task)
-        # multi-label: two branches per label, `name: yes` and `name: no`, summed (`multilabel.py`)
-        names = branches(task.labels) if task.multi_label else task.labels
-        requested = "full" if task.multi_label else task.mode
+        # multi-label: two branches per label, `name: yes` and `name: no`, summed (`multilabel.py`);
+        # several questions: each question's answers, `question: label` (`questions.py`)
+        names = scored_names(task)
+        requested = "full" if task.multi_label or task.questions else task.mode
         label_tokens = label_sequences(tokenizer, renderer.tail, names)
         mode, sequences, mode_reason = resolve_mode(names, label_tokens, requested, end_of_turn_id(tokenizer))
         if task.multi_label:
             mode_reason = "multi-label: each label's yes and no branches, full sequences"
+        elif task.questions:
+            mode_reason = (f"{len(task.questions)} questions: each question's answers after its name, full sequences"
+                           + ("; end-of-turn appended" if "end-of-turn" in mode_reason else ""))
         trie = build_trie(names, sequences, mode)
         head_ids = choose_prefix(tokenizer, renderer.head)
         prefix_ids = head_ids if settings.prefix_cache else []

@@ -19,6 +19,9 @@ from ..errors import FieldError, TaskError
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
 MULTI_LABEL_INSTRUCTION = "You tag short texts with every label that applies to them."
+QUESTIONS_INSTRUCTION = "You answer several questions about each short text."
+ANSWERS = ("yes", "no")
+"""A multi-label task's (or question's) two answers per label, scored after `name: `."""
 MODES = ("auto", "first", "full", "full-mean")
 
 
@@ -107,9 +110,12 @@ class Task:
     written by `evaluate`)."""
     label_separator: str = ";"
     """Multi-label: what joins the chosen labels in the output's `labels` column (and splits a gold column)."""
+    questions: tuple[Question, ...] = ()
+    """Several questions about each item, answered in its one pass (`core/questions.py`): then the
+    task's own `labels` are empty and each question holds its labels and settings."""
 
     def __post_init__(self) -> None:
-        for name in ("labels", "descriptions", "examples", "thresholds"):
+        for name in ("labels", "descriptions", "examples", "thresholds", "questions"):
             value = getattr(self, name)
             # A string is iterable: Task(labels="abc") would silently become labels a, b, c.
             if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
@@ -124,8 +130,12 @@ class Task:
         object.__setattr__(self, "descriptions", tuple(self.descriptions))
         object.__setattr__(self, "examples", tuple(self.examples))
         object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
+        object.__setattr__(self, "questions", tuple(self.questions))
         if self.multi_label and self.instruction == DEFAULT_INSTRUCTION:  # "exactly one category" would mislead
             object.__setattr__(self, "instruction", MULTI_LABEL_INSTRUCTION)
+        if self.questions:
+            self._check_questions()
+            return
         if len(labels) < 2:
             raise TaskError(f"a task needs at least two labels, got {len(labels)}: {list(labels)}")
         for label in labels:
@@ -178,6 +188,33 @@ class Task:
                 raise FieldError("label_separator", "{field} {value!r} must be non-blank and appear in no label "
                                  "name", value=self.label_separator)
 
+    def _check_questions(self) -> None:
+        """A task of several questions: each is a `Question` with its own labels; the task's own
+        label settings must be left unset (they belong in each `[[questions]]` table)."""
+        for q in self.questions:
+            if not isinstance(q, Question):
+                raise TaskError(f"questions must be Question objects, e.g. Question('priority', "
+                                f"Task(labels=('low', 'urgent'))); got {q!r}")
+        set_here = [name for name, value in (("labels", self.labels), ("descriptions", self.descriptions),
+                                             ("thresholds", self.thresholds), ("examples", self.examples),
+                                             ("multi_label", self.multi_label)) if value]
+        if set_here:
+            raise TaskError(f"a task with questions sets {set_here[0]} in each question ([[questions]] in a task "
+                            f"file), not for the whole task")
+        if self.mode not in ("auto", "full"):
+            raise FieldError("mode", "a task with questions scores each answer in full after its question's name, "
+                             "which needs {field} full or auto, got {value!r}", value=self.mode)
+        seen: set[str] = set()
+        for q in self.questions:
+            if q.name in seen:
+                raise TaskError(f"question {q.name!r} is asked twice; give each question its own name")
+            seen.add(q.name)
+        if self.instruction == DEFAULT_INSTRUCTION:  # "exactly one category" would mislead
+            object.__setattr__(self, "instruction", QUESTIONS_INSTRUCTION)
+        # the content-free passes run when any question is calibrated (`questions.prior`)
+        object.__setattr__(self, "calibrate", any(q.task.calibrate for q in self.questions))
+        list(self.fields)  # a malformed template is refused here as in a task of one question
+
     @property
     def label_thresholds(self) -> tuple[float, ...]:
         """Multi-label: each label's threshold (0.5 where none is set)."""
@@ -189,9 +226,16 @@ class Task:
         return "labels" if self.multi_label else "label"
 
     def system_turn(self) -> str:
-        """The system message: the override, or the instruction plus the label list."""
+        """The system message: the override, or the instruction plus the label list (a task of
+        questions: every question, its labels and how to answer it)."""
         if self.system is not None:
             return self.system
+        if self.questions:
+            first = self.questions[0]
+            example = (f"{first.name}: {first.labels[0]}: yes" if first.task.multi_label
+                       else f"{first.name}: {first.labels[0]}")
+            return (f"{self.instruction}\nAnswer each question with its name, a colon and your answer "
+                    f"(e.g. \"{example}\"). The questions:\n" + "\n".join(q.describe() for q in self.questions))
         if self.multi_label:
             return (f"{self.instruction}\nSeveral labels, or none, may apply. Asked about one label, answer with "
                     "its name, a colon and yes if it applies or no if it does not (e.g. "
@@ -200,10 +244,11 @@ class Task:
             return f"{self.instruction}\nAnswer with exactly one of these labels:\n" + self._label_list()
         return f"{self.instruction}\nAnswer with exactly one of: {', '.join(self.labels)}."
 
-    def _label_list(self) -> str:
+    def _label_list(self, indent: str = "") -> str:
         """One `- label: description` line per label (`- label` where it has none)."""
         descriptions = self.descriptions or ("",) * len(self.labels)
-        return "\n".join(f"- {label}: {desc}" if desc else f"- {label}" for label, desc in zip(self.labels, descriptions))
+        return "\n".join(f"{indent}- {label}: {desc}" if desc else f"{indent}- {label}"
+                         for label, desc in zip(self.labels, descriptions))
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -246,6 +291,8 @@ class Task:
         for key, kind in _TYPES.items():
             if key in data and (not isinstance(data[key], kind) or (kind is not bool and isinstance(data[key], bool))):
                 raise TaskError(f"{source}: {key!r} must be {_KIND_NAMES[kind]}, got {data[key]!r}")
+        if "questions" in data:
+            return cls._from_questions(data, source)
         raw_labels = data.get("labels")
         if not isinstance(raw_labels, list):
             raise TaskError(f"{source}: 'labels' must be a list of names or of {{name, description}} tables")
@@ -277,17 +324,112 @@ class Task:
         )
         return cls(**kwargs)
 
+    @classmethod
+    def _from_questions(cls, data: dict[str, Any], source: str) -> Task:
+        raw = data["questions"]
+        if not isinstance(raw, list) or not raw:
+            raise TaskError(f"{source}: 'questions' must be one or more [[questions]] tables, each with a name and "
+                            "labels")
+        if "labels" in data:
+            raise TaskError(f"{source}: a task with [[questions]] lists the labels in each question, not at the top")
+        questions = tuple(Question.from_dict(q, data, source, k) for k, q in enumerate(raw, start=1))
+        kwargs = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)} - {"questions", "labels"}}
+        return cls(labels=(), questions=questions, **kwargs)
 
-_TOP_LEVEL = ("labels", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
+
+@dataclass(frozen=True)
+class Question:
+    """One question of a task of several (`Task.questions`), answered in the item's one pass.
+
+    `name` is the output's column (`NAME`, `NAME_confidence`, `p_NAME_LABEL`, ...) and the answer's
+    cue: the question's answers are scored as `name: label` (a multi-label question's as
+    `name: label: yes|no`) right after the generation prompt, so the name's tokens are fed once for
+    all its labels. `task` holds the question's labels and how they are scored and read: descriptions,
+    multi_label, thresholds, min_confidence, calibrate, temperature, label_separator."""
+
+    name: str
+    task: Task
+    question: str = ""
+    """What is asked, in words (e.g. "How urgent is it?"), shown beside the name in the system turn."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _FIELD_NAME.fullmatch(self.name):
+            raise TaskError(f"question name {self.name!r} must be letters, digits and _ (not starting with a "
+                            "digit): it names the output's columns, e.g. name = \"priority\"")
+        if not isinstance(self.task, Task) or self.task.questions:
+            raise TaskError(f"question {self.name!r}: its task must be a Task of labels, e.g. "
+                            "Task(labels=('low', 'urgent'))")
+        if self.task.examples:
+            raise TaskError(f"question {self.name!r}: examples are not supported in a task with questions yet")
+        if not isinstance(self.question, str) or "\n" in self.question:
+            raise TaskError(f"question {self.name!r}: 'question' must be one line of text, got {self.question!r}")
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.task.labels
+
+    @property
+    def multi_label(self) -> bool:
+        return self.task.multi_label
+
+    @property
+    def result_column(self) -> str:
+        """The column of its answer: `NAME`, or `NAME_labels` for a multi-label question."""
+        return f"{self.name}_labels" if self.task.multi_label else self.name
+
+    def branches(self) -> tuple[str, ...]:
+        """Its scored answers, as they follow the generation prompt: `name: label` per label, or
+        `name: label: yes` and `name: label: no` per label of a multi-label question."""
+        if self.task.multi_label:
+            return tuple(f"{self.name}: {label}: {answer}" for label in self.labels for answer in ANSWERS)
+        return tuple(f"{self.name}: {label}" for label in self.labels)
+
+    def describe(self) -> str:
+        """Its lines of the system turn: the name, the question, and its labels and how to answer."""
+        asked = f"- {self.name}: {self.question + ' ' if self.question else ''}"
+        if self.task.multi_label:
+            return (asked + "Several labels, or none, may apply: answer each label with its name and yes or no "
+                    f"(e.g. \"{self.name}: {self.labels[0]}: yes\"). The labels:\n" + self.task._label_list("  "))
+        if any(self.task.descriptions):
+            return asked + "Answer with exactly one of these labels:\n" + self.task._label_list("  ")
+        return asked + f"Answer with exactly one of: {', '.join(self.labels)}."
+
+    @classmethod
+    def from_dict(cls, data: Any, defaults: dict[str, Any], source: str, number: int) -> Question:
+        """A `[[questions]]` table; the task's own min_confidence, calibrate, temperature and
+        label_separator are the defaults of the question's."""
+        where = f"{source}: question {number}"
+        if not isinstance(data, dict):
+            raise TaskError(f"{where} must be a table with a name and labels ([[questions]]), got {data!r}")
+        _check_keys(data, _QUESTION_KEYS, source, f"question {number} ")
+        if "name" not in data or "labels" not in data:
+            raise TaskError(f"{where} needs a 'name' and 'labels'")
+        inner = {k: v for k, v in data.items() if k not in ("name", "question")}
+        for key in _INHERITED:
+            if key in defaults and key not in inner:
+                inner[key] = defaults[key]
+        try:
+            task = Task.from_dict(inner, source=f"{where} ({data['name']!r})")
+        except FieldError as exc:
+            raise TaskError(f"{where} ({data['name']!r}): {exc}") from None
+        return cls(name=str(data["name"]), task=task, question=str(data.get("question", "")))
+
+
+_QUESTION_KEYS = ("name", "question", "labels", "multi_label", "thresholds", "min_confidence", "calibrate",
+                  "temperature", "label_separator")
+_INHERITED = ("min_confidence", "calibrate", "temperature", "label_separator")
+"""The task's keys that are the default of each question's."""
+
+_TOP_LEVEL = ("labels", "questions", "instruction", "examples", "system", "user_template", "min_confidence", "mode",
               "calibrate", "temperature", "multi_label", "thresholds", "label_separator", "token_budget", "max_rows",
               "device", "precision", "head")
 _TYPES = {"instruction": str, "system": str, "user_template": str, "mode": str, "calibrate": bool,
           "multi_label": bool, "thresholds": list, "label_separator": str,
           "min_confidence": (int, float), "temperature": (int, float), "token_budget": int, "max_rows": int,
-          "device": str, "precision": str,
+          "device": str, "precision": str, "questions": list,
           "head": str}  # head: a head file for classify/evaluate (`head/apply.py`), not part of the Task
 _KIND_NAMES = {str: "a string", int: "an integer", (int, float): "a number", bool: "true or false",
-               list: "a list of numbers"}
+               list: "a list"}
 
 
 def _check_keys(table: dict, known, source: str, where: str) -> None:
@@ -339,6 +481,9 @@ def merge_task(task_data: dict[str, Any] | None = None, labels: tuple[str, ...] 
             overrides["instruction"] = default_instruction
         if labels:
             overrides.update(labels=labels, descriptions=(), thresholds=())
+        inner = {k: v for k, v in (("min_confidence", min_confidence), ("calibrate", calibrate)) if v is not None}
+        if task.questions and inner:  # the whole task's options apply to every question
+            overrides["questions"] = tuple(replace(q, task=q.task.with_overrides(**inner)) for q in task.questions)
         return task.with_overrides(**overrides)
     if not labels:
         raise TaskError("give the labels with {labels} a,b,c or a {task} file",
@@ -357,5 +502,5 @@ def task_engine_settings(task_data: dict[str, Any]) -> dict[str, Any]:
     return {k: task_data[k] for k in ENGINE_KEYS if k in task_data}
 
 
-__all__ = ["Task", "Example", "MODES", "merge_task", "parse_labels", "DEFAULT_INSTRUCTION", "MULTI_LABEL_INSTRUCTION",
+__all__ = ["Task", "Example", "Question", "QUESTIONS_INSTRUCTION", "MODES", "merge_task", "parse_labels", "DEFAULT_INSTRUCTION", "MULTI_LABEL_INSTRUCTION",
            "task_engine_settings"]

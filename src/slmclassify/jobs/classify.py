@@ -41,7 +41,7 @@ from ..io.labelled import gold_text
 from ..io.readers import open_table
 from ..io.sink import open_sink
 from ..io.writers import parquet_schema
-from ..core.results import RunStats, check_result_columns, result_arrow_fields, result_columns, result_frame
+from ..core.results import RunStats, check_result_columns, columns_for, result_arrow_fields, result_columns, result_frame
 from ..core.taps import Taps
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
@@ -134,9 +134,9 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
     # the probes keep the raw scores of every scored sequence (a multi-label task's yes and no branches)
     state = _RunState.restore(saved, classifier.trie.labels, request.probes, len(classifier.prefix_ids),
                               task.label_separator if task.multi_label else None)
-    first = task.result_column
-    schema = (parquet_schema(reader, result_arrow_fields(labels, request.result_prefix, first)) if out_fmt == "parquet"
-              else list(reader.columns) + result_columns(labels, request.result_prefix, first))
+    columns = columns_for(task, labels)
+    schema = (parquet_schema(reader, result_arrow_fields(columns, request.result_prefix)) if out_fmt == "parquet"
+              else list(reader.columns) + result_columns(columns, request.result_prefix))
     sink = open_sink(request.output_path, checkpoint, out_fmt, schema, saved, resumable, identity, request.errors)
     bar = meter(reader.total_rows, reader.total_bytes, state.rows)
     _stream(request, reader, chunks, classifier, choice, labels, state, sink, resumable, bar)
@@ -168,7 +168,7 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
 
         check_scorer(choice.head, task.labels, choice.scorer)
     labels = choice.labels(task)
-    check_result_columns(reader.columns, labels, request.result_prefix, task.result_column)
+    check_result_columns(reader.columns, columns_for(task, labels), request.result_prefix)
     return reader, labels
 
 
@@ -204,8 +204,8 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
     with writing(sink, state, bar, reader.close):
         for start, frame in chunks:
             window = classifier.score_window(reader.texts(frame), start, taps=taps, results=results)
-            results_frame = result_frame(window.results, labels, request.result_prefix, index=frame.index,
-                                         first=classifier.task.result_column, lists=sink.fmt in ("jsonl", "parquet"))
+            results_frame = result_frame(window.results, columns_for(classifier.task, labels), request.result_prefix,
+                                         index=frame.index, lists=sink.fmt in ("jsonl", "parquet"))
             gold = [gold_text(v, classifier.task.label_separator) for v in frame[gold_column]] if gold_column else None
             if gold is not None and classifier.task.multi_label:  # compared as sets: the labels in task order
                 gold = [canonical_labels(g, classifier.task) for g in gold]
@@ -281,6 +281,7 @@ def _task_shown(task: Task) -> dict:
     """The task's fields as JSON values, so that a refused --resume can name what changed."""
     shown = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
     shown["examples"] = [[e.text, e.label] for e in task.examples]
+    shown["questions"] = [{"name": q.name, "question": q.question, **_task_shown(q.task)} for q in task.questions]
     return {k: list(v) if isinstance(v, tuple) else v for k, v in shown.items()}
 
 

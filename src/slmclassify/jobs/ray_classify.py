@@ -241,19 +241,19 @@ def _write_part(table, folder: str) -> int:
     return table.num_rows
 
 
-def _joined(how: dict) -> tuple[str, str] | None:
-    """(column, separator) of a multi-label task's list column of labels, which a CSV or TSV output joins."""
-    from ..core.results import result_columns
+def _joined(how: dict) -> tuple[tuple[str, str], ...]:
+    """(column, separator) of each multi-label answer's list column of labels, which a CSV or TSV output joins."""
+    from ..core.results import answer_columns, columns_for
 
     task = how["task"]
-    if not task.multi_label:
-        return None
-    return result_columns(task.labels, how["result_prefix"], task.result_column)[0], task.label_separator
+    separators = {q.name: q.task.label_separator for q in task.questions} or {None: task.label_separator}
+    return tuple((answer_columns(name, labels, True, how["result_prefix"])[0], separators[name])
+                 for name, labels, multi_label in columns_for(task).answers if multi_label)
 
 
-def _write_file(tables, output_path: str, fmt: str, joined: tuple[str, str] | None = None) -> int:
+def _write_file(tables, output_path: str, fmt: str, joined: tuple[tuple[str, str], ...] = ()) -> int:
     """Write the rows in order into OUTPUT.partial, then rename it; returns the rows written.
-    `joined`: (column, separator) of a list column written joined in the text formats (CSV, TSV)."""
+    `joined`: (column, separator) of each list column written joined in the text formats (CSV, TSV)."""
     from ..io.writers import ChunkWriter, atomic_output
 
     rows = 0
@@ -264,8 +264,7 @@ def _write_file(tables, output_path: str, fmt: str, joined: tuple[str, str] | No
                 schema = batch.schema if fmt == "parquet" else list(batch.column_names)
                 writer = ChunkWriter(fh, fmt, schema, name=output_path)
             frame = batch.to_pandas()
-            if joined is not None and fmt == "csv":
-                column, separator = joined
+            for column, separator in joined if fmt == "csv" else ():
                 frame[column] = [None if v is None else separator.join(v) for v in frame[column]]
             writer.write(frame)
             rows += batch.num_rows

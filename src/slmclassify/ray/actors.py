@@ -44,13 +44,13 @@ def check_columns(names: list[str], task, text_column: str, result_prefix: str) 
     """The input has the text column (or every column a multi-field template names), and none that a
     result column would overwrite."""
     from ..errors import InputError
-    from ..core.results import check_result_columns
+    from ..core.results import check_result_columns, columns_for
 
     for column in task.fields if task.multi_field else (text_column,):
         if column not in names:
             raise InputError(f"no {'text column' if column == text_column else 'column'} {column!r}; columns are: "
                              f"{', '.join(names)}")
-    check_result_columns(names, task.labels, result_prefix, task.result_column)
+    check_result_columns(names, columns_for(task), result_prefix)
 
 
 def actor_arguments(task, model, settings, ray_settings, text_column: str, result_prefix: str, errors: str,
@@ -122,7 +122,7 @@ class ClassifierActor:
 
         from ..classifier import Classifier
         from ..models.prepare import load_model
-        from ..core.results import RunStats, result_arrow_fields
+        from ..core.results import RunStats, columns_for, result_arrow_fields
 
         phases["imports"] = time.time()
         started = time.perf_counter()
@@ -134,7 +134,7 @@ class ClassifierActor:
         phases["classifier"] = time.time()
         self.pace = Pace()
         self.text_column, self.errors, self.board = text_column, errors, board
-        self.fields = result_arrow_fields(task.labels, result_prefix, task.result_column)
+        self.fields = result_arrow_fields(columns_for(task), result_prefix)
         self.prefix = result_prefix
         self.total = RunStats(prefix_tokens=len(self.classifier.prefix_ids))
         self.key = f"{socket.gethostname()}:{os.getpid()}"
@@ -151,7 +151,7 @@ class ClassifierActor:
         import pyarrow as pa
 
         from ..io.readers import item_texts
-        from ..core.results import result_frame
+        from ..core.results import columns_for, result_frame
 
         began = time.time()
         task = self.classifier.task
@@ -162,8 +162,7 @@ class ClassifierActor:
         block = score_block(self.classifier, texts, self._exchange, self.pace)
         self.total.add(block.stats)
         # a multi-label task's labels as a list column; a CSV or TSV output joins them (`jobs/ray_classify.py`)
-        frame = result_frame(block.results, self.classifier.task.labels, self.prefix,
-                             first=self.classifier.task.result_column, lists=True)
+        frame = result_frame(block.results, columns_for(self.classifier.task), self.prefix, lists=True)
         results = pa.Table.from_pandas(frame, schema=pa.schema(self.fields), preserve_index=False)
         for field, values in zip(self.fields, results.columns):
             batch = batch.append_column(field, values)
