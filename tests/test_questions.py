@@ -258,3 +258,18 @@ def test_a_question_needs_a_real_question_object():
         Task(labels=(), questions=("priority",))
     with pytest.raises(TaskError, match="names the output's columns"):
         Question("1st", Task(labels=("a", "b")))
+
+
+def test_what_does_not_take_questions_yet_says_so_in_one_line(tmp_path, llama_dir, run_main):
+    """fit, the labelling page and --head fit or apply one question's head: with a task of questions
+    they refuse before any work, saying what to do instead."""
+    triage_task(tmp_path)
+    with (tmp_path / "gold.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([("text", "label"), *((t, "low") for t in random_texts(6, seed=1))])
+    task = ["--model", llama_dir, "--task", tmp_path / "triage.toml"]
+    code, _, err = run_main("fit", tmp_path / "gold.csv", "-o", tmp_path / "h.npz", *task)
+    assert code == 2 and "fit does not take a task with [[questions]] yet" in err and "alone" in err
+    assert not (tmp_path / "h.npz").exists()
+    code, _, err = run_main("label", tmp_path / "gold.csv", "--store", tmp_path / "s.sqlite", *task)
+    assert code == 2 and "the labelling page does not take a task with [[questions]] yet" in err
+    assert not (tmp_path / "s.sqlite").exists()

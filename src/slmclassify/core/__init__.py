@@ -9,6 +9,8 @@
     batching      length buckets under a token budget, left-padded
     engine        the forward pass with the prefix key/value cache, reading label scores only
     labels        label token sequences and the trie the engine scores them with
+    multilabel    a multi-label task's yes/no branches, P(yes), thresholds and F1
+    questions     several questions per item in its one pass: branches, calibration, answers
     calibration   content-free prior and temperature
     results       probabilities, confidence and status per item, in input order
     reference     the per-item path in plain transformers: the oracle the fast path must equal

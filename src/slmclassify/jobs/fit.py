@@ -17,6 +17,7 @@ from ..errors import FieldError, InputError
 from ..models.prepare import load_model
 from ..models.precision import auto_line
 from ..core.results import softmax
+from ..core.questions import refuse
 from ..core.task import Task
 from ..head.apply import text_hashes
 from ..core.taps import Taps
@@ -115,6 +116,7 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     JSON); returns the CV metrics, zero-shot alongside and the learning curve."""
     path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
     taps, use_scores = request.taps, request.use_scores
+    refuse(task, "fit", "fit a head for one question with a task file of that question alone (its labels at the top)")
     data = read_labelled(path, request.text_column, request.label_column, task, request.group_column)
     if task.multi_label:
         return _fit_multilabel(request, task, settings, data, model)

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import check_target_accuracy
+from ..core.questions import refuse
 from ..core.task import Task
 from ..errors import FieldError, InputError, TaskError
 from ..head.features import loop_taps
@@ -108,6 +109,7 @@ class LabelSession:
             import sklearn  # noqa: F401
         except ImportError:
             raise InputError("labelling fits a head, which needs scikit-learn: pip install 'slmclassify[head]'") from None
+        refuse(task, "the labelling page", "label one question at a time with a task file of that question alone")
         input_path, sample, seed = request.input_path, request.sample, request.seed
         frame, texts_all, ids, priority = read_input(input_path, task, text_column=request.text_column,
                                                      id_column=request.id_column, review_first=request.review_first)
