@@ -33,6 +33,30 @@ def gold_column_of(gold_column: str | None, old_gold_column: str | None) -> str:
     return merged(gold_column, old_gold_column, "--gold-column", "--label-column") or "label"
 
 
+def parse_gold_columns(values: tuple[str, ...]) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """evaluate's --gold-column values as typed → (the one plain COLUMN of a task of labels, or None;
+    the NAME=COLUMN pairs of a task with questions). Which one the task needs is checked once the
+    task is known."""
+    plain = [v for v in values if "=" not in v]
+    typed = [v for v in values if "=" in v]
+    if plain and typed:
+        raise TaskError(f"--gold-column: give one COLUMN (a task of labels) or NAME=COLUMN per question (a task with "
+                        f"questions), not both (got {plain[0]!r} and {typed[0]!r})")
+    if len(plain) > 1:
+        raise TaskError(f"--gold-column names one column for a task of labels (got {', '.join(map(repr, plain))}); "
+                        "a task with questions takes NAME=COLUMN per question")
+    pairs = []
+    for value in typed:
+        name, _, column = value.partition("=")
+        name, column = name.strip(), column.strip()
+        if not name or not column:
+            raise TaskError(f"--gold-column {value!r}: give a question's NAME=COLUMN, e.g. priority=gold_priority")
+        if name in dict(pairs):
+            raise TaskError(f"--gold-column names question {name!r} twice; give one column per question")
+        pairs.append((name, column))
+    return (plain[0] if plain else None), tuple(pairs)
+
+
 @dataclasses.dataclass(frozen=True)
 class EvaluateOptions:
     """evaluate's run options: the job's request (old flag names merged into the new ones), and
@@ -45,7 +69,8 @@ class EvaluateOptions:
     def from_flags(cls, *, gold_column, old_gold_column, n_items, old_n_items, write_task, **flags) -> EvaluateOptions:
         from ..jobs.evaluate import EvaluateRequest
 
-        return cls(EvaluateRequest(label_column=gold_column_of(gold_column, old_gold_column),
+        plain, pairs = parse_gold_columns(gold_column)
+        return cls(EvaluateRequest(label_column=gold_column_of(plain, old_gold_column), gold_columns=pairs,
                                    limit=merged(n_items, old_n_items, "--n", "--limit"), **flags), write_task)
 
     def plots(self) -> dict[str, str]:
@@ -62,11 +87,20 @@ class EvaluateOptions:
                                          ("--target-accuracy", run.target_accuracy),
                                          ("--fewshot-cost", run.fewshot_cost), ("--plots", run.plots_dir)) if value]
 
+    def one_question_flags(self) -> list[str]:
+        """The flags given that measure or write one question's settings: refused for a task with questions."""
+        run = self.request
+        return [flag for flag, value in (("--compare-modes", run.compare_modes),
+                                         ("--fit-temperature", run.fit_temperature), ("--write-task", self.write_task),
+                                         ("--fewshot-cost", run.fewshot_cost), ("--plots", run.plots_dir)) if value]
+
 
 evaluate_options = bundle("run", EvaluateOptions.from_flags, [
     click.argument("input_path", metavar="LABELLED_FILE"),
     click.option("--text-column", default="text", show_default=True),
-    click.option("--gold-column", help="Column of gold labels (tables; default: label)."),
+    click.option("--gold-column", multiple=True,
+                 help="Column of gold labels (tables; default: label). A task with questions: NAME=COLUMN, once per "
+                      "question to report (e.g. --gold-column priority=gold_priority)."),
     hidden_alias("--label-column", "old_gold_column"),
     click.option("--compare-modes", is_flag=True, help="Also report every scoring mode, with and without calibration."),
     click.option("--fit-temperature", is_flag=True, help="Fit temperature scaling on these items."),
@@ -107,9 +141,17 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
     task = head_task if choice.head is not None else task_for_file(
         request.input_path, request.text_column, request.label_column, task_file=opts.task_file,
         labels=opts.label_names(), limit=request.limit, **opts.overrides())
-    if request.target_precision is not None and not (task.multi_label and 0 < request.target_precision <= 1):
+    multi_label = task.multi_label or any(q.multi_label for q in task.questions)
+    if request.target_precision is not None and not (multi_label and 0 < request.target_precision <= 1):
         raise TaskError("--target-precision picks a multi-label task's thresholds: it needs --multi-label (or "
-                        f"multi_label = true) and a value in (0, 1], got {request.target_precision}")
+                        f"multi_label = true, or a multi-label question) and a value in (0, 1], got "
+                        f"{request.target_precision}")
+    if task.questions:
+        _evaluate_questions(run, request, task, choice, opts)
+        return
+    if request.gold_columns:
+        raise TaskError(f"--gold-column {'='.join(request.gold_columns[0])}: NAME=COLUMN is for a task with questions, "
+                        "and this task has none; give its gold column alone, --gold-column COLUMN")
     if task.multi_label:
         from ..jobs.evaluate import evaluate_multilabel_file
 
@@ -121,6 +163,23 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
         return
     summary = evaluate_file(request, task, opts.settings(), model=opts.model, head=choice)
     summaries.print_evaluate(summary)
+
+
+def _evaluate_questions(run: EvaluateOptions, request: EvaluateRequest, task, choice, opts: ModelOptions) -> None:
+    """A task with questions: its one pass, each question with a gold column measured and reported."""
+    from ..jobs.evaluate import evaluate_questions_file
+
+    names = [q.name for q in task.questions]
+    if not request.gold_columns:  # a plain COLUMN, or none: this task's answers are in a column per question
+        raise TaskError(f"this task asks questions ({', '.join(names)}): give each one's gold column as --gold-column "
+                        f"NAME=COLUMN, e.g. --gold-column {names[0]}=COLUMN")
+    if given := run.one_question_flags():
+        raise TaskError(f"{given[0]} measures a task of one question; a task with questions is reported per question: "
+                        "run without it, or evaluate that question with a task file of its own")
+    if choice.head is not None:
+        raise TaskError("--head and --scorer apply a head fitted on a task of labels; a task with questions is scored "
+                        "zero-shot: run without them")
+    summaries.print_questions_evaluate(evaluate_questions_file(request, task, opts.settings(), model=opts.model))
 
 
 def fit_request(*, gold_column, old_gold_column, layers, curve, **flags) -> FitRequest:

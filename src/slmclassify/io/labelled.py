@@ -83,6 +83,24 @@ def read_labelled(path: str, text_column: str, label_column: str, task=None, gro
     return Labelled(item_texts(frame, text_column, fields, task.compose if fields else None), gold, groups=groups)
 
 
+def read_gold_columns(path: str, text_column: str, columns: dict[str, str], task) -> tuple[list[str], dict[str, list[str]]]:
+    """A task of questions' labelled items: the texts and, per question named in `columns`
+    ({question: column}), each row's gold cell as text (`gold_text`, that question's separator), read
+    from one table in one go, so every question is measured on the same rows."""
+    if path.endswith(".json"):
+        raise InputError(f"{path}: a task with questions needs a table (CSV/JSONL/Parquet) with a gold column per "
+                         "question; a BIG-bench file holds one answer per item")
+    fields = task.fields if task.multi_field else ()
+    frame = read_table(path, text_column, fields=fields)
+    for name, column in columns.items():
+        if column not in frame.columns:
+            raise InputError(f"{path}: no column {column!r} for question {name!r}'s gold labels; columns are: "
+                             + ", ".join(map(str, frame.columns)))
+    separators = {q.name: q.task.label_separator for q in task.questions}
+    gold = {name: [gold_text(v, separators[name]) for v in frame[column]] for name, column in columns.items()}
+    return item_texts(frame, text_column, fields, task.compose if fields else None), gold
+
+
 def gold_text(value, separator: str = ";") -> str:
     """A gold cell as label text: empty for a missing cell (no label); a list of labels (a JSONL list, a
     Parquet list<string>: the form `classify` writes a multi-label result in) joined by the task's

@@ -28,7 +28,7 @@ import pandas as pd
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.multilabel import canonical_labels, split_labels
-from ..errors import InputError
+from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..models.loading import LoadedModel
 from .meter import Meter, MeterFactory, no_meter
@@ -161,11 +161,17 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
                         errors=request.errors, id_column=request.id_column,
                         fields=task.fields if task.multi_field else (), compose=task.compose)
     gold_column = request.gold_column
+    if gold_column is not None and task.questions:  # a tally counts one label per row; here each question has its own
+        raise TaskError("{gold} counts one label per row, and this task asks questions: measure each question with "
+                        "`slmclassify evaluate FILE --task TASK --gold-column NAME=COLUMN` (one per question)",
+                        names={"gold": "gold_column"})
     if gold_column is not None and gold_column not in reader.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
     if choice.used:
+        from ..core.questions import refuse
         from ..head.apply import check_scorer
 
+        refuse(task, "--head", "a head is fitted for one question: classify with a task file of that question alone")
         check_scorer(choice.head, task.labels, choice.scorer)
     labels = choice.labels(task)
     check_result_columns(reader.columns, columns_for(task, labels), request.result_prefix)

@@ -1,11 +1,13 @@
 """The `evaluate` job: score labelled items under one or several configurations; returns the figures
-(`EvaluateSummary`) and writes what was asked (plots, the task file's threshold, JSON)."""
+(`EvaluateSummary`; a task of questions' `QuestionsSummary`) and writes what was asked (plots, the
+task file's threshold, JSON)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +17,11 @@ from ..classifier import Classifier, EngineSettings
 from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..core.metrics import Evaluation, check_target_accuracy, gold_indices
-from ..io.labelled import read_labelled
+from ..io.labelled import Labelled, read_gold_columns, read_labelled
 from ..io.plots import write_plots
 from ..core import multilabel
 from ..core.labels import build_trie
+from ..core import questions as qs
 from ..core.multilabel import split_labels
 from ..models.precision import auto_line
 from ..models.prepare import load_model
@@ -41,6 +44,9 @@ class EvaluateRequest:
     text_column: str = "text"
     label_column: str = "label"
     """Column of gold labels (tables; a multi-label task's are `;`-separated label sets)."""
+    gold_columns: tuple[tuple[str, str], ...] = ()
+    """A task with questions: (question name, its gold column) pairs (`evaluate_questions_file`);
+    a question without one is scored but not reported."""
     limit: int | None = None
     """Only the first N items (None: all)."""
     compare_modes: bool = False
@@ -128,6 +134,9 @@ def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings
     if task.multi_label:  # its scores are two per label: accuracy and the softmax do not apply
         raise TaskError("a multi-label task is evaluated by evaluate_multilabel_file (F1, subset accuracy, "
                         "Hamming loss, per-label thresholds)")
+    if task.questions:  # each question's answers are columns of their own: one gold column each
+        raise TaskError("a task with questions is evaluated by evaluate_questions_file, against a gold column "
+                        "per question")
     settings = settings or EngineSettings()
     data = read_labelled(path, request.text_column, request.label_column, task).head(request.limit)
     texts = data.texts
@@ -276,9 +285,7 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
         ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
         probs, gold = multilabel.probabilities(clf.calibrated(scores[ok])), gold[ok]
         thresholds = task.label_thresholds
-    at_task = multilabel.metrics(probs, gold, thresholds, task.labels)
-    picked = tuple(multilabel.pick_thresholds(probs, gold, target_precision))
-    honest = multilabel.cross_fitted(probs, gold, task.labels, target_precision)
+    at_task, picked, honest = _multilabel_figures(probs, gold, task.labels, thresholds, target_precision)
     figures = {"items": int(ok.sum()), "at_task_thresholds": at_task, "picked_thresholds": dict(zip(task.labels, picked)),
                "cross_fitted": honest, "target_precision": target_precision, **extra}
     values = {}
@@ -292,6 +299,154 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
         label_token_lines=tuple(clf.label_token_lines()),
         at_task=at_task, picked=picked, cross_fitted=honest, target_precision=target_precision, figures=figures,
         task_file=task_file, task_values=values, json_path=json_path, **extra)
+
+
+def _multilabel_figures(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...], thresholds,
+                        target_precision: float | None) -> tuple[dict, tuple, dict]:
+    """Of [n, L] P(yes) against [n, L] bool gold: (the figures at `thresholds`, the thresholds picked
+    on all items, the figures at thresholds picked on the other half: cross-fitted)."""
+    return (multilabel.metrics(probs, gold, thresholds, labels),
+            tuple(multilabel.pick_thresholds(probs, gold, target_precision)),
+            multilabel.cross_fitted(probs, gold, labels, target_precision))
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionFigures:
+    """One question's figures in a task of questions' evaluation: a single-choice question's as a
+    single-label evaluate's (`main`), a multi-label question's as a multi-label evaluate's."""
+
+    name: str
+    gold_column: str
+    multi_label: bool
+    majority: float
+    """Share of the items whose gold answer (a multi-label question's label set) is the most common
+    one: what always giving that answer scores (accuracy; subset accuracy)."""
+    main: Evaluation | None = None
+    """Single-choice: accuracy, macro-F1, ECE, per label, at the question's calibration."""
+    uncalibrated: dict | None = None
+    """Single-choice and calibrated: accuracy, macro_f1, ece without the calibration, from the same scores."""
+    at_task: dict | None = None
+    """Multi-label: `multilabel.metrics` at the question's thresholds (0.5 where it sets none)."""
+    picked: tuple = ()
+    """Multi-label: per label the threshold picked on these items (None: none reaches the target)."""
+    cross_fitted: dict | None = None
+    """Multi-label: the figures at thresholds picked on the other half of the items."""
+    figures: dict = dataclasses.field(default_factory=dict)
+    """Its JSON figures."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionsSummary:
+    """What `evaluate_questions_file` measured and wrote, for the report."""
+
+    model: str
+    items: int
+    """Items scored (empty texts have no answers and are left out)."""
+    task: Task
+    mode: str
+    mode_reason: str
+    precision_line: str | None
+    label_token_lines: tuple[str, ...]
+    """Each question's branches and their tokens after the chat template."""
+    questions: tuple[QuestionFigures, ...]
+    """The questions that have a gold column, in the task's order."""
+    not_reported: tuple[str, ...]
+    """The questions scored without a gold column."""
+    figures: dict
+    json_path: str | None = None
+
+
+def evaluate_questions_file(request: EvaluateRequest, task: Task, settings: EngineSettings | None = None, *,
+                            model=None) -> QuestionsSummary:
+    """Score the items of a table once under a task with questions and measure each question that
+    has a gold column (`request.gold_columns`) from its own columns of those scores: a single-choice
+    question as `evaluate_file` (accuracy, macro-F1, ECE, and without its calibration), a multi-label
+    one as `evaluate_multilabel_file` (at its thresholds, and cross-fitted). Writes the JSON asked for."""
+    columns = dict(request.gold_columns)
+    names = [q.name for q in task.questions]
+    if not task.questions:
+        raise TaskError("evaluate_questions_file measures a task with questions; a task of labels is evaluated by "
+                        "evaluate_file (one gold column)")
+    if not columns:
+        raise TaskError(f"a task with questions is measured against a gold column per question: name one for any "
+                        f"of {', '.join(names)}")
+    for name in columns:
+        if name not in names:
+            raise TaskError(f"gold column {columns[name]!r} is for question {name!r}, which the task does not ask; "
+                            f"its questions are {', '.join(names)}")
+    settings = settings or EngineSettings()
+    texts, cells = read_gold_columns(request.input_path, request.text_column, columns, task)
+    texts, cells = texts[:request.limit], {name: rows[:request.limit] for name, rows in cells.items()}
+    asked = [(q, branches, labels) for (q, branches), (_, labels) in zip(qs.branch_spans(task), qs.label_spans(task))
+             if q.name in columns]
+    gold = {q.name: _question_gold(q, cells[q.name], f"{request.input_path}: column {columns[q.name]!r}")
+            for q, _, _ in asked}  # every cell checked before the model loads
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
+    clf = Classifier(task, model=loaded, settings=settings)
+    scores = clf.score(clf.encode(texts)).scores  # [n, B]: every question's branches, one pass
+    ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
+    scores = scores[ok]
+    calibrated = clf.calibrated(scores)  # [n, C]
+    reports = []
+    for q, branches, labels in asked:
+        g = gold[q.name]
+        if q.multi_label:
+            reports.append(_multilabel_question(q, columns[q.name], calibrated[:, labels], g[ok],
+                                                request.target_precision))
+        else:
+            reports.append(_single_question(q, columns[q.name], scores[:, branches], calibrated[:, labels],
+                                            g[0][ok], g[1][ok], request.target_accuracy))
+    not_reported = tuple(name for name in names if name not in columns)
+    figures = {"items": int(ok.sum()), "mode": clf.mode, "questions": {r.name: r.figures for r in reports},
+               "not_reported": list(not_reported)}
+    if request.json_path:
+        Path(request.json_path).write_text(json.dumps(figures, indent=2))
+    return QuestionsSummary(
+        model=loaded.name, items=int(ok.sum()), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
+        precision_line=auto_line(loaded), label_token_lines=tuple(clf.label_token_lines()), questions=tuple(reports),
+        not_reported=not_reported, figures=figures, json_path=request.json_path)
+
+
+def _question_gold(q, cells: list[str], source: str):
+    """A question's gold cells → a multi-label question's [n, L] bool, a single-choice one's ([n]
+    index, [n, L] accepted); a cell that is not one of its labels is refused, naming its row."""
+    if q.multi_label:
+        return multilabel.gold_matrix(cells, q.labels, q.task.label_separator, source)
+    for row, cell in enumerate(cells, start=1):
+        if cell not in q.labels:
+            raise InputError(f"{source}: row {row} has gold label {cell!r}, which is not an answer of question "
+                             f"{q.name!r} {list(q.labels)}")
+    return gold_indices(Labelled(cells, [(cell,) for cell in cells]), q.labels)
+
+
+def _single_question(q, column: str, scores: np.ndarray, calibrated: np.ndarray, gold: np.ndarray,
+                     accepted: np.ndarray, target_accuracy: float | None) -> QuestionFigures:
+    """A single-choice question's figures from its [n, L] branch scores and calibrated scores."""
+    probs = softmax(calibrated)
+    main = Evaluation(q.labels, gold, probs.argmax(1), probs.max(1), name=q.name, target_accuracy=target_accuracy,
+                      extra={"calibrated": q.task.calibrate, "temperature": q.task.temperature}, accepted=accepted)
+    raw = None
+    if q.task.calibrate:
+        plain = softmax(adjust(scores, None, q.task.temperature))
+        ev = Evaluation(q.labels, gold, plain.argmax(1), plain.max(1), accepted=accepted)
+        raw = {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "ece": ev.ece}
+    majority = float(np.bincount(gold, minlength=len(q.labels)).max() / len(gold)) if len(gold) else 0.0
+    figures = {"kind": "single", "gold_column": column, "majority": majority, **main.summary(), "uncalibrated": raw}
+    return QuestionFigures(q.name, column, False, majority, main=main, uncalibrated=raw, figures=figures)
+
+
+def _multilabel_question(q, column: str, calibrated: np.ndarray, gold: np.ndarray,
+                         target_precision: float | None) -> QuestionFigures:
+    """A multi-label question's figures from its [n, L] log-odds of yes."""
+    probs = multilabel.probabilities(calibrated)
+    at_task, picked, honest = _multilabel_figures(probs, gold, q.labels, q.task.label_thresholds, target_precision)
+    sets = Counter(row.tobytes() for row in gold)
+    majority = max(sets.values()) / len(gold) if len(gold) else 0.0
+    figures = {"kind": "multi-label", "gold_column": column, "majority": majority, "items": int(len(gold)),
+               "at_task_thresholds": at_task, "picked_thresholds": dict(zip(q.labels, picked)),
+               "cross_fitted": honest, "target_precision": target_precision}
+    return QuestionFigures(q.name, column, True, majority, at_task=at_task, picked=picked, cross_fitted=honest,
+                           figures=figures)
 
 
 def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list[dict]:
