@@ -16,7 +16,8 @@ _NAMES = {
     "Classifier": ".classifier", "EngineSettings": ".core.settings", "InputError": ".errors",
     "ModelLoadError": ".errors", "SlmClassifyError": ".errors", "TaskError": ".errors",
     "VerificationError": ".errors", "LoadedModel": ".models.loading", "load_model": ".models.prepare",
-    "Result": ".core.results", "Example": ".core.task", "Task": ".core.task", "Taps": ".core.taps",
+    "Result": ".core.results", "Example": ".core.task", "Question": ".core.task", "Task": ".core.task",
+    "Taps": ".core.taps",
 }
 
 __all__ = sorted(_NAMES)

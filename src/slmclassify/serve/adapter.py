@@ -65,11 +65,29 @@ class TaskRunner:
         return self.classifier.settings.max_text_tokens
 
     def describe(self) -> dict:
-        """The task as /v1/tasks lists it."""
-        clf = self.classifier
-        return {"name": self.name, "labels": list(self.labels), "mode": clf.mode,
-                "calibrated": clf.bias is not None, "min_confidence": clf.task.min_confidence,
-                "multi_label": clf.task.multi_label, "fields": list(clf.task.fields)}
+        """The task as /v1/tasks lists it: its labels, or a task of several questions each question's."""
+        clf, task = self.classifier, self.classifier.task
+        calibrated = clf.bias is not None
+        if task.questions:
+            asked = [{"name": q.name, "question": q.question, "labels": list(q.labels), "multi_label": q.multi_label,
+                      "min_confidence": q.task.min_confidence, "calibrated": calibrated and q.task.calibrate}
+                     for q in task.questions]
+            return {"name": self.name, "questions": asked, "mode": clf.mode, "calibrated": calibrated,
+                    "fields": list(task.fields)}
+        return {"name": self.name, "labels": list(self.labels), "mode": clf.mode, "calibrated": calibrated,
+                "min_confidence": task.min_confidence, "multi_label": task.multi_label, "fields": list(task.fields)}
+
+    def pooling_refusal(self) -> str | None:
+        """Why vLLM's pooling shape (one label distribution per text) cannot answer this task, or None."""
+        task = self.classifier.task
+        if task.multi_field:
+            return (f"task {self.name!r} takes items of several fields ({', '.join(task.fields)}): send them as "
+                    "'items' with 'task'")
+        if task.questions:
+            return (f"task {self.name!r} asks several questions ({', '.join(q.name for q in task.questions)}): "
+                    "vLLM's pooling shape holds one label distribution per text; send "
+                    f"{{\"task\": \"{self.name}\", \"texts\": [...]}} for each question's answers")
+        return None
 
     def encode(self, texts: list[str]) -> EncodedRequest:
         """Tokenize a request's texts (per-text token cap applied: status `truncated`)."""
@@ -104,9 +122,18 @@ def pooling_response(model: str, labels, results: list[Result], prompt_tokens: i
 
 
 def result_json(result: Result) -> dict:
-    """A Result as the API returns it."""
+    """A Result as the API returns it; a task of several questions: each question's answer by its
+    name (the fields of one question's result, but the status), then the item's review flag and status."""
+    if result.answers:
+        return {"answers": {name: answer_json(a) for name, a in result.answers.items()},
+                "needs_review": result.needs_review, "status": result.status}
+    return {**answer_json(result), "status": result.status}
+
+
+def answer_json(result: Result) -> dict:
+    """One answer's fields: label, labels, confidence, needs_review, probabilities."""
     return {"label": result.label, "labels": list(result.labels), "confidence": result.confidence,
-            "needs_review": result.needs_review, "probabilities": result.probabilities, "status": result.status}
+            "needs_review": result.needs_review, "probabilities": result.probabilities}
 
 
 __all__ = ["BatchWork", "EMPTY", "EncodedRequest", "TaskRunner", "pooling_response", "result_json"]

@@ -121,19 +121,30 @@ AnyClassifyRequest = Annotated[Annotated[ClassifyRequest, Tag("ours")] | Annotat
                                Discriminator(_shape)]
 
 
-class ClassifyResult(BaseModel):
+class ClassifyAnswer(BaseModel):
     label: str | None = Field(description="Predicted label (null for an empty text); a multi-label task's chosen "
                                           "labels joined by its separator.")
     labels: list[str] = Field(default_factory=list, description="The predicted labels: [label], or a multi-label "
                                                                 "task's labels at or above their thresholds.")
     confidence: float | None = Field(description="Probability of the predicted label.")
     needs_review: bool = Field(description="Confidence below the task's min_confidence, or no label.")
-    probabilities: dict[str, float] = Field(description="Calibrated probability per label, summing to 1.")
+    probabilities: dict[str, float] = Field(description="Calibrated probability per label, summing to 1 (a "
+                                                        "multi-label task's P(yes) of each).")
+
+
+class ClassifyResult(ClassifyAnswer):
+    status: str = Field(description="ok, empty or truncated (text cut to the per-text token cap).")
+
+
+class QuestionsResult(BaseModel):
+    answers: dict[str, ClassifyAnswer] = Field(description="A task of several questions: each question's answer by "
+                                                           "its name, in the task's order (GET /v1/tasks).")
+    needs_review: bool = Field(description="Any answer needs review.")
     status: str = Field(description="ok, empty or truncated (text cut to the per-text token cap).")
 
 
 class ClassifyResponse(BaseModel):
-    results: list[ClassifyResult]
+    results: list[ClassifyResult | QuestionsResult]
 
 
 class PoolingClassifyData(BaseModel):
@@ -287,9 +298,9 @@ def create_app(service: Service):
         if runner is None:
             raise ApiError(404, f"unknown model {body.model!r}: name a task ({', '.join(sorted(service.runners))})"
                                 + (f" or {service.model_name!r}" if len(service.runners) == 1 else ""))
-        if runner.classifier.task.multi_field:
-            raise ApiError(422, f"task {runner.name!r} takes items of several fields "
-                                f"({', '.join(runner.classifier.task.fields)}): send them as 'items' with 'task'")
+        refusal = runner.pooling_refusal()
+        if refusal is not None:
+            raise ApiError(422, refusal)
         texts = [body.input] if isinstance(body.input, str) else body.input
         results, encoded = await _run(runner, texts, request)
         tokens = sum(encoded.items.prompt_length(i) for i in range(len(texts)))
