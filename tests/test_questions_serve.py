@@ -124,3 +124,51 @@ def test_cli_ray_writes_the_single_process_file_for_a_task_of_questions(local_ra
     assert len(on_ray) == len(one) == 41 and any(",refund|delay," in line for line in one)
     for a, b in zip(one, on_ray):  # both sides of the first row that differs
         assert a == b, f"single process:\n{a}\non Ray:\n{b}"
+
+
+def test_a_batch_files_pooling_line_naming_a_task_of_questions_gets_its_own_error(tmp_path, llama_dir):
+    """`slmclassify batch`: a vLLM-pooling `/v1/classify` line holds one label distribution per
+    text, so a line naming a task of questions is refused on its own line, as `serve` refuses it;
+    the other lines are answered."""
+    import json
+
+    from test_batch import invoke, write_lines
+
+    triage_task(tmp_path)
+    lines = [{"custom_id": "q", "method": "POST", "url": "/v1/classify", "body": {"model": "triage", "input": "hi"}},
+             {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "m", "messages": [{"role": "user", "content": "Sort: refund please"}],
+                       "structured_outputs": {"choice": ["billing", "technical"]}}}]
+    write_lines(tmp_path / "in.jsonl", lines)
+    result = invoke("batch", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--model", llama_dir, "--quiet",
+                    "--task", f"triage={tmp_path / 'triage.toml'}")
+    got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert result.exit_code == 0, result.output
+    assert got[0]["response"] is None and "asks several questions (team, priority, topics)" in got[0]["error"]["message"]
+    assert got[1]["error"] is None and got[1]["response"]["status_code"] == 200
+
+
+def test_the_loadtest_check_compares_every_questions_answer():
+    """`slmclassify loadtest` against a task of questions: each response's every answer is compared
+    with offline's (label and probabilities), and a differing answer is a mismatch naming both."""
+    from slmclassify.bench.service_load import _Checker
+
+    def result(team: str, p: float) -> dict:
+        return {"status": "ok", "needs_review": False, "answers": {
+            "team": {"label": team, "probabilities": {"billing": p, "technical": 1 - p}},
+            "priority": {"label": "low", "probabilities": {"low": 0.7, "urgent": 0.3}}}}
+
+    class Response:
+        headers = {"x-request-id": "r"}
+
+        def __init__(self, body):
+            self.body = body
+
+        def json(self):
+            return {"results": [self.body]}
+
+    check = _Checker([result("billing", 0.8)], tolerance=1e-4)
+    check(0, "r", Response(result("billing", 0.8 + 1e-5)))
+    assert check.checked == 1 and check.mismatched == 0 and check.max_diff == pytest.approx(1e-5)
+    check(0, "r", Response(result("technical", 0.4)))
+    assert check.mismatched == 1 and "got technical/low (ok), offline billing/low (ok)" in check.examples[0]

@@ -225,8 +225,9 @@ class _Answerer:
         texts = [texts] if isinstance(texts, str) else texts
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise InputError("input must be a string or a non-empty list of strings")
-        if self.runners[name].classifier.task.multi_field:
-            raise InputError(f"task {name!r} takes items of several fields: not in the pooling shape")
+        refusal = self.runners[name].pooling_refusal()  # items of several fields, or several questions
+        if refusal is not None:
+            raise InputError(refusal)
         for index, text in enumerate(texts):
             item_text(text, index, where="input")  # a lone surrogate is refused, naming it
         return name, texts
