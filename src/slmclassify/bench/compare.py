@@ -81,6 +81,9 @@ class BenchRow:
     """(e) rows: the ratio to (d) in each interleaved round (`vs_d` is their median). How far repeated
     rounds of one comparison disagree: rounds on both sides of 1.00 show no difference."""
     peak_rss_mb: float | None = None
+    ratios: dict | None = None
+    """Other ratios measured side by side for this row, with each round's (the q row: its cost over
+    one question's, and how many times faster than three single-question runs)."""
 
     @property
     def items_per_s(self) -> float:
@@ -302,6 +305,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     _ablations(inputs, rows, report, d)
     _other_precisions_rows(inputs, rows, report, clf, d)
     _multilabel_row(inputs, report, clf, d)
+    _questions_row(inputs, report)
     _ctranslate2_rows(inputs, rows, report, clf, d, log, with_ctranslate2)
     if inputs.device.type == "cuda":
         _plain_transformers_rows(inputs, rows)
@@ -454,6 +458,27 @@ def _multilabel_row(inputs: _Inputs, report: BenchReport, clf: Classifier, d: Be
     row.speedup = report.rows[0].seconds / seconds
     row.agree = int((chosen(scores) == chosen(reference)).all(axis=1).sum()) + (d.items - len(scored))
     row.max_abs_diff = float(np.nanmax(np.abs(scores - reference))) if len(scored) else 0.0
+    report.rows.append(row)
+
+
+def _questions_row(inputs: _Inputs, report: BenchReport) -> None:
+    """Row (q): three questions (5 + 3 + 3 labels) in each item's one pass, whole runs interleaved with
+    one question's and with three single-question runs (`bench/questions.py`)."""
+    from .questions import TRIAGE, questions_row
+
+    figures = questions_row(inputs.loaded, inputs.texts, inputs.settings, inputs.device)
+    sizes = "+".join(str(len(q.labels)) for q in TRIAGE.questions)
+    one, three = figures["cost_vs_one_rounds"], figures["faster_than_three_rounds"]
+    row = BenchRow(f"q ours 3 questions ({sizes})",
+                   f"team, priority, sentiment in one pass: {figures['cost_vs_one']:.2f}x one question's cost "
+                   f"(rounds {min(one):.2f}-{max(one):.2f}), {figures['faster_than_three']:.2f}x faster than three "
+                   f"single-question runs (rounds {min(three):.2f}-{max(three):.2f}); whole runs interleaved; agree "
+                   "and max|Δ| against each question's reference", figures["seconds"], len(inputs.texts),
+                   report.rows[0].prompt_tokens, padding=figures["padding"],
+                   ratios={k: figures[k] for k in ("cost_vs_one", "cost_vs_one_rounds", "faster_than_three",
+                                                   "faster_than_three_rounds")})
+    row.speedup = report.rows[0].seconds / row.seconds
+    row.agree, row.max_abs_diff = figures["agree"], figures["max_abs_diff"]
     report.rows.append(row)
 
 
