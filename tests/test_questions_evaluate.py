@@ -18,25 +18,8 @@ from slmclassify.core import multilabel
 from slmclassify.jobs.sources import read_task
 
 from helpers import random_texts
+from test_questions import SMALL
 
-SMALL = """
-instruction = "Triage."
-
-[[questions]]
-name = "team"
-labels = ["billing", "technical", "account"]
-
-[[questions]]
-name = "priority"
-labels = ["low", "normal", "urgent"]
-
-[[questions]]
-name = "topics"
-multi_label = true
-labels = ["refund", "delay"]
-calibrate = false
-"""
-"""A system turn short enough for the tiny models' 256-token context."""
 
 TEAMS, PRIORITIES = ("billing", "technical", "account"), ("low", "normal", "urgent")
 
