@@ -261,14 +261,15 @@ def test_a_question_needs_a_real_question_object():
 
 
 def test_what_does_not_take_questions_yet_says_so_in_one_line(tmp_path, llama_dir, run_main):
-    """fit, the labelling page and --head fit or apply one question's head: with a task of questions
-    they refuse before any work, saying what to do instead."""
+    """The labelling page labels one question: with a task of questions it refuses before any work,
+    saying what to do instead; fit (a head per question, tests/test_questions_heads.py) needs a gold
+    column per question, and says so before the model loads."""
     triage_task(tmp_path)
     with (tmp_path / "gold.csv").open("w", newline="") as f:
         csv.writer(f).writerows([("text", "label"), *((t, "low") for t in random_texts(6, seed=1))])
     task = ["--model", llama_dir, "--task", tmp_path / "triage.toml"]
     code, _, err = run_main("fit", tmp_path / "gold.csv", "-o", tmp_path / "h.npz", *task)
-    assert code == 2 and "fit does not take a task with [[questions]] yet" in err and "alone" in err
+    assert code == 2 and "give each one's gold column as --gold-column NAME=COLUMN" in err
     assert not (tmp_path / "h.npz").exists()
     code, _, err = run_main("label", tmp_path / "gold.csv", "--store", tmp_path / "s.sqlite", *task)
     assert code == 2 and "the labelling page does not take a task with [[questions]] yet" in err

@@ -183,11 +183,12 @@ def _evaluate_questions(run: EvaluateOptions, request: EvaluateRequest, task, ch
 
 
 def fit_request(*, gold_column, old_gold_column, layers, curve, **flags) -> FitRequest:
-    """The job's `FitRequest` from fit's flags: the old --label-column merged into --gold-column,
-    --layers and --curve parsed."""
+    """The job's `FitRequest` from fit's flags: the old --label-column merged into --gold-column
+    (one COLUMN, or NAME=COLUMN per question of a task with questions), --layers and --curve parsed."""
     from ..jobs.fit import FitRequest
 
-    return FitRequest(label_column=gold_column_of(gold_column, old_gold_column),
+    plain, pairs = parse_gold_columns(gold_column)
+    return FitRequest(label_column=gold_column_of(plain, old_gold_column), gold_columns=pairs,
                       taps=parse_layers(layers), curve_sizes=tuple(int_list(curve, "--curve")), **flags)
 
 
@@ -206,9 +207,12 @@ def parse_layers(layers: str | None) -> Taps | None:
 
 fit_options = bundle("run", fit_request, [
     click.argument("input_path", metavar="LABELLED_FILE"),
-    click.option("-o", "--output", "output_path", required=True, help="The head file to write (.npz)."),
+    click.option("-o", "--output", "output_path", required=True,
+                 help="The head file to write (.npz; a task with questions: one file of a head per question)."),
     click.option("--text-column", default="text", show_default=True),
-    click.option("--gold-column", help="Column of gold labels (tables; default: label)."),
+    click.option("--gold-column", multiple=True,
+                 help="Column of gold labels (tables; default: label). A task with questions: NAME=COLUMN, once per "
+                      "question to fit a head for (e.g. --gold-column priority=gold_priority)."),
     hidden_alias("--label-column", "old_gold_column"),
     click.option("--folds", type=int, default=5, show_default=True, help="Cross-validation folds."),
     click.option("--group-column", help="Column grouping near copies of one text: cross-validation keeps each "
@@ -230,7 +234,8 @@ fit_options = bundle("run", fit_request, [
 def fit(run: FitRequest, opts: ModelOptions):
     """Fit a head on LABELLED_FILE (CSV/JSONL/Parquet with a gold column, or a BIG-bench JSON): a logistic
     regression on the model's hidden states, read on the fast path. Prints cross-validated accuracy,
-    macro-F1 and ECE next to zero-shot scoring, and the learning curve."""
+    macro-F1 and ECE next to zero-shot scoring, and the learning curve. A task with questions: one pass,
+    a head per question given a gold column (NAME=COLUMN), all in one file, a row per question."""
     from ..jobs.evaluate import task_for_file
     from ..jobs.fit import fit_file
 
@@ -238,4 +243,8 @@ def fit(run: FitRequest, opts: ModelOptions):
                  {"-o": run.output_path, "--json": run.json_path, "--plot": run.plot_path})
     task = task_for_file(run.input_path, run.text_column, run.label_column, task_file=opts.task_file,
                          labels=opts.label_names(), **opts.overrides())
-    summaries.print_fit(fit_file(run, task, opts.settings(), model=opts.model))
+    if task.questions and run.plot_path:
+        raise TaskError("--plot draws the learning curve of a task of one question; a task with questions is fitted "
+                        "without one: run without --plot")
+    summary = fit_file(run, task, opts.settings(), model=opts.model)
+    (summaries.print_questions_fit if task.questions else summaries.print_fit)(summary)

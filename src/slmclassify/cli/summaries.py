@@ -28,8 +28,12 @@ def print_loaded(classifier, head=None) -> None:
     if line := auto_line(classifier.loaded):
         _err(line)
     if head is not None and head.used:
+        from ..head.questions import QuestionHeads
+
         h = head.head
-        _err(f"scorer: {head.scorer} ({head.source or 'head'}: {len(h.labels)} labels, layers {h.taps.describe()})")
+        what = (f"heads for {', '.join(h.heads)}, the other questions zero-shot" if isinstance(h, QuestionHeads)
+                else f"{len(h.labels)} labels")
+        _err(f"scorer: {head.scorer} ({head.source or 'head'}: {what}, layers {h.taps.describe()})")
 
 
 def print_classify(summary) -> None:
@@ -329,3 +333,43 @@ def _print_multilabel_fit(summary) -> None:
          f"wrote {summary.output}")
     if summary.json_path:
         _out(f"wrote {summary.json_path}")
+
+
+def print_questions_fit(summary) -> None:
+    """`fit`'s report of a task with questions (`jobs.fit.QuestionsFitSummary`), on stdout: a row per
+    question fitted, its head's cross-validated figures next to zero-shot's on the same items."""
+    if summary.skipped:
+        _out(f"skipping {summary.skipped} empty texts")
+    if summary.precision_line:
+        _out(summary.precision_line)
+    _out(f"model: {summary.model}; {summary.items} items")
+    _out(f"features: layers {summary.taps.describe()} ({summary.feature_values} values)"
+         f"{' + calibrated label scores' if summary.use_scores else ''}, read for every question in one fast-path "
+         f"pass in {summary.seconds:.1f} s")
+    for warning in summary.warnings:
+        _out(f"warning: {warning}")
+    width = max([len("question")] + [len(f.name) for f in summary.fits])
+    _out(f"\n{'question':<{width}}  {'kind':<11} {'zero-shot':>9} {'head (CV)':>9}  {'macro-F1 zero/head':>18}  "
+         f"{'ECE zero/head':>13}  features")
+    for f in summary.fits:
+        z, h = f.zero_shot, f.cv
+        if f.head.multi_label:
+            accuracy = "subset_accuracy"
+            ece = f"{'-':>13}"
+        else:
+            accuracy = "accuracy"
+            ece = f"{z['ece']:>6.3f}/{h['ece']:<6.3f}"
+        _out(f"{f.name:<{width}}  {'multi-label' if f.head.multi_label else 'single':<11} {z[accuracy]:>9.3f} "
+             f"{h[accuracy]:>9.3f}  {z['macro_f1']:>9.3f}/{h['macro_f1']:<8.3f}  {ece}  {f.head.taps.describe()} "
+             f"({f.choice})")
+    if any(f.head.multi_label for f in summary.fits):
+        _out("multi-label: accuracy is subset accuracy, at thresholds picked on the other half of the items "
+             "(cross-fitted, zero-shot's and the head's alike)")
+    _out(f"head: {summary.folds}-fold cross-validated (feature set and C chosen inside each fold); no learning curve "
+         "for a task with questions")
+    if summary.not_fitted:
+        _out(f"no head (no gold column): {', '.join(summary.not_fitted)}; answered zero-shot by classify --head")
+    _out(f"wrote {summary.output} ({len(summary.fits)} heads)")
+    if summary.json_path:
+        _out(f"wrote {summary.json_path}")
+

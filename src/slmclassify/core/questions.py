@@ -104,6 +104,12 @@ def results(task: Task, scores: np.ndarray, calibrated_scores: np.ndarray, statu
     `scores` every branch's raw score; `label` is None (each answer holds its own)."""
     per_question = {q.name: answer_results(q, scores[:, branches], calibrated_scores[:, labels], status)
                     for (q, branches), (_, labels) in zip(branch_spans(task), label_spans(task))}
+    return combine(task, scores, per_question, status)
+
+
+def combine(task: Task, scores: np.ndarray, per_question: dict[str, list[Result]], status: list[str]) -> list[Result]:
+    """Each question's Results (`per_question`: from its branches, or from its head) → one Result per
+    item, as `results` describes."""
     names = scored_names(task)
     out = []
     for i, st in enumerate(status):
@@ -123,4 +129,4 @@ def refuse(task: Task, what: str, instead: str) -> None:
         raise TaskError(f"{what} does not take a task with [[questions]] yet; {instead}")
 
 
-__all__ = ["refuse", "scored_names", "branch_spans", "label_spans", "prior", "calibrated", "results", "answer_results"]
+__all__ = ["refuse", "scored_names", "branch_spans", "label_spans", "prior", "calibrated", "results", "answer_results", "combine"]

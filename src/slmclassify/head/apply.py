@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import TaskError
 from ..core.results import Result, make_results
 from .model import Head, model_fingerprint, task_from_record
+from .questions import QuestionHeads, head_states
 
 SCORERS = ("zero-shot", "head", "combined")
 """zero-shot: label scoring alone; head: the head's probabilities; combined: their normalised product."""
@@ -23,7 +24,8 @@ SCORERS = ("zero-shot", "head", "combined")
 class HeadChoice:
     """A learned head (`head/`) and how to use it; scorer zero-shot (or no head) scores labels only."""
 
-    head: Head | None = None
+    head: Head | QuestionHeads | None = None
+    """A head, or one per question of a task with questions (`head/questions.py`)."""
     scorer: str = "zero-shot"
     source: str | None = None
     """The head's file (digested into the resume record), or None."""
@@ -33,8 +35,9 @@ class HeadChoice:
         return self.head is not None and self.scorer != "zero-shot"
 
     def labels(self, task) -> tuple[str, ...]:
-        """The labels results are over: the head's when it is used, else the task's."""
-        return self.head.labels if self.used else task.labels
+        """The labels results are over: the head's when it is used, else the task's (a task with
+        questions: each question's own, head or not)."""
+        return self.head.labels if self.used and not isinstance(self.head, QuestionHeads) else task.labels
 
     def results_step(self):
         """How a scored window becomes results (`classifier.ResultsStep`): the head's when it is
@@ -65,18 +68,27 @@ def resolve_scorer(head: Head | None, scorer: str | None) -> str:
     return scorer
 
 
-def task_of(head: Head, min_confidence: float | None = None):
+def task_of(head: Head | QuestionHeads, min_confidence: float | None = None):
     """The task a head was fitted with, for commands given a head but no task flags."""
     return task_from_record(head.task, min_confidence)
 
 
-def check(head: Head, classifier, source: str) -> None:
+def check(head: Head | QuestionHeads, classifier, source: str) -> None:
     """Refuse a head fitted for another model or task; `combined` needs the same label set."""
     head.check(model_fingerprint(classifier.loaded), classifier.task, source=source)
 
 
-def check_scorer(head: Head, task_labels, scorer: str) -> None:
-    """`combined` multiplies the head's and the task's probabilities: it needs the same label set."""
+def check_scorer(head: Head | QuestionHeads, task_labels, scorer: str, task=None) -> None:
+    """`combined` multiplies the head's and the task's probabilities: it needs the same label set
+    (heads per question: each head and its question's labels, `task` the task with questions)."""
+    if isinstance(head, QuestionHeads):
+        for q in task.questions if task is not None else ():
+            if q.name in head.heads:
+                try:
+                    check_scorer(head.heads[q.name], q.labels, scorer)
+                except TaskError as exc:
+                    raise TaskError(f"question {q.name!r}: {exc}") from None
+        return
     if scorer == "combined" and set(head.labels) != set(task_labels):
         raise TaskError("{field} combined needs the head's labels {head} to be the task's labels {task}; "
                         "use {field} head", names={"field": "scorer"}, head=list(head.labels), task=list(task_labels))
@@ -113,6 +125,8 @@ def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None)
 def head_results(head: Head, scorer: str):
     """The `classifier.ResultsStep` of a head under `scorer` (head or combined): results over the
     head's labels from a window scored with the head's taps."""
+    if isinstance(head, QuestionHeads):
+        return functools.partial(_question_heads_results, head, scorer)
     return functools.partial(_head_results, head, scorer)
 
 
@@ -127,6 +141,34 @@ def _head_results(head: Head, scorer: str, classifier, scores: np.ndarray, state
         return multilabel.make_results(head.labels, scores, logp, status, head.thresholds,
                                        task.min_confidence, task.label_separator)
     return make_results(head.labels, logp, logp, status, task.min_confidence)
+
+
+def _question_heads_results(heads: QuestionHeads, scorer: str, classifier, scores: np.ndarray, states: np.ndarray,
+                            status: list[str]) -> list[Result]:
+    """A task with questions: each question with a head answered from its head (read from the
+    pass's states, `heads.taps`), the others zero-shot; p_NAME_LABEL over the question's labels
+    (0 for a label the head never saw in its gold)."""
+    from ..core import multilabel, questions
+
+    task = classifier.task
+    calibrated = classifier.calibrated(scores)  # [n, C]: every question's labels
+    per_question = {}
+    for (q, branches), (_, labels) in zip(questions.branch_spans(task), questions.label_spans(task)):
+        head = heads.heads.get(q.name)
+        if head is None:
+            per_question[q.name] = questions.answer_results(q, scores[:, branches], calibrated[:, labels], status)
+            continue
+        logp = head_log_probabilities(head, calibrated[:, labels], head_states(head, heads.taps, states), q.labels,
+                                      scorer)
+        if head.multi_label:  # one-vs-rest heads are fitted on the question's labels, in its order
+            per_question[q.name] = multilabel.make_results(q.labels, scores[:, branches], logp, status, head.thresholds,
+                                                           q.task.min_confidence, q.task.label_separator)
+            continue
+        full = np.full((len(status), len(q.labels)), -np.inf)  # [n, L]: the question's labels
+        full[:, [q.labels.index(lab) for lab in head.labels]] = logp
+        full[np.isnan(logp).any(axis=1)] = np.nan  # empty items
+        per_question[q.name] = make_results(q.labels, full, full, status, q.task.min_confidence)
+    return questions.combine(task, scores, per_question, status)
 
 
 def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray, gold: np.ndarray,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import InputError, TaskError
 from ..core.taps import Taps
-from ..core.task import Example, Task
+from ..core.task import Example, Question, Task
 
 FORMAT = "slmclassify-head-1"
 
@@ -70,45 +70,86 @@ class Head:
         return linear_log_odds(features, self.mean, self.scale, self.coef, self.intercept)
 
     def save(self, path: str | Path) -> Path:
-        meta = {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps.last), "pooled": list(self.taps.mean),
-                "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info,
-                "multi_label": self.multi_label, "thresholds": list(self.thresholds)}
         path = Path(path)
         with path.open("wb") as f:  # np.savez would append .npz to a name without it
-            np.savez(f, meta=np.array(json.dumps(meta)), mean=self.mean, scale=self.scale,
-                     coef=self.coef, intercept=self.intercept)
+            np.savez(f, meta=np.array(json.dumps(self.meta())), **self.arrays())
         return path
 
+    def meta(self) -> dict:
+        """What the file's `meta` holds: everything but the arrays."""
+        return {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps.last), "pooled": list(self.taps.mean),
+                "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info,
+                "multi_label": self.multi_label, "thresholds": list(self.thresholds)}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"mean": self.mean, "scale": self.scale, "coef": self.coef, "intercept": self.intercept}
+
     @classmethod
-    def load(cls, path: str | Path) -> Head:
+    def load(cls, path: str | Path):
+        """The head in `path`; a file of one head per question (`fit` on a task with questions) loads
+        as its `QuestionHeads` (`head/questions.py`), so that `--head` takes either file."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
-                arrays = {k: data[k].astype(np.float64) for k in ("mean", "scale", "coef", "intercept")}
+                arrays = {k: data[k].astype(np.float64) for k in data.files if k != "meta"}
         except FileNotFoundError:
             raise InputError(f"head file not found: {path}") from None
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
             raise InputError(f"{path} is not a head file written by `slmclassify fit` "
                              f"({exc or 'it is empty'})") from None
-        if meta.get("format") != FORMAT:
+        from .questions import FORMAT as QUESTIONS_FORMAT, QuestionHeads
+
+        if meta.get("format") not in (FORMAT, QUESTIONS_FORMAT):
             raise InputError(f"{path}: unknown head format {meta.get('format')!r}; refit with `slmclassify fit`")
+        try:
+            return (QuestionHeads if meta["format"] == QUESTIONS_FORMAT else cls).from_file(meta, arrays)
+        except KeyError as exc:
+            raise InputError(f"{path} is not a head file written by `slmclassify fit` (no {exc})") from None
+
+    @classmethod
+    def from_file(cls, meta: dict, arrays: dict[str, np.ndarray]) -> Head:
+        """A head from its `meta` and its four arrays (`mean`, `scale`, `coef`, `intercept`)."""
         return cls(labels=tuple(meta["labels"]), taps=Taps(meta["taps"], meta.get("pooled", ())), use_scores=meta["use_scores"],
                    model=meta["model"], task=meta["task"], info=meta["info"], multi_label=meta.get("multi_label", False),
-                   thresholds=tuple(meta.get("thresholds", ())), **arrays)
+                   thresholds=tuple(meta.get("thresholds", ())),
+                   **{k: arrays[k] for k in ("mean", "scale", "coef", "intercept")})
 
     def check(self, fingerprint: dict, task: Task, source: str = "the head") -> None:
         """Refuse features from another model or task, naming what differs."""
-        differs = sorted(k for k in set(fingerprint) | set(self.model)
-                         if k != "name" and fingerprint.get(k) != self.model.get(k))  # same weights: any path
-        if differs:
-            raise TaskError(f"{source} was fitted for model {self.model.get('name')!r}, not {fingerprint.get('name')!r} "
-                            f"({', '.join(differs)} differ); refit it with `slmclassify fit --model ...`")
-        record = task_record(task)
-        if record != self.task:
-            differs = [k for k in dict.fromkeys([*self.task, *record]) if record.get(k) != self.task.get(k)]
-            detail = "; ".join(f"{k}: {_short(self.task.get(k))} in the head, {_short(record.get(k))} here" for k in differs)
-            raise TaskError(f"{source} was fitted for another task ({detail}); use the task it was fitted "
-                            f"with or refit it with `slmclassify fit`")
+        check_fitted(self.model, self.task, fingerprint, task, source)
+
+
+def check_fitted(model: dict, record: dict, fingerprint: dict, task: Task, source: str) -> None:
+    """Refuse a head (or heads) fitted with `model` and task `record` for another model or task,
+    naming what differs (a task with questions: the first question that differs)."""
+    differs = sorted(k for k in set(fingerprint) | set(model)
+                     if k != "name" and fingerprint.get(k) != model.get(k))  # same weights: any path
+    if differs:
+        raise TaskError(f"{source} was fitted for model {model.get('name')!r}, not {fingerprint.get('name')!r} "
+                        f"({', '.join(differs)} differ); refit it with `slmclassify fit --model ...`")
+    here = task_record(task)
+    if here == record:
+        return
+    differs = [k for k in dict.fromkeys([*record, *here]) if here.get(k) != record.get(k)]
+    if differs == ["questions"] and record.get("questions") and here.get("questions"):
+        detail = _question_difference(record["questions"], here["questions"])
+    else:
+        detail = "; ".join(f"{k}: {_short(record.get(k))} in the head, {_short(here.get(k))} here" for k in differs)
+    raise TaskError(f"{source} was fitted for another task ({detail}); use the task it was fitted "
+                    f"with or refit it with `slmclassify fit`")
+
+
+def _question_difference(fitted: list[dict], here: list[dict]) -> str:
+    """Which question differs between two tasks with questions, and in what."""
+    names, here_names = [q["name"] for q in fitted], [q["name"] for q in here]
+    if names != here_names:
+        return f"questions: {names} in the head, {here_names} here"
+    for a, b in zip(fitted, here):
+        if a != b:
+            keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+            return f"question {a['name']!r}: " + "; ".join(f"{k}: {_short(a.get(k))} in the head, {_short(b.get(k))} here"
+                                                           for k in keys)
+    return "questions differ"
 
 
 def linear_log_probabilities(X, mean, scale, coef, intercept) -> np.ndarray:
@@ -124,19 +165,25 @@ def linear_log_odds(X, mean, scale, coef, intercept) -> np.ndarray:
 
 
 def task_record(task: Task) -> dict:
-    """What of a task shapes the features: the prompt, the scored labels and their scoring."""
-    return {"labels": list(task.labels), "descriptions": list(task.descriptions), "instruction": task.instruction,
-            "system": task.system, "user_template": task.user_template,
-            "examples": [[ex.text, ex.label] for ex in task.examples], "mode": task.mode,
-            "calibrate": task.calibrate, "temperature": task.temperature,
-            **({"multi_label": True} if task.multi_label else {})}  # absent: the heads and label stores of before
+    """What of a task shapes the features: the prompt, the scored labels and their scoring (a task
+    with questions: each question's name, words and record too)."""
+    record = {"labels": list(task.labels), "descriptions": list(task.descriptions), "instruction": task.instruction,
+              "system": task.system, "user_template": task.user_template,
+              "examples": [[ex.text, ex.label] for ex in task.examples], "mode": task.mode,
+              "calibrate": task.calibrate, "temperature": task.temperature,
+              **({"multi_label": True} if task.multi_label else {})}  # absent: the heads and label stores of before
+    if task.questions:  # absent likewise for a task of labels
+        record["questions"] = [{"name": q.name, "question": q.question, **task_record(q.task)} for q in task.questions]
+    return record
 
 
 def task_from_record(record: dict, min_confidence: float | None = None) -> Task:
     """The task a head was fitted with (so `classify --head` needs no task flags)."""
-    values = {k: v for k, v in record.items() if k != "examples"}
+    values = {k: v for k, v in record.items() if k not in ("examples", "questions")}
+    questions = tuple(Question(q["name"], task_from_record({k: v for k, v in q.items() if k not in ("name", "question")}),
+                               q["question"]) for q in record.get("questions", ()))
     task = Task(**{**values, "labels": tuple(values["labels"]), "descriptions": tuple(values["descriptions"]),
-                   "examples": tuple(Example(t, lab) for t, lab in record["examples"])})
+                   "examples": tuple(Example(t, lab) for t, lab in record["examples"]), "questions": questions})
     return task.with_overrides(min_confidence=min_confidence)
 
 

@@ -167,12 +167,10 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
                         names={"gold": "gold_column"})
     if gold_column is not None and gold_column not in reader.columns:
         raise InputError(f"no gold column {gold_column!r}; columns are: {', '.join(map(str, reader.columns))}")
-    if choice.used:
-        from ..core.questions import refuse
+    if choice.used:  # a task with questions: heads per question (`head/questions.py`), the rest zero-shot
         from ..head.apply import check_scorer
 
-        refuse(task, "--head", "a head is fitted for one question: classify with a task file of that question alone")
-        check_scorer(choice.head, task.labels, choice.scorer)
+        check_scorer(choice.head, task.labels, choice.scorer, task)
     labels = choice.labels(task)
     check_result_columns(reader.columns, columns_for(task, labels), request.result_prefix)
     return reader, labels

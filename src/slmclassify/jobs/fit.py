@@ -13,11 +13,11 @@ import numpy as np
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import Evaluation
 from ..io.labelled import read_labelled
-from ..errors import FieldError, InputError
+from ..errors import FieldError, InputError, TaskError
 from ..models.prepare import load_model
 from ..models.precision import auto_line
 from ..core.results import softmax
-from ..core.questions import refuse
+from ..core.questions import label_spans
 from ..core.task import Task
 from ..head.apply import text_hashes
 from ..core.taps import Taps
@@ -38,6 +38,8 @@ class FitRequest:
     text_column: str = "text"
     label_column: str = "label"
     """Column of gold labels (tables; a multi-label task's are `;`-separated label sets)."""
+    gold_columns: tuple[tuple[str, str], ...] = ()
+    """A task with questions: (question, its gold column) for each question to fit a head for."""
     group_column: str | None = None
     """Column grouping near copies of one text: cross-validation keeps each group in one fold."""
     folds: int = 5
@@ -116,7 +118,11 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     JSON); returns the CV metrics, zero-shot alongside and the learning curve."""
     path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
     taps, use_scores = request.taps, request.use_scores
-    refuse(task, "fit", "fit a head for one question with a task file of that question alone (its labels at the top)")
+    if task.questions:
+        return fit_questions(request, task, settings, model=model)
+    if request.gold_columns:
+        raise TaskError("{field} {pair}: NAME=COLUMN is for a task with questions, and this task has none; give its "
+                        "gold column alone", names={"field": "gold_column"}, pair="=".join(request.gold_columns[0]))
     data = read_labelled(path, request.text_column, request.label_column, task, request.group_column)
     if task.multi_label:
         return _fit_multilabel(request, task, settings, data, model)
@@ -189,6 +195,80 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
         curve=tuple((int(n), float(acc)) for n, acc in curve), curve_sizes=tuple(request.curve_sizes),
         smallest_fold=min(counts.values()) * (folds - 1) // folds, C=final.C, head=head, output=output,
         plot_path=plot_path, json_path=request.json_path, warnings=warnings)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionsFitSummary:
+    """What `fit_questions` measured and wrote: a row per question fitted."""
+
+    model: str
+    skipped: int
+    """Empty texts left out."""
+    items: int
+    taps: Taps
+    """What the one pass read (every candidate, or the taps given)."""
+    feature_values: int
+    use_scores: bool
+    seconds: float
+    """The one fast-path pass that read the features of every question."""
+    precision_line: str | None
+    folds: int
+    fits: tuple
+    """`head.questions.QuestionFit` per question with a gold column, in the task's order."""
+    not_fitted: tuple[str, ...]
+    """The task's questions without a gold column: answered zero-shot."""
+    output: str
+    json_path: str | None
+    warnings: tuple[str, ...] = ()
+
+
+def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, model=None) -> QuestionsFitSummary:
+    """A task with questions: one pass over the items reads the features of every question, then
+    each question with a gold column (`request.gold_columns`) gets its head (`head/questions.py`),
+    saved together in one file (`QuestionHeads`).
+
+    Each question chooses its own feature set by cross-validation, as `fit` does for one question:
+    the pass reads every candidate anyway, so a choice per question costs no forward, and the
+    questions differ (which team is a topic, how urgent a tone); `classify --head` then reads the
+    union of the chosen taps in its one pass."""
+    from ..head.questions import QuestionHeads, fit_question, question_gold
+    from ..io.labelled import read_gold_columns
+
+    path, folds, seed = request.input_path, request.folds, request.seed
+    columns = dict(request.gold_columns)
+    names = [q.name for q in task.questions]
+    if not columns:
+        raise TaskError("this task asks questions ({asked}): give each one's gold column as {field} NAME=COLUMN, e.g. "
+                        "{field} {first}=COLUMN", names={"field": "gold_column"}, first=names[0], asked=", ".join(names))
+    for name in columns:
+        if name not in names:
+            raise TaskError(f"gold column {columns[name]!r} is for question {name!r}, which the task does not ask; "
+                            f"its questions are {', '.join(names)}")
+    if request.group_column:
+        raise FieldError("group_column", "{field} is not taken with a task with questions yet: run without it")
+    texts, cells = read_gold_columns(path, request.text_column, columns, task)
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    skipped, texts = len(texts) - len(keep), [texts[i] for i in keep]
+    asked = [(q, labels) for q, labels in label_spans(task) if q.name in columns]
+    gold = {q.name: question_gold(q, [cells[q.name][i] for i in keep], f"{path}: column {columns[q.name]!r}", folds)
+            for q, _ in asked}  # every cell checked before the model loads
+
+    given = request.taps is not None
+    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, texts, request.taps or "candidates")
+    fitted_for = {"model": model_fingerprint(loaded), "task": task_record(task)}
+    fits = tuple(fit_question(q, states, calibrated[:, labels], gold[q.name], taps, given=given,
+                              use_scores=request.use_scores, folds=folds, seed=seed, **fitted_for)
+                 for q, labels in asked)
+    info = {"items": len(texts), "folds": folds, "source": str(path), "gold_columns": columns,
+            "item_hashes": text_hashes(texts)}
+    QuestionHeads(heads={f.name: f.head for f in fits}, info=info, **fitted_for).save(request.output_path)
+    _write_json(request.json_path, {**info, "questions": {f.name: f.head.info for f in fits}})
+    return QuestionsFitSummary(
+        model=loaded.name, skipped=skipped,
+        items=len(texts), taps=taps, feature_values=int(states.shape[1]), use_scores=request.use_scores,
+        seconds=seconds, precision_line=auto_line(loaded), folds=folds, fits=fits,
+        not_fitted=tuple(n for n in names if n not in columns), output=request.output_path,
+        json_path=request.json_path, warnings=shared_openings(texts))
 
 
 OPENING_WORDS = 5

@@ -1,0 +1,180 @@
+"""One head per question of a task with questions, fitted on the states of one pass and kept in one
+file, so that `--head` takes one thing whatever the number of questions.
+
+The file is one `.npz`: `meta` (JSON: the format, the model's fingerprint, the whole task's record,
+and per question its head's own meta) and per question `NAME.mean`, `NAME.scale`, `NAME.coef`,
+`NAME.intercept`. Each question's head is a plain `Head` (single-choice: softmax; multi-label:
+one-vs-rest) that reads its own taps and, with `use_scores`, its own question's calibrated scores;
+the pass reads the union of their taps (`taps`) and each head takes its columns (`head_states`).
+A question without a head is answered zero-shot from the same pass.
+
+Fitting (`fit_question`) is `fit`'s for a task of that question alone, on that pass's states: the
+same head from the same states, so a question's head does not depend on the other questions'.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.taps import Taps
+from ..core.task import Task
+from .model import Head, check_fitted
+
+FORMAT = "slmclassify-question-heads-1"
+
+
+@dataclass(frozen=True)
+class QuestionHeads:
+    """The heads of some questions of one task with questions, fitted on one pass's states."""
+
+    heads: dict[str, Head]
+    """Question name → its head, in the task's question order."""
+    model: dict
+    """Fingerprint of the model the features came from (`model_fingerprint`)."""
+    task: dict
+    """The whole task's record (`task_record`, with every question's)."""
+    info: dict
+    """How they were fitted: items, folds, source."""
+
+    @property
+    def taps(self) -> Taps:
+        """What the pass reads: every head's taps, each layer once (`last` then `mean`, sorted)."""
+        return union_taps(h.taps for h in self.heads.values())
+
+    def check(self, fingerprint: dict, task: Task, source: str = "the heads") -> None:
+        """Refuse features from another model or task, naming what differs."""
+        check_fitted(self.model, self.task, fingerprint, task, source)
+
+    def save(self, path: str | Path) -> Path:
+        meta = {"format": FORMAT, "model": self.model, "task": self.task, "info": self.info,
+                "questions": {name: head.meta() for name, head in self.heads.items()}}
+        arrays = {f"{name}.{k}": v for name, head in self.heads.items() for k, v in head.arrays().items()}
+        path = Path(path)
+        with path.open("wb") as f:  # np.savez would append .npz to a name without it
+            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+        return path
+
+    @classmethod
+    def from_file(cls, meta: dict, arrays: dict[str, np.ndarray]) -> QuestionHeads:
+        """From the file's `meta` and arrays (`Head.load` reads the file and calls this)."""
+        heads = {name: Head.from_file(head_meta, {k: arrays[f"{name}.{k}"] for k in ("mean", "scale", "coef", "intercept")})
+                 for name, head_meta in meta["questions"].items()}
+        return cls(heads=heads, model=meta["model"], task=meta["task"], info=meta["info"])
+
+
+def union_taps(all_taps) -> Taps:
+    all_taps = list(all_taps)
+    return Taps(last=sorted({t for taps in all_taps for t in taps.last}),
+                mean=sorted({t for taps in all_taps for t in taps.mean}))
+
+
+def tap_columns(read: Taps, wanted: Taps, hidden: int) -> np.ndarray:
+    """The columns of states read with `read` ([n, len(read) * hidden], `last` layers first) that are
+    the states of `wanted` (a subset of `read`), in `wanted`'s order."""
+    slots = [read.last.index(t) for t in wanted.last] + [len(read.last) + read.mean.index(t) for t in wanted.mean]
+    return np.concatenate([np.arange(s * hidden, (s + 1) * hidden) for s in slots]).astype(int)
+
+
+def head_states(head: Head, read: Taps, states: np.ndarray) -> np.ndarray:
+    """[n, len(head.taps) * hidden] the head's own states out of the pass's `states` read with `read`."""
+    hidden = states.shape[1] // len(read)
+    return states[:, tap_columns(read, head.taps, hidden)]
+
+
+@dataclass(frozen=True)
+class QuestionFit:
+    """One question's head, with its cross-validated figures next to zero-shot's on the same items."""
+
+    name: str
+    head: Head
+    choice: str
+    """The feature set it reads: chosen by cross-validation ('mean', 'last', ...), 'default' (a
+    multi-label question's one-vs-rest heads read the mean-pooled layers, as `fit` does) or 'given'."""
+    zero_shot: dict
+    """Single-choice: accuracy, macro_f1, ece; multi-label: micro_f1, macro_f1, subset_accuracy,
+    hamming_loss at thresholds picked on the other half of the items (cross-fitted)."""
+    cv: dict
+    """The same figures of the head, out of fold."""
+
+
+def question_gold(q, cells: list[str], source: str, folds: int) -> np.ndarray:
+    """A question's gold cells, checked before the model loads: a single-choice question's [n] labels
+    (each one of its labels, `folds` items at least of each label that occurs, two labels at least),
+    a multi-label question's [n, L] bool (each label on and off `folds` items at least)."""
+    from ..core import multilabel
+    from ..errors import InputError
+    from .one_vs_rest import check_counts
+
+    if q.multi_label:
+        gold = multilabel.gold_matrix(cells, q.labels, q.task.label_separator, source)
+        check_counts(gold, q.labels, folds, source)
+        return gold
+    for row, cell in enumerate(cells, start=1):
+        if cell not in q.labels:
+            raise InputError(f"{source}: row {row} has gold label {cell!r}, which is not an answer of question "
+                             f"{q.name!r} {list(q.labels)}")
+    gold = np.array(cells)
+    counts = {lab: int((gold == lab).sum()) for lab in q.labels if (gold == lab).any()}
+    if len(counts) < 2:
+        raise InputError(f"{source}: question {q.name!r} has fewer than two labels in its gold: {list(counts)}")
+    if min(counts.values()) < folds:
+        raise InputError("{source}: label {label!r} of question {name!r} has {items} items; {folds}-fold "
+                         "cross-validation needs at least {folds} per label (or pass {folds_field})",
+                         names={"folds_field": "folds"}, source=source, label=min(counts, key=counts.get),
+                         name=q.name, items=min(counts.values()), folds=folds)
+    return gold
+
+
+def fit_question(q, states: np.ndarray, calibrated: np.ndarray, gold: np.ndarray, taps: Taps, *, given: bool,
+                 use_scores: bool, folds: int, seed: int, model: dict, task: dict) -> QuestionFit:
+    """Fit question `q`'s head on the pass's `states` ([n, len(taps) * hidden]) and, with
+    `use_scores`, its own calibrated scores ([n, L]), against its gold (`question_gold`): the fit
+    `fit` makes for a task of that question alone (single-choice: the feature set and C chosen by
+    cross-validation, nested for the figures; multi-label: one-vs-rest on the mean-pooled layers),
+    recording the task with questions (`task`) and the `model` it was fitted for."""
+    from ..core import multilabel
+    from ..core.metrics import Evaluation
+    from ..core.results import softmax
+    from .features import feature_sets
+    from .fitting import cross_validated, fit
+    from .one_vs_rest import cross_validated_one_vs_rest, fit_one_vs_rest
+
+    hidden = states.shape[1] // len(taps)
+    extra = [calibrated.astype(np.float64)] if use_scores else []
+    if q.multi_label:
+        own = taps if given else Taps(mean=taps.mean)
+        X = np.concatenate([states[:, tap_columns(taps, own, hidden)].astype(np.float64), *extra], axis=1)
+        oof = cross_validated_one_vs_rest(X, gold, folds=folds, seed=seed)
+        brief = lambda m: {k: m[k] for k in ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")}  # noqa: E731
+        zero = brief(multilabel.cross_fitted(multilabel.probabilities(calibrated), gold, q.labels, seed=seed))
+        cv = brief(multilabel.cross_fitted(oof, gold, q.labels, seed=seed))
+        thresholds = tuple(0.5 if t is None else t for t in multilabel.pick_thresholds(oof, gold))
+        final = fit_one_vs_rest(X, gold, q.labels, seed=seed, folds=folds)
+        info = {"C": list(final.C), "items": len(gold), "per_label": dict(zip(q.labels, map(int, gold.sum(0)))),
+                "cv": cv, "zero_shot": zero, "thresholds": list(thresholds)}
+        head = Head(labels=q.labels, taps=own, use_scores=use_scores, mean=final.mean, scale=final.scale,
+                    coef=final.coef, intercept=final.intercept, model=model, task=task, info=info, multi_label=True,
+                    thresholds=thresholds)
+        return QuestionFit(q.name, head, "given" if given else "default", zero, cv)
+
+    X = np.concatenate([states.astype(np.float64), *extra], axis=1)
+    sets = {} if given else feature_sets(taps, hidden, calibrated.shape[1] if use_scores else 0)
+    candidates = {name: columns for name, (_, columns) in sets.items()} or None
+    labels = tuple(sorted(set(gold.tolist())))
+    probs = cross_validated(X, gold, labels, folds=folds, seed=seed, candidates=candidates)
+    head_ev = Evaluation(labels, np.array([labels.index(g) for g in gold]), probs.argmax(1), probs.max(1))
+    zero = softmax(calibrated)
+    zero_ev = Evaluation(q.labels, np.array([q.labels.index(g) for g in gold]), zero.argmax(1), zero.max(1))
+    figures = lambda ev: {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "ece": ev.ece}  # noqa: E731
+    final = fit(X, gold, seed=seed, folds=folds, candidates=candidates)
+    own, choice = (sets[final.choice][0], final.choice) if candidates else (taps, "given")
+    info = {"C": final.C, "features": choice, "items": len(gold),
+            "per_label": {lab: int((gold == lab).sum()) for lab in labels},
+            "cv": figures(head_ev), "zero_shot": figures(zero_ev)}
+    head = Head(labels=final.labels, taps=own, use_scores=use_scores, mean=final.mean, scale=final.scale,
+                coef=final.coef, intercept=final.intercept, model=model, task=task, info=info)
+    return QuestionFit(q.name, head, choice, figures(zero_ev), figures(head_ev))
