@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -24,7 +25,8 @@ def test_second_writer_of_an_output_is_refused_at_once(tmp_path, llama_dir):
     the run that finished exited 0 over a file with NUL holes (65 of 2,000 rows gone), the other
     died with a FileNotFoundError traceback. Now the second run refuses at once, naming the first's
     pid, without loading the model, and the first run's output is whole."""
-    src = make_input(tmp_path / "in.csv", 4000, seed=3)
+    rows = 1000
+    src = make_input(tmp_path / "in.csv", rows, seed=3)
     env = cli_env(tmp_path)
     target = tmp_path / "out.csv"
     base = [*cli_command(), "classify", str(src), "-o", str(target), "--labels", LABEL_ARG, "--model", str(llama_dir),
@@ -36,19 +38,25 @@ def test_second_writer_of_an_output_is_refused_at_once(tmp_path, llama_dir):
             assert first.poll() is None, first.stderr.read().decode()
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        second = subprocess.run(base, capture_output=True, env=env, timeout=120)
-        running = first.poll() is None
+        # Held mid-run (lock taken, partial open) while the second run starts, however fast either one is:
+        # the input need not outlast the second run's start-up (it was 4,000 rows for that).
+        first.send_signal(signal.SIGSTOP)
+        try:
+            running = first.poll() is None
+            second = subprocess.run(base, capture_output=True, env=env, timeout=120)
+        finally:
+            first.send_signal(signal.SIGCONT)
     finally:
         _, first_err = first.communicate(timeout=300)
     err = second.stderr.decode()
     line = one_error(second.returncode, err)
-    assert running, "the first run ended before the second started; make the input longer"
+    assert running, "the first run ended before it was held; make the input longer"
     assert line == (f"slmclassify: error: {target} is being written by another slmclassify run (pid {first.pid}, "
                      f"lock {target}.lock); wait for it to finish or write to another file")
     assert first.returncode == 0, first_err.decode()
     data = target.read_bytes()
     assert b"\0" not in data
-    assert data.decode().count("\n") == 4001
+    assert data.decode().count("\n") == rows + 1
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["in.csv", "out.csv"]
 
 
