@@ -126,21 +126,23 @@ def test_full_disk_is_one_line_and_resumes(run_main, monkeypatch, tmp_path, llam
 
 
 def test_full_tmpfs_is_one_line_and_resumes(tmp_path, llama_dir):
-    """The real thing where a tmpfs can be mounted (root): 200 KB fill up mid-run."""
+    """The real thing where a tmpfs can be mounted (root): 48 KiB fill up mid-run (600 rows write over 64 KiB)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)], capture_output=True).returncode:
+    size = 48 << 10
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size >> 10}k", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        src = make_input(tmp_path / "in.csv", 2000)
+        src = make_input(tmp_path / "in.csv", 600)
         env = cli_env(tmp_path)
         base = [*cli_command(), "classify", str(src), "--labels", LABEL_ARG, "--model", str(llama_dir),
                 "--window", "64", "--quiet", "--no-verify"]
         whole, target = tmp_path / "whole.csv", disk / "out.csv"
         subprocess.run([*base, "-o", str(whole)], check=True, env=env, capture_output=True, timeout=300)
-        assert whole.stat().st_size > 200_000
+        assert whole.stat().st_size > size + (16 << 10)  # fills up with rows left to write
         proc = subprocess.run([*base, "-o", str(target)], env=env, capture_output=True, timeout=300)
         line = one_error(proc.returncode, proc.stderr.decode())
         assert line.startswith(f"slmclassify: error: cannot write {target}: No space left on device; the ")
