@@ -261,9 +261,8 @@ def test_a_question_needs_a_real_question_object():
 
 
 def test_what_does_not_take_questions_yet_says_so_in_one_line(tmp_path, llama_dir, run_main):
-    """The labelling page labels one question: with a task of questions it refuses before any work,
-    saying what to do instead; fit (a head per question, tests/test_questions_heads.py) needs a gold
-    column per question, and says so before the model loads."""
+    """Fit (a head per question, tests/test_questions_heads.py) needs a gold column per question, and
+    says so before the model loads (the labelling page takes questions: tests/test_label_questions.py)."""
     triage_task(tmp_path)
     with (tmp_path / "gold.csv").open("w", newline="") as f:
         csv.writer(f).writerows([("text", "label"), *((t, "low") for t in random_texts(6, seed=1))])
@@ -271,6 +270,3 @@ def test_what_does_not_take_questions_yet_says_so_in_one_line(tmp_path, llama_di
     code, _, err = run_main("fit", tmp_path / "gold.csv", "-o", tmp_path / "h.npz", *task)
     assert code == 2 and "give each one's gold column as --gold-column NAME=COLUMN" in err
     assert not (tmp_path / "h.npz").exists()
-    code, _, err = run_main("label", tmp_path / "gold.csv", "--store", tmp_path / "s.sqlite", *task)
-    assert code == 2 and "the labelling page does not take a task with [[questions]] yet" in err
-    assert not (tmp_path / "s.sqlite").exists()

@@ -6,7 +6,10 @@ the page's counts, the refits, Export and Fit see exactly what the store holds, 
 clients do at once. Two queries per change, none per poll of the page.
 
 An answer is a label index, or in a multi-label task a sorted tuple of label indices (maybe empty:
-none applies); the store keeps a label's name, or a JSON list of names.
+none applies); the store keeps a label's name, or a JSON list of names. In a task of questions an
+answer is a tuple of each question's answer, in the task's order; the store keeps a JSON object,
+{question: label name, or list of names} (the store's schema is unchanged: a store of a one-question
+task holds what it held before).
 """
 
 from __future__ import annotations
@@ -30,18 +33,76 @@ class InvalidAnswer(TaskError):
     task takes a list): the page answers 422, not the 409 of a stale answer."""
 
 
-def _shown(value, limit: int = 80) -> str:
+def _said(value, limit: int = 80) -> str:
     """A caller's value for a message, cut to `limit` characters (a 30 MB label is not echoed back)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
+def _checked(labels: tuple[str, ...], multi: bool, label, what: str = "the task"):
+    """A caller's answer as the store keeps it: a label's name, or (multi-label) the list of the labels
+    that apply in the task's order (validated: `InvalidAnswer`)."""
+    if not multi:
+        if not isinstance(label, str) or label not in labels:
+            raise InvalidAnswer(f"label {_said(label)} is not one of {what}'s labels {list(labels)}")
+        return label
+    if isinstance(label, str) or not isinstance(label, (list, tuple)) or not all(isinstance(n, str) for n in label):
+        raise InvalidAnswer(f"a multi-label {what.removeprefix('the ')}'s answer is a list of its labels "
+                            f"{list(labels)}, got {_said(label)}")
+    unknown = [name for name in label if name not in labels]
+    if unknown:
+        raise InvalidAnswer(f"label {_said(unknown[0])} is not one of {what}'s labels {list(labels)}")
+    return [name for name in labels if name in label]
+
+
+def _indices(labels: tuple[str, ...], multi: bool, value):
+    """The answer a stored value holds: a label index, or a sorted tuple of them (None: not one of these labels)."""
+    if not multi:
+        return labels.index(value) if isinstance(value, str) and value in labels else None
+    if not isinstance(value, list) or not all(isinstance(name, str) and name in labels for name in value):
+        return None
+    return tuple(sorted({labels.index(name) for name in value}))
+
+
+def _matrix(given: dict, pos, n_labels: int) -> np.ndarray:
+    """[m, L] bool label sets of the answers at pool positions `pos` (multi-label)."""
+    Y = np.zeros((len(pos), n_labels), bool)
+    for k, p in enumerate(pos):
+        Y[k, list(given[int(p)])] = True
+    return Y
+
+
+class QuestionAnswers:
+    """One question's answers in a task of questions, as the refitter reads them: `given` {pool
+    position: that question's answer}; the kinds are the item's (an item is picked for all its questions)."""
+
+    def __init__(self, answers: Answers, k: int, question):
+        self.answers, self.k, self.labels, self.multi = answers, k, question.labels, question.multi_label
+
+    @property
+    def given(self) -> dict:
+        return {p: value[self.k] for p, value in self.answers.given.items()}
+
+    def fair(self, pos) -> np.ndarray:
+        return self.answers.fair(pos)
+
+    def matrix(self, pos) -> np.ndarray:
+        return _matrix(self.given, pos, len(self.labels))
+
+
 class Answers:
     """The store's answers mirrored by pool position (see the module docstring)."""
+
+    questions: tuple = ()
+    """A task of questions' questions (none: a task of one question)."""
 
     def __init__(self, store: LabelStore, task: Task, index: dict[int, int], hashes: list[str], source: str):
         """Refuses a store whose rows are not this pool's texts, or whose labels are not the task's.
         `index`: input row → pool position; `hashes`: each pool item's text hash; `source`: the input's name."""
         self.store, self.task, self.labels, self.multi = store, task, task.labels, task.multi_label
+        self.questions = task.questions
+        self.parts = [QuestionAnswers(self, k, q) for k, q in enumerate(task.questions)]
+        # a task of questions: each question's first column among all questions' labels side by side
+        self._offsets = np.cumsum([0, *(len(q.labels) for q in task.questions)])[:-1].tolist()
         self.index = index
         for row, h in store.hashes().items():
             if row not in index or hashes[index[row]] != h:
@@ -50,7 +111,7 @@ class Answers:
         for row, (label, _, _) in store.latest().items():
             if label is not None and self.decode(label) is None:
                 raise TaskError(f"{store.path} holds label {label!r} for row {row}, which is not in the task's "
-                                f"labels {list(self.labels)}")
+                                f"labels {self._wanted()}")
         self.reload()
 
     def reload(self) -> None:
@@ -74,45 +135,71 @@ class Answers:
 
     def matrix(self, pos) -> np.ndarray:
         """[m, L] bool label sets of the answers at pool positions `pos` (multi-label)."""
-        Y = np.zeros((len(pos), len(self.labels)), bool)
-        for k, p in enumerate(pos):
-            Y[k, list(self.given[int(p)])] = True
-        return Y
+        return _matrix(self.given, pos, len(self.labels))
+
+    def columns(self) -> dict:
+        """{pool position: answer} as the picker and the counts read it: the answers; in a task of
+        questions each answer's labels as columns of all questions' labels side by side (a tuple)."""
+        if not self.questions:
+            return self.given
+        return {p: tuple(c for q, at, v in zip(self.questions, self._offsets, value)
+                         for c in ([at + i for i in v] if q.multi_label else [at + v]))
+                for p, value in self.given.items()}
+
+    def _wanted(self):
+        if not self.questions:
+            return list(self.labels)
+        return {q.name: list(q.labels) for q in self.questions}
 
     # how an answer is stored, shown and exported
 
     def encode(self, label) -> str:
-        """The store's text of an answer given by a caller (validated: `InvalidAnswer`)."""
-        if not self.multi:
-            if not isinstance(label, str) or label not in self.labels:
-                raise InvalidAnswer(f"label {_shown(label)} is not one of the task's labels {list(self.labels)}")
-            return label
-        if isinstance(label, str) or not all(isinstance(name, str) for name in label):
-            raise InvalidAnswer(f"a multi-label task's answer is a list of its labels {list(self.labels)}, "
-                                f"got {_shown(label)}")
-        unknown = [name for name in label if name not in self.labels]
-        if unknown:
-            raise InvalidAnswer(f"label {_shown(unknown[0])} is not one of the task's labels {list(self.labels)}")
-        return json.dumps([name for name in self.labels if name in label])
+        """The store's text of an answer given by a caller (validated: `InvalidAnswer`); a task of
+        questions takes {question: its answer} for every question."""
+        if self.questions:
+            names = [q.name for q in self.questions]
+            if not isinstance(label, dict) or sorted(label) != sorted(names):
+                raise InvalidAnswer(f"a task of questions takes an answer to each of {names}, as {{question: "
+                                    f"label}} (a list of labels for a multi-label one), got {_said(label)}")
+            return json.dumps({q.name: _checked(q.labels, q.multi_label, label[q.name], f"question {q.name}") for q in self.questions})
+        checked = _checked(self.labels, self.multi, label)
+        return json.dumps(checked) if self.multi else checked
 
     def decode(self, text: str):
         """The answer a store text holds (None: not one of this task's)."""
-        if not self.multi:
-            return self.labels.index(text) if text in self.labels else None
+        if not self.multi and not self.questions:
+            return _indices(self.labels, False, text)
         try:
-            names = json.loads(text)
+            value = json.loads(text)
         except ValueError:
             return None
-        if not isinstance(names, list) or not all(name in self.labels for name in names):
+        if not self.questions:
+            return _indices(self.labels, True, value)
+        if not isinstance(value, dict) or sorted(value) != sorted(q.name for q in self.questions):
             return None
-        return tuple(sorted({self.labels.index(name) for name in names}))
+        each = tuple(_indices(q.labels, q.multi_label, value[q.name]) for q in self.questions)
+        return None if any(v is None for v in each) else each
 
     def shown(self, value) -> str:
         """An answer as the page's history lists it."""
-        if not self.multi:
-            return self.labels[value]
-        return ", ".join(self.labels[i] for i in value) or "none of them"
+        if self.questions:
+            return " · ".join(_one_shown(q.labels, q.multi_label, v) for q, v in zip(self.questions, value))
+        return _one_shown(self.labels, self.multi, value)
 
-    def gold(self, value) -> str:
-        """An answer in an exported gold column (multi-label: joined by the task's separator)."""
-        return self.labels[value] if not self.multi else self.task.label_separator.join(self.labels[i] for i in value)
+    def gold(self, value):
+        """An answer in an exported gold column (multi-label: joined by the task's separator); a task
+        of questions: a tuple, each question's."""
+        if self.questions:
+            return tuple(_one_gold(q.task, v) for q, v in zip(self.questions, value))
+        return _one_gold(self.task, value)
+
+
+def _one_shown(labels, multi: bool, value) -> str:
+    if not multi:
+        return labels[value]
+    return ", ".join(labels[i] for i in value) or "none of them"
+
+
+def _one_gold(task: Task, value) -> str:
+    labels = task.labels
+    return labels[value] if not task.multi_label else task.label_separator.join(labels[i] for i in value)

@@ -5,7 +5,8 @@ Routes (every one behind the token, see `TokenGuard`):
   GET  /api/state    the session's state (current item, counts, estimates) + where export/fit write
   POST /api/answer   {"row": int, "label": str}  (Enter on the page sends the guess it shows: a
                                                  refit may have changed the session's guess since;
-                                                 multi-label: "label": [str, ...], the labels toggled on)
+                                                 multi-label: "label": [str, ...], the labels toggled on;
+                                                 a task of questions: "label": {question: str or [str, ...]})
   POST /api/skip     {"row": int}
   POST /api/undo     {}
   POST /api/export   {}                         writes the fixed export path given at start
@@ -61,8 +62,9 @@ class Versioned(Row):
 
 
 class Answer(Versioned):
-    label: str | list[str]
-    """A label; in a multi-label task the list of labels that apply (maybe empty)."""
+    label: str | list[str] | dict[str, str | list[str]]
+    """A label; in a multi-label task the list of labels that apply (maybe empty); in a task of
+    questions {question: its label, or its list of labels}, every question."""
 
 
 class Empty(BaseModel):

@@ -16,14 +16,20 @@ from ..head.model import Head, task_record
 from . import refit
 
 
-def write_gold(frame, gold: dict[int, str], path: str | Path) -> int:
+def write_gold(frame, gold: dict[int, str | tuple[str, ...]], path: str | Path,
+               columns: tuple[str, ...] = ("gold",)) -> int:
     """Write the input rows of `gold` (input row → its answer), in input order, with a `gold`
-    column (replacing one the input has); returns the number of rows written."""
+    column (replacing one the input has); a task of questions: an answer is a tuple, one value per
+    column of `columns` (`gold_NAME`). Returns the number of rows written."""
     from ..io.writers import write_table
 
     rows = sorted(gold)
     out = frame.iloc[rows].copy()
-    out["gold"] = [gold[r] for r in rows]
+    if columns == ("gold",):
+        out["gold"] = [gold[r] for r in rows]
+    else:
+        for k, column in enumerate(columns):
+            out[column] = [gold[r][k] for r in rows]
     write_table(out.reset_index(drop=True), str(path))
     return len(rows)
 

@@ -10,6 +10,11 @@ sample's rows, which are kept in input order. The arrays, by pool position:
     visited     [n]               scored, empty or not
     head_probs  [n, L]            the loop head's probabilities (None before its first fit)
 
+In a task of questions L is every question's labels side by side (`questions.label_spans`), and
+`parts` holds one view of the pool per question: its own labels, guess and loop head, the items,
+features and flags shared, its `zero_shot` a view of its columns. So one pass per slice scores
+every question, and each question's head is fitted on the same hidden states.
+
 The `Scorer` fills them a slice at a time through one fast-path pass per slice, which gives the
 zero-shot scores and the hidden states together. It scores without the session's lock and takes
 it only to publish a slice.
@@ -17,9 +22,12 @@ it only to publish a slice.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..core import multilabel
+from ..core.questions import label_spans
 from ..core.results import softmax
 from ..core.taps import Taps
 from ..core.task import Task
@@ -57,7 +65,8 @@ class Pool:
 
     def __init__(self, texts_all: list[str], task: Task, *, sample: int, seed: int, taps: Taps,
                  width: int, ids: list[str] | None = None, priority: np.ndarray | None = None):
-        self.task, self.labels, self.multi = task, task.labels, task.multi_label
+        self.task, self.multi, self.name = task, task.multi_label, None
+        self.labels = self.columns(task)
         n_total = len(texts_all)
         rng = np.random.default_rng(seed)
         self.rows = np.sort(rng.permutation(n_total)[:sample]) if n_total > sample else np.arange(n_total)  # [n]
@@ -77,6 +86,24 @@ class Pool:
         self.head_probs: np.ndarray | None = None  # [n, L]
         self.priority = priority[self.rows] if priority is not None else None  # [n] bool, or None
         self.shuffle = rng.permutation(n)  # [n] the seeded scoring order, before answered rows move up
+        self.parts: list[Pool] = []
+        self.parts = [self._part(q, span) for q, span in label_spans(task)]  # [] unless a task of questions
+        # what the picker reads of each question: (name, its columns, multi-label, its labels)
+        self.spans = tuple((q.name, span, q.multi_label, q.labels) for q, span in label_spans(task))
+
+    def _part(self, question, span: slice) -> Pool:
+        """One question's view of the pool (see the module docstring)."""
+        part = copy.copy(self)
+        part.task, part.labels, part.name = question.task, question.labels, question.name
+        part.multi = question.multi_label
+        part.zero_shot = self.zero_shot[:, span]  # a view: the scorer's writes show through
+        return part
+
+    @staticmethod
+    def columns(task: Task) -> tuple[str, ...]:
+        """The names of the pool's label columns: the task's labels; a task of questions: every
+        question's, as `question: label`."""
+        return tuple(f"{q.name}: {lab}" for q in task.questions for lab in q.labels) or task.labels
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -93,12 +120,20 @@ class Pool:
         return np.array([p for p in positions if self.scored[p]], dtype=np.int64)
 
     def probs(self, pos: int) -> np.ndarray:
-        """The one set of scores shown for an item: the head's once it exists, else zero-shot."""
+        """The one set of scores shown for an item: the head's once it exists, else zero-shot (a task
+        of questions: each question's, side by side)."""
+        if self.parts:
+            return np.concatenate([part.probs(pos) for part in self.parts])
         return self.head_probs[pos] if self.head_probs is not None and self.scored[pos] else self.zero_shot[pos]
 
     def guess(self, pos: int) -> tuple[str | list[str] | None, float | None]:
         """(the guess, its confidence); multi-label: (the labels at or above their thresholds, the
-        least sure decision)."""
+        least sure decision); a task of questions: ({question: its guess}, the least sure answer's)."""
+        if self.parts:
+            guesses = [part.guess(pos) for part in self.parts]
+            if any(label is None for label, _ in guesses):
+                return None, None
+            return {part.name: label for part, (label, _) in zip(self.parts, guesses)}, min(c for _, c in guesses)
         probs = self.probs(pos)
         if np.isnan(probs).any():
             return None, None
@@ -110,17 +145,39 @@ class Pool:
         top = int(probs.argmax())
         return self.labels[top], float(probs[top])
 
-    def auto_share(self, threshold: float | None, answered) -> float | None:
-        """The share of the scored, unanswered items the head is at least `threshold` sure of."""
-        if self.head_probs is None or threshold is None:
+    def picker_probs(self) -> np.ndarray | None:
+        """[n, L] what the picker ranks by once there is a head (None before): the head's; in a task of
+        questions each question's head's columns, or its zero-shot ones while it has no head yet."""
+        if not self.parts:
+            return self.head_probs
+        if all(part.head_probs is None for part in self.parts):
+            return None
+        return np.concatenate([part.zero_shot if part.head_probs is None else part.head_probs
+                               for part in self.parts], axis=1)
+
+    def auto_share(self, threshold, answered) -> float | None:
+        """The share of the scored, unanswered items the head is at least `threshold` sure of; a task
+        of questions (`threshold`: one per question): the items every question's head is sure enough of."""
+        parts, thresholds = (self.parts, list(threshold)) if self.parts else ([self], [threshold])
+        if any(part.head_probs is None for part in parts) or any(t is None for t in thresholds):
             return None
         open_ = self.scored.copy()
         open_[list(answered)] = False
         if not open_.any():
             return None
-        probs = self.head_probs[open_]
-        confidence = multilabel.confidence(probs) if self.multi else probs.max(axis=1)
-        return float((confidence >= threshold).mean())
+        sure = np.ones(int(open_.sum()), bool)
+        for part, t in zip(parts, thresholds):
+            probs = part.head_probs[open_]
+            sure &= (multilabel.confidence(probs) if part.multi else probs.max(axis=1)) >= t
+        return float(sure.mean())
+
+    def probabilities(self, calibrated: np.ndarray) -> np.ndarray:
+        """[m, L] calibrated scores → [m, L] probabilities: a softmax, each label's P(yes) in a
+        multi-label task; a task of questions: each question's columns as its own."""
+        if self.parts:
+            return np.concatenate([part.probabilities(calibrated[:, span])
+                                   for part, (_, span, _, _) in zip(self.parts, self.spans)], axis=1)
+        return multilabel.probabilities(calibrated) if self.multi else softmax(calibrated)
 
     def snippet(self, pos: int) -> dict:
         """An item as the page's lists show it: its row, id and text cut to 90 characters."""
@@ -135,8 +192,9 @@ class Pool:
         self.features[part[ok]] = states[ok]
         self.scored[part[ok]] = True
         self.visited[part] = True
-        if self.head is not None:
-            self.head_probs[part[ok]] = self.head.probabilities(self.features[part[ok]])
+        for view in self.parts or [self]:
+            if view.head is not None:
+                view.head_probs[part[ok]] = view.head.probabilities(self.features[part[ok]])
 
     def set_head(self, head, probs: np.ndarray) -> None:
         """Make `head` the loop head; `probs` [n, L] are its probabilities of the rows scored when it
@@ -186,7 +244,7 @@ class Scorer:
             except Closing:
                 return
             calibrated = self.clf.calibrated(window.scores)  # NaN rows for empty items
-            probs = multilabel.probabilities(calibrated) if pool.multi else softmax(calibrated)
+            probs = pool.probabilities(calibrated)
             ok = ~np.isnan(window.scores).any(axis=1)
             with self.shared.lock:
                 pool.add_scores(part, probs, window.states, ok)

@@ -26,6 +26,16 @@ task's labels (maybe empty: none applies), kept in the store as a JSON list; the
 or above the thresholds (the task's for zero-shot, 0.5 for the loop's one-vs-rest heads), the next
 item comes from per-label uncertainty, and the estimate is of exact label sets (`refit.estimate_multi`).
 
+A task of questions (`[[questions]]`) is labelled an item at a time with every question answered at
+once: an answer is {question: label, or list of labels for a multi-label question}, kept in the
+store as one JSON object. The one pass per slice gives every question's zero-shot scores and the
+hidden states, and the refitter fits a head per question on them (`Pool.parts`); each question's
+guess is its head's once it has one, else zero-shot; the next item is the one whose least sure
+question is least sure (`strategy.py`). `state()["questions"]` has each question's counts,
+estimate and automatic share; the top-level `accuracy` is the least of the questions' estimates and
+`auto_share` the share of items every question's head is sure enough of. Export writes a
+`gold_NAME` column per question; `fit` refuses (`slmclassify fit` fits a head per question).
+
 The page (`app.py`) polls `ready()` and `state()` and sends `answer`, `accept`, `skip`, `show`,
 `undo`, `export` and `fit`; scripts and tests use `wait_ready(timeout)` instead of polling, and
 `close()` when done. `state()` has each item's `version` (what an answer names, see `LabelStore`),
@@ -44,7 +54,6 @@ import numpy as np
 
 from ..classifier import Classifier, EngineSettings
 from ..core.metrics import check_target_accuracy
-from ..core.questions import refuse
 from ..core.task import Task
 from ..errors import FieldError, InputError, TaskError
 from ..head.features import loop_taps
@@ -109,7 +118,6 @@ class LabelSession:
             import sklearn  # noqa: F401
         except ImportError:
             raise InputError("labelling fits a head, which needs scikit-learn: pip install 'slmclassify[head]'") from None
-        refuse(task, "the labelling page", "label one question at a time with a task file of that question alone")
         input_path, sample, seed = request.input_path, request.sample, request.seed
         frame, texts_all, ids, priority = read_input(input_path, task, text_column=request.text_column,
                                                      id_column=request.id_column, review_first=request.review_first)
@@ -119,7 +127,8 @@ class LabelSession:
         clf = Classifier(task, model=loaded, settings=settings)
         fingerprint = {"input": {"rows": len(frame), "sha256": file_sha256(input_path)[:16],
                                  "text_column": request.text_column},
-                       "task": task_hash(task), "labels": list(task.labels), "model": model_fingerprint(loaded),
+                       "task": task_hash(task), "labels": list(Pool.columns(task)),
+                       "model": model_fingerprint(loaded),
                        "sample": sample, "seed": seed}
         store = LabelStore.open(request.store_path, fingerprint)
         try:
@@ -142,7 +151,8 @@ class LabelSession:
         self.pool = Pool(texts_all, self.task, sample=sample, seed=seed, taps=taps,
                          width=len(taps) * config.hidden_size, ids=ids, priority=priority)
         self.answers = Answers(store, self.task, self.pool.index, self.pool.hashes, input_path)
-        self.picker = Picker(len(self.labels), seed, random_share=random_share)
+        self.columns = self.pool.labels  # the labels; a task of questions: `question: label` of every question
+        self.picker = Picker(len(self.columns), seed, random_share=random_share)
         self._sync = Sync()
         self.refitter = Refitter(self.pool, self.answers, self._sync, seed=seed, target_accuracy=target_accuracy)
         self._current: tuple[int, str, str] | None = None  # (pool position, reason, kind)
@@ -187,28 +197,45 @@ class LabelSession:
         self._sync.raise_error()
         pool, answers, refitter = self.pool, self.answers, self.refitter
         with self._sync.lock:
-            counts = label_counts(answers.given, len(self.labels))
-            est = refitter.estimate
+            counts = label_counts(answers.columns(), len(self.columns))
+            questions = self._questions(counts) if self.task.questions else None
+            ests = refitter.estimates
+            est = None if None in ests else min(ests, key=lambda e: e.mean)  # a task of questions: the least
+            share = pool.auto_share(refitter.thresholds if questions else refitter.threshold, answers.given)
             return {
                 "ready": self._sync.ready.is_set(), "item": view.item(pool, answers, self._current, counts),
-                "labels": list(self.labels), "multi_label": self.multi,
-                "counts": {lab: int(c) for lab, c in zip(self.labels, counts)},
+                "labels": list(self.labels), "multi_label": self.multi, "questions": questions,
+                "counts": {lab: int(c) for lab, c in zip(self.columns, counts)},
                 "labelled": len(answers.given), "skipped": len(answers.skips), "pool": len(pool),
                 "scored": int(pool.visited.sum()), "sample_note": pool.sample_note,
                 "accuracy": est.as_dict() if est is not None else None,
                 "fair_answers": answers.fair_count(), "fair_needed": refit.MIN_FAIR,
-                "auto_share": pool.auto_share(refitter.threshold, answers.given),
-                "auto_threshold": refitter.threshold, "target_accuracy": self.target_accuracy,
+                "auto_share": share, "auto_threshold": None if questions else refitter.threshold,
+                "target_accuracy": self.target_accuracy,
                 "fitting": refitter.fitting, "done": self._current is None and bool(pool.visited.all()),
                 "history": view.history(pool, answers), "skipped_rows": view.skipped(pool, answers),
                 "advice": view.advice(est, counts),
             }
 
+    def _questions(self, counts: np.ndarray) -> list[dict]:
+        """Each question of a task of questions as the page shows it (lock held): its labels, counts,
+        estimate and automatic share (of the items its own head is sure enough of)."""
+        out, at = [], 0
+        for k, (q, part) in enumerate(zip(self.task.questions, self.pool.parts)):
+            est, threshold = self.refitter.estimates[k], self.refitter.thresholds[k]
+            out.append({"name": q.name, "question": q.question, "labels": list(q.labels), "multi_label": q.multi_label,
+                        "counts": {lab: int(c) for lab, c in zip(q.labels, counts[at:at + len(q.labels)])},
+                        "accuracy": est.as_dict() if est is not None else None, "auto_threshold": threshold,
+                        "auto_share": part.auto_share(threshold, self.answers.given)})
+            at += len(q.labels)
+        return out
+
     # Each change is written to the store first, then read back from it (`Answers.reload`).
 
     def answer(self, row: int, label: str | list[str], version: int | None = None) -> None:
         """Record `label` for input row `row` (durable on return) and move on if it was the current item;
-        in a multi-label task `label` is the list of labels that apply (maybe empty).
+        in a multi-label task `label` is the list of labels that apply (maybe empty); in a task of
+        questions {question: its label, or list of labels}, every question.
         `version`: the row's version the page showed (`state()["item"]["version"]`); `StaleAnswer`
         when the row was answered, skipped or undone since."""
         pos = self.pool.position(row)
@@ -219,8 +246,9 @@ class LabelSession:
             self.answers.reload()
             self._moved(pos)
 
-    def accept(self, row: int) -> str | list[str]:
-        """Answer `row` with the current guess; returns that label (multi-label: that list of labels)."""
+    def accept(self, row: int) -> str | list[str] | dict:
+        """Answer `row` with the current guess; returns that label (multi-label: that list of labels;
+        a task of questions: {question: its guess})."""
         pos = self.pool.position(row)
         with self._sync.lock:
             label, _ = self.pool.guess(pos)
@@ -261,14 +289,20 @@ class LabelSession:
 
     def export(self, path: str) -> int:
         """Write the input rows that have an answer, in input order, with a `gold` column (replacing
-        one the input has); returns the number of rows written."""
+        one the input has; a task of questions: a `gold_NAME` column per question); returns the number
+        of rows written."""
         with self._sync.lock:
             gold = {int(self.pool.rows[pos]): self.answers.gold(value) for pos, value in self.answers.given.items()}
-        return outputs.write_gold(self.frame, gold, path)
+        columns = tuple(f"gold_{q.name}" for q in self.task.questions) or ("gold",)
+        return outputs.write_gold(self.frame, gold, path, columns)
 
     def fit(self, path: str) -> Head:
         """Fit a head on the answers so far (C by cross-validation when every label has 2 or more)
-        and save it where `classify --head` reads it."""
+        and save it where `classify --head` reads it. A task of questions is refused: Export the rows,
+        then `slmclassify fit` fits a head per question from their gold_NAME columns."""
+        if self.task.questions:
+            raise TaskError("the labelling page fits one question's head; for a task with [[questions]], export the "
+                            "rows and run `slmclassify fit` on them with --gold-column NAME=gold_NAME per question")
         with self._sync.lock:
             pos = self.pool.scored_among(self.answers.given)
             y = (self.answers.matrix(pos) if self.multi
@@ -309,7 +343,8 @@ class LabelSession:
         if not pool.scored.any():
             self._current = None
             return
-        seen = PoolView(zero_shot=pool.zero_shot, features=pool.features, scored=pool.scored, head=pool.head_probs,
-                        labels=self.labels, priority=pool.priority, multi_label=self.multi)
-        pick = self.picker.pick(seen, self.answers.given, self.answers.skips)
+        seen = PoolView(zero_shot=pool.zero_shot, features=pool.features, scored=pool.scored,
+                        head=pool.picker_probs(), labels=self.columns, priority=pool.priority, multi_label=self.multi,
+                        questions=pool.spans)
+        pick = self.picker.pick(seen, self.answers.columns(), self.answers.skips)
         self._current = None if pick is None else (pick.row, pick.detail or pick.reason, pick.kind)

@@ -17,6 +17,14 @@ Two phases:
 In a multi-label task an answer is a set of labels (a tuple of label indices, maybe empty); a
 label's count is the answers that include it.
 
+A task of questions (`PoolView.questions`): the columns are every question's labels side by side
+and an answer is the tuple of the columns it chose. An item is as uncertain as its LEAST sure
+question (the smallest of its questions' margins, each on the same 0..1 scale): one answer labels
+every question of the item, so the pick goes to an item where some head learns most, rather than
+where the heads are unsure on average (an item every head half knows teaches none of them much).
+The cold phase prefers, within a cluster, items whose guess for some question is that question's
+rarest label so far.
+
 Invariants: a pick never returns a labelled, excluded or unscored row; `pick` is a pure function
 of its arguments and the seed (its random draws are seeded by the seed and the number of answers
 and exclusions, not by how often it was called), so a reload that asks again gets the same item;
@@ -58,6 +66,8 @@ class PoolView:
     """[n] bool: rows offered before any other while some are left (a classify output's needs_review)."""
     multi_label: bool = False
     """Columns are each label's P(yes) (independent), not one distribution."""
+    questions: tuple = ()
+    """A task of questions: per question (name, its columns, multi-label, its labels)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,7 @@ def label_counts(labelled: dict, n_labels: int) -> np.ndarray:
 
 
 def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str, ...], counts: np.ndarray,
-             multi_label: bool = False) -> str:
+             multi_label: bool = False, questions: tuple = ()) -> str:
     """The reason line of a pick from the scores on screen now (`probs` [L], the head's once it
     exists): so the guess it names is the guess shown, after a refit too."""
     if probs is None or np.isnan(probs).any():
@@ -90,6 +100,8 @@ def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str
     order = np.argsort(-probs)
     if detail.startswith(("brought back", "chosen")):  # undo or the history: said as it is
         return detail
+    if kind == "uncertain" and questions:
+        return unsure_about(probs, questions[int(least_sure(probs[None, :], questions)[1][0])])
     if kind == "cold":
         top = int(order[0])
         what = "its likeliest label" if multi_label else "its guess"
@@ -101,6 +113,33 @@ def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str
         a, b = int(order[0]), int(order[1])
         return f"the model is unsure between {labels[a]} and {labels[b]} (margin {probs[a] - probs[b]:.2f})"
     return detail
+
+
+def least_sure(probs: np.ndarray, questions: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """[m, C] probabilities of a task of questions → ([m] each item's smallest margin over its
+    questions, [m] which question has it). A question's margin: top-1 minus top-2 probability, or
+    for a multi-label question |2p - 1| of its label nearest 0.5."""
+    margins = []
+    for _, span, multi, _ in questions:
+        p = probs[:, span]
+        if multi:
+            margins.append(np.abs(2 * p - 1).min(axis=1))
+        else:
+            top = -np.partition(-p, 1, axis=1)[:, :2]  # [m, 2] the two largest, largest first
+            margins.append(top[:, 0] - top[:, 1])
+    margin = np.stack(margins, axis=1)  # [m, Q]
+    return margin.min(axis=1), margin.argmin(axis=1)
+
+
+def unsure_about(probs: np.ndarray, question: tuple) -> str:
+    """The reason line of an uncertain pick of a task of questions: its least sure `question`."""
+    name, span, multi, labels = question
+    p = probs[span]
+    if multi:
+        j = int(np.argmin(np.abs(2 * p - 1)))
+        return f"the model is unsure whether {labels[j]} applies ({name}, P {p[j]:.2f})"
+    a, b = np.argsort(-p)[:2]
+    return f"the model is unsure about {name}: {labels[a]} or {labels[b]} (margin {p[a] - p[b]:.2f})"
 
 
 class Clusters:
@@ -237,7 +276,12 @@ class Picker:
         order = np.lexsort((np.arange(k), -size, need))
         cluster = int(order[0])
         rows = np.flatnonzero(open_ & (self.clusters.assign == cluster))
-        guess = np.nan_to_num(pool.zero_shot[rows], nan=0.0).argmax(axis=1)
+        zero_shot = np.nan_to_num(pool.zero_shot[rows], nan=0.0)
+        if pool.questions:  # per item, its guess (column) of the question where that guess is rarest
+            cols = np.stack([span.start + zero_shot[:, span].argmax(axis=1) for _, span, _, _ in pool.questions], 1)
+            guess = cols[np.arange(len(rows)), counts[cols].argmin(axis=1)]
+        else:
+            guess = zero_shot.argmax(axis=1)
         rarest = counts[guess].min()
         rows, guess = rows[counts[guess] == rarest], guess[counts[guess] == rarest]
         dist = ((self.clusters.projected[rows] - self.clusters.centres[cluster]) ** 2).sum(1)
@@ -251,6 +295,11 @@ class Picker:
     def _uncertain(self, pool, open_, per_cluster, size, names) -> Pick:
         rows = np.flatnonzero(open_)
         probs = np.nan_to_num(pool.head[rows], nan=0.0)
+        if pool.questions:
+            margin, which = least_sure(probs, pool.questions)
+            best = self._least_sure(rows, margin, per_cluster, size)
+            reason = unsure_about(probs[best], pool.questions[int(which[best])])
+            return Pick(int(rows[best]), reason, "uncertain", reason)
         if pool.multi_label:  # the label nearest 0.5 decides how unsure an item is
             closeness = np.abs(2 * probs - 1)  # [m, L]
             which, margin = closeness.argmin(axis=1), closeness.min(axis=1)

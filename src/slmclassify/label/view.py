@@ -23,15 +23,24 @@ def item(pool: Pool, answers: Answers, current: tuple[int, str, str] | None, cou
     pos, detail, kind = current
     label, confidence = pool.guess(pos)
     probs = pool.probs(pos)
-    reason = describe(kind, detail, probs, pool.labels, counts, pool.multi)  # from the guess shown
+    reason = describe(kind, detail, probs, pool.labels, counts, pool.multi, pool.spans)  # from the guess shown
     shown = {"row": int(pool.rows[pos]), "id": None if pool.ids is None else pool.ids[pos],
              "text": pool.texts[pos], "guess": label,
              "confidence": confidence, "reason": reason,
              "version": answers.versions.get(pos, 0)}
     if pool.multi:  # each label's P(yes), shown on its button
-        shown["probabilities"] = (None if np.isnan(probs).any()
-                                  else {lab: float(p) for lab, p in zip(pool.labels, probs)})
+        shown["probabilities"] = _probabilities(pool.labels, probs)
+    if pool.parts:  # a task of questions: each question's guess, its confidence, and its labels' probabilities
+        shown["answers"] = {}
+        for part in pool.parts:
+            guess, sure = part.guess(pos)
+            shown["answers"][part.name] = {"guess": guess, "confidence": sure,
+                                           "probabilities": _probabilities(part.labels, part.probs(pos))}
     return shown
+
+
+def _probabilities(labels, probs: np.ndarray) -> dict | None:
+    return None if np.isnan(probs).any() else {lab: float(p) for lab, p in zip(labels, probs)}
 
 
 def history(pool: Pool, answers: Answers) -> list[dict]:
