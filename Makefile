@@ -22,13 +22,15 @@ demo: $(STAMP)
 	$(BIN)/slmclassify classify examples/tickets.csv -o out/tickets_labelled.csv \
 		--task examples/support.toml --gold-column gold
 
-# The kernel-, precision-, engine- and head-related tests again as a CPU without AVX-512 (AMD Zen 2/3,
-# most laptops) and as one with AVX-512 but without VNNI (Skylake servers) would run them: oneDNN,
-# PyTorch, MKL, FBGEMM and our C kernels (backends/isa.py) all honour these caps, so an AVX-512
-# machine catches what those CPUs would.
-ISA_TESTS := tests/test_backends.py tests/test_csrc.py tests/test_int8_fused.py tests/test_int8_smoothing.py \
-	tests/test_fp32_kernels.py tests/test_engine.py tests/test_head.py tests/test_precision_auto.py \
-	tests/test_streaming.py tests/test_model_configs.py tests/test_families.py
+# The tests whose results depend on which kernels and ISA paths a CPU runs (the `isa` mark: GEMM and
+# backend choice, the C kernels, int8 fused and smoothed, the float32 kernels, the engine's exactness,
+# precision auto's real decision, and the exactness of a kernel-exercising subset of the model configs
+# and families, every family's int8/bf16/fp16) again as a CPU without AVX-512 (AMD Zen 2/3, most laptops)
+# and as one with AVX-512 but without VNNI (Skylake servers) would run them: oneDNN, PyTorch, MKL, FBGEMM
+# and our C kernels (backends/isa.py) all honour these caps, so an AVX-512 machine catches what those
+# CPUs would. Model structure, loading, configs refused, heads' statistics, streaming and I/O compute
+# the same under any cap and run once (the rerun of the whole files took ~6 min each on 2 cores).
+ISA_TESTS := $(shell grep -l 'mark\.isa' tests/test_*.py)
 AVX2_CAP := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2
 AVX512_NO_VNNI_CAP := ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512 MKL_ENABLE_INSTRUCTIONS=AVX512 \
 	FBGEMM_ENABLE_INSTRUCTIONS=AVX512
@@ -42,13 +44,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 ifeq ($(HAS_AVX512),yes)
 	@echo "== the same kernels as an AVX2-only CPU: $(AVX2_CAP)"
-	$(AVX2_CAP) $(BIN)/python -m pytest -q $(ISA_TESTS)
+	$(AVX2_CAP) $(BIN)/python -m pytest -q -m isa $(ISA_TESTS)
 else
 	@echo "== this CPU has no AVX-512: it is an AVX2-only CPU, so the run above was the AVX2 run"
 endif
 ifeq ($(HAS_VNNI),yes)
 	@echo "== as an AVX-512 CPU without VNNI: $(AVX512_NO_VNNI_CAP)"
-	$(AVX512_NO_VNNI_CAP) $(BIN)/python -m pytest -q $(ISA_TESTS)
+	$(AVX512_NO_VNNI_CAP) $(BIN)/python -m pytest -q -m isa $(ISA_TESTS)
 else
 	@echo "== this CPU has no AVX-512 VNNI: the run above already ran without it"
 endif

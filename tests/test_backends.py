@@ -22,6 +22,8 @@ from slmclassify.models.precision import agreement
 
 from helpers import BACKEND_TASK, LABEL_ARG, invoke, random_texts, write_input
 
+pytestmark = pytest.mark.isa  # all of it runs again under `make test`'s ISA caps (Makefile)
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TASK = BACKEND_TASK
 

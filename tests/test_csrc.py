@@ -18,6 +18,8 @@ import pytest
 
 from slmclassify.backends import fp32_kernels, int8_kernels, native
 
+pytestmark = pytest.mark.isa  # all of it runs again under `make test`'s ISA caps (Makefile)
+
 REPO = Path(__file__).resolve().parents[1]
 
 FROM_ZIP = """

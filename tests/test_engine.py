@@ -18,6 +18,8 @@ from slmclassify.core.verify import compare, pick_probes
 
 from helpers import assert_matches_reference, random_texts
 
+pytestmark = pytest.mark.isa  # all of it runs again under `make test`'s ISA caps (Makefile)
+
 
 @pytest.mark.parametrize("mode", ["first", "full", "full-mean"])
 @pytest.mark.parametrize("budget,max_rows", [(None, 3), (120, 8), (4096, 64)])

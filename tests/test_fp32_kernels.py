@@ -19,7 +19,8 @@ from slmclassify.models.prepare import load_model
 from conftest import kernels_or_skip
 from helpers import random_texts
 
-pytestmark = kernels_or_skip((fp32_kernels.unavailable() or "not loaded") if fp32_kernels.load() is None else None)
+pytestmark = [pytest.mark.isa,  # all of it runs again under `make test`'s ISA caps (Makefile)
+              kernels_or_skip((fp32_kernels.unavailable() or "not loaded") if fp32_kernels.load() is None else None)]
 
 FULL = Task(labels=("billing", "technical", "account", "accounting"), mode="full",
             user_template="Ticket: {text}\nCategory:")

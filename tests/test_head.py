@@ -21,6 +21,7 @@ from slmclassify.head.fitting import cross_validated, fit
 from helpers import fitted_head, labelled, random_texts
 
 
+@pytest.mark.isa  # the engine's states: its kernels (the head's statistics need no ISA cap)
 @pytest.mark.parametrize("mode,settings", [
     ("first", EngineSettings(token_budget=None, max_rows=3)),
     ("full", EngineSettings(token_budget=120, max_rows=8)),
@@ -255,6 +256,7 @@ def test_cli_refuses_mismatched_head(llama_dir, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "o.csv").exists()
 
 
+@pytest.mark.isa  # the int8 and bf16 kernels' states
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_states_from_low_precision_backends_are_float32_on_cpu(tiny_model_dir, precision, tmp_path, monkeypatch):
     """The backend engine (LinearOps in int8/bf16) hands out float32 CPU states near float32's; the

@@ -23,6 +23,8 @@ from helpers import BACKEND_TASK, random_texts
 pytestmark = (pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")
               if gemm.int8_engine() is None
               else kernels_or_skip((int8_kernels.unavailable() or "not loaded") if int8_kernels.load() is None else None))
+# Every test here but the damaged-library one runs again under `make test`'s ISA caps (the `isa` mark,
+# Makefile): a damaged library is found by its recorded SHA-256 whatever the CPU.
 
 
 FUSED = ["int8-fused", pytest.param("int8-maddubs", marks=pytest.mark.skipif(
@@ -59,6 +61,7 @@ def _emulated(w, bias, smooth, x, kernel="int8-fused"):
     return ((qx + zero).double() @ qw.double()).float() * col * rscale + exact_part + bias
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("kernel", FUSED)
 def test_fused_op_is_the_claimed_arithmetic_and_close_to_x_w(kernel):
     torch.manual_seed(0)
@@ -76,6 +79,7 @@ def test_fused_op_is_the_claimed_arithmetic_and_close_to_x_w(kernel):
     torch.testing.assert_close(op(wide), op(wide.contiguous()), rtol=0, atol=0)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("kernel", FUSED)
 def test_normed_folds_the_rms_into_the_row_scale(kernel):
     """normed(h) quantises h itself: per-token int8 does not see a per-row factor, so the result
@@ -93,6 +97,7 @@ def test_normed_folds_the_rms_into_the_row_scale(kernel):
         assert float((got - exact).abs().max() / exact.abs().max()) < bound
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("d", [5, 31, 32, 33, 96, 577])
 def test_quantise_is_exactly_the_claimed_rounding_on_every_width(d):
     """The quantise pass (32 columns at a time in registers with AVX2, the rest a plain loop) gives
@@ -122,6 +127,7 @@ def test_quantise_is_exactly_the_claimed_rounding_on_every_width(d):
         torch.testing.assert_close(values, x[:, outl] * om * rfac[:, None], rtol=1e-5, atol=0)
 
 
+@pytest.mark.isa
 def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(int8_kernels.LIBRARY, "_built", {})  # forget this process's compiled libraries
     monkeypatch.setattr(fp32_kernels.LIBRARY, "_built", {})
@@ -143,6 +149,7 @@ def test_without_a_compiler_int8_runs_the_eager_path_and_says_so(tmp_path, monke
         gemm.KERNELS["int8-fused"](torch.randn(8, 4), None, torch.float32)
 
 
+@pytest.mark.isa
 def test_the_faster_int8_kernel_is_chosen_and_cached(llama_dir):
     loaded = load_model(str(llama_dir), device="cpu", precision="int8")
     rates = loaded.gemm_rates
@@ -153,6 +160,7 @@ def test_the_faster_int8_kernel_is_chosen_and_cached(llama_dir):
     assert load_model(str(llama_dir), device="cpu", precision="int8").gemm_rates["int8"] == faster
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("kernel", FUSED)
 def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monkeypatch):
     """The whole engine with the fused op (smoothing from recorded ranges, normed qkv and gate_up)
@@ -169,6 +177,7 @@ def test_fused_engine_matches_the_float32_reference(tiny_model_dir, kernel, monk
     assert 1e-3 < worst <= 1.5 and agree >= 66, (agree, worst)  # measured 70/72 on Llama and Qwen2 (the eager op 70)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("kernel", FUSED)
 def test_fused_swiglu_is_silu_gate_times_up(kernel):
     """gate_up's one-pass dequantise + silu(gate) * up (its own exp) against the op's output and
@@ -200,6 +209,7 @@ def test_fused_swiglu_is_silu_gate_times_up(kernel):
     torch.testing.assert_close(out, torch.nn.functional.silu(big), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.isa
 @pytest.mark.skipif(not int8_kernels.has_maddubs(int8_kernels.load()), reason="int8-maddubs needs AVX2")
 @pytest.mark.parametrize("n_in, n_out, n", [(50, 37, 13), (48, 2 * 20, 7), (8, 16, 1), (100, 2 * 44, 40)])
 def test_maddubs_on_awkward_shapes_is_the_claimed_arithmetic(n_in, n_out, n):
@@ -227,6 +237,7 @@ def test_maddubs_on_awkward_shapes_is_the_claimed_arithmetic(n_in, n_out, n):
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.isa
 def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
     """-march=native: a library built on one CPU is not loaded on another sharing the cache folder."""
     built = []
@@ -238,6 +249,7 @@ def test_compiled_library_is_kept_per_cpu(tmp_path, monkeypatch):
     assert len(built[0]) == 1 and len(built[1]) == 2
 
 
+@pytest.mark.isa
 def test_maddubs_is_timed_only_where_onednn_needs_7_bit_weights(monkeypatch):
     """With VNNI or AMX oneDNN's int8 keeps 8-bit weights (more accurate), so int8-maddubs is not even
     timed; without them both have 7-bit weights and the faster is kept. The engine line names it."""

@@ -18,7 +18,8 @@ from slmclassify.models.prepare import load_model
 
 from helpers import random_texts
 
-pytestmark = pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")
+pytestmark = [pytest.mark.isa,  # all of it runs again under `make test`'s ISA caps (Makefile)
+              pytest.mark.skipif(gemm.int8_engine() is None, reason="this PyTorch has no quantized CPU engine")]
 TASK = Task(labels=("billing", "technical", "account", "accounting"), mode="full",
             user_template="Ticket: {text}\nCategory:")
 

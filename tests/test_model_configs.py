@@ -69,6 +69,7 @@ def _labels(mode):
     return ("billing", "technical", "account") if mode == "first" else ("billing", "technical", "account", "accounting")
 
 
+@pytest.mark.isa  # the kernels on each config's shapes (head_dim, biases, GQA); the refusals need no ISA cap
 @pytest.mark.parametrize("name", list(EXACT))
 @pytest.mark.parametrize("mode", ["first", "full"])
 def test_config_is_exact(loaded_configs, name, mode):
@@ -78,6 +79,7 @@ def test_config_is_exact(loaded_configs, name, mode):
     assert_matches_reference(clf, random_texts(7, seed=17, max_words=50))
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("name", list(CAPPED))
 def test_length_dependent_configs_are_capped_and_exact(loaded_configs, name):
     """Dynamic and longrope rotary frequencies change beyond a length: prompts are capped there, so
@@ -178,6 +180,7 @@ def test_sharing_weights_leaves_the_reference_model_unchanged(tiny_tokenizer, na
     torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
 
 
+@pytest.mark.isa
 @pytest.mark.parametrize("mode", ["first", "full"])
 @pytest.mark.parametrize("name", ["smollm2-360m", "qwen2.5-untied", "qwen2-head_dim-24", "llama-attention-and-mlp-bias"])
 def test_causal_attention_in_query_blocks_is_exact(loaded_configs, monkeypatch, name, mode):

@@ -67,6 +67,7 @@ def _texts(n: int, seed: int = 0) -> list[str]:
 AUTO = EngineSettings(device="cpu", precision="auto")
 
 
+@pytest.mark.isa  # the real decision: the int8 engine scores the sample (`checked`)
 def test_the_sample_is_the_first_distinct_non_empty_texts_of_the_input(llama_dir, checked):
     own = _texts(300)
     texts = ["", "   ", None, own[0], own[0], own[1], "", own[0]] + own[2:]
@@ -78,6 +79,7 @@ def test_the_sample_is_the_first_distinct_non_empty_texts_of_the_input(llama_dir
     assert clf.engine.backend.precision == decision["precision"]
 
 
+@pytest.mark.isa
 def test_auto_keeps_fp32_when_the_input_disagrees_though_article_tickets_agree(llama_dir, checked, monkeypatch):
     """The defect: the check scored article tickets only, so a precision that agreed there was
     picked for data it disagreed on (bf16 on the demo tickets: 200/200 article tickets, 97.3% of
@@ -97,6 +99,7 @@ def test_auto_keeps_fp32_when_the_input_disagrees_though_article_tickets_agree(l
     assert without.loaded.auto_decision["precision"] == "int8" == without.engine.backend.precision
 
 
+@pytest.mark.isa
 def test_without_data_the_sample_is_200_distinct_article_tickets(llama_dir, checked):
     clf = Classifier(TASK, model=str(llama_dir), settings=AUTO)
     distinct = list(dict.fromkeys(article_tickets()))
@@ -104,6 +107,7 @@ def test_without_data_the_sample_is_200_distinct_article_tickets(llama_dir, chec
     assert clf.loaded.auto_decision["sample"] == "200 article tickets"
 
 
+@pytest.mark.isa
 def test_a_small_input_is_topped_up_with_article_tickets_and_says_so(llama_dir, checked):
     own = _texts(5)
     clf = Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=own + own)
@@ -113,6 +117,7 @@ def test_a_small_input_is_topped_up_with_article_tickets_and_says_so(llama_dir, 
                                                   "fewer than 200 distinct non-empty texts)")
 
 
+@pytest.mark.isa
 def test_the_cached_decision_is_keyed_by_the_sample(llama_dir, checked, int8_agrees):
     first = Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
     assert len(checked) == 1 and first.loaded.auto_decision["cached"] is False
@@ -130,6 +135,7 @@ def test_the_cached_decision_is_keyed_by_the_sample(llama_dir, checked, int8_agr
     assert checked[1:] == [_texts(200, seed=2), _texts(200, seed=1)]
 
 
+@pytest.mark.isa
 def test_a_decision_made_with_another_gate_or_kernels_is_made_again(llama_dir, checked, int8_agrees, monkeypatch):
     Classifier(TASK, model=str(llama_dir), settings=AUTO, precision_sample=_texts(200, seed=1))
     monkeypatch.setattr(prec, "MIN_AGREEMENT", 0.999)
@@ -139,6 +145,7 @@ def test_a_decision_made_with_another_gate_or_kernels_is_made_again(llama_dir, c
     assert len(checked) == 3
 
 
+@pytest.mark.isa
 def test_auto_is_decided_in_preparation_for_a_task_and_used_as_is(llama_dir, checked, int8_agrees, monkeypatch):
     """`load_model(..., task=, sample=)` makes the decision (what `Classifier(task, model=path)` calls);
     a Classifier given that LoadedModel checks nothing again and leaves it as it is. Without a task,
@@ -158,6 +165,7 @@ def test_auto_is_decided_in_preparation_for_a_task_and_used_as_is(llama_dir, che
         load_model(str(llama_dir), device="cpu", precision="auto")
 
 
+@pytest.mark.isa
 def test_a_cached_decision_builds_one_engine(llama_dir, checked, int8_agrees, monkeypatch):
     """The decision made once is read back before any engine is built: only the decided precision's."""
     from slmclassify.models import engines
@@ -171,6 +179,7 @@ def test_a_cached_decision_builds_one_engine(llama_dir, checked, int8_agrees, mo
     assert again.auto_decision["cached"] is True and built == ["int8"] and len(checked) == 1
 
 
+@pytest.mark.isa
 def test_serve_decides_auto_once_with_the_first_task(llama_dir, checked, int8_agrees):
     from slmclassify.serve.server import build_service
     from slmclassify.serve.settings import ServeSettings
@@ -207,6 +216,7 @@ def _input_texts(path: Path) -> list[str]:
     return [row[1] for row in _rows(path)[1:]]
 
 
+@pytest.mark.isa
 def test_streamed_classify_samples_its_input_and_writes_every_row_in_order(run_main, tmp_path, llama_dir,
                                                                             checked, int8_agrees):
     src = make_input(tmp_path / "in.csv", 300, seed=3)  # ~250 distinct texts: the read-ahead stops mid-file
@@ -224,6 +234,7 @@ def test_streamed_classify_samples_its_input_and_writes_every_row_in_order(run_m
     assert auto.read_bytes() == fixed.read_bytes()  # the same results as the precision it picked
 
 
+@pytest.mark.isa
 def test_classify_from_stdin_samples_it_without_losing_rows(tmp_path, llama_dir, checked):
     src = make_input(tmp_path / "in.csv", 40, seed=4)
     result = CliRunner().invoke(cli, ["classify", "-", "-o", "-", "--format", "csv", "--labels", LABELS, "--model",
@@ -237,6 +248,7 @@ def test_classify_from_stdin_samples_it_without_losing_rows(tmp_path, llama_dir,
     assert [row[:2] for row in written] == _rows(src)
 
 
+@pytest.mark.isa
 def test_resumed_auto_run_reuses_the_decision_and_is_byte_identical(run_main, monkeypatch, tmp_path, llama_dir,
                                                                    checked):
     src = make_input(tmp_path / "in.csv", 60, seed=5)
