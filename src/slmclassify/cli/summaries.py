@@ -31,8 +31,11 @@ def print_loaded(classifier, head=None) -> None:
         from ..head.questions import QuestionHeads
 
         h = head.head
-        what = (f"heads for {', '.join(h.heads)}, the other questions zero-shot" if isinstance(h, QuestionHeads)
-                else f"{len(h.labels)} labels")
+        if isinstance(h, QuestionHeads):
+            rest = [q.name for q in classifier.task.questions if q.name not in h.heads]
+            what = f"heads for {', '.join(h.heads)}" + (f"; zero-shot for {', '.join(rest)}" if rest else "")
+        else:
+            what = f"{len(h.labels)} labels"
         _err(f"scorer: {head.scorer} ({head.source or 'head'}: {what}, layers {h.taps.describe()})")
 
 
