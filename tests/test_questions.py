@@ -270,3 +270,21 @@ def test_what_does_not_take_questions_yet_says_so_in_one_line(tmp_path, llama_di
     code, _, err = run_main("fit", tmp_path / "gold.csv", "-o", tmp_path / "h.npz", *task)
     assert code == 2 and "give each one's gold column as --gold-column NAME=COLUMN" in err
     assert not (tmp_path / "h.npz").exists()
+
+
+@pytest.mark.isa
+def test_int8_scores_every_questions_branches_within_its_tolerance(tmp_path, llama_dir, monkeypatch):
+    """int8 (the engine's quantised GEMMs, on every x86 CPU) scores a task of questions within int8's
+    tolerance of the float32 reference, every question's branches, as it scores one question's labels."""
+    from test_families import TOLERANCE
+
+    from slmclassify import load_model
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    loaded = load_model(str(llama_dir), precision="int8")
+    clf = Classifier(triage_task(tmp_path), model=loaded, settings=EngineSettings(token_budget=200, max_rows=4))
+    assert clf.engine.backend.precision == "int8"
+    encoded = clf.encode(random_texts(8, seed=5))
+    fast, ref = clf.score(encoded).scores, clf.reference(encoded, range(8))
+    assert fast.shape == ref.shape == (8, len(qs.scored_names(clf.task)))
+    assert 1e-4 < float(np.abs(fast - ref).max()) <= TOLERANCE["int8"]

@@ -29,7 +29,6 @@ import numpy as np
 
 from . import multilabel
 from .calibration import adjust, prior_from_scores
-from ..errors import TaskError
 from .encode import EMPTY
 from .results import Result, make_results
 from .task import Question, Task
@@ -123,10 +122,4 @@ def combine(task: Task, scores: np.ndarray, per_question: dict[str, list[Result]
     return out
 
 
-def refuse(task: Task, what: str, instead: str) -> None:
-    """A TaskError for `what`, which does not take a task of several questions yet, saying what to do `instead`."""
-    if task.questions:
-        raise TaskError(f"{what} does not take a task with [[questions]] yet; {instead}")
-
-
-__all__ = ["refuse", "scored_names", "branch_spans", "label_spans", "prior", "calibrated", "results", "answer_results", "combine"]
+__all__ = ["scored_names", "branch_spans", "label_spans", "prior", "calibrated", "results", "answer_results", "combine"]
