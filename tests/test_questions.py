@@ -288,3 +288,25 @@ def test_int8_scores_every_questions_branches_within_its_tolerance(tmp_path, lla
     fast, ref = clf.score(encoded).scores, clf.reference(encoded, range(8))
     assert fast.shape == ref.shape == (8, len(qs.scored_names(clf.task)))
     assert 1e-4 < float(np.abs(fast - ref).max()) <= TOLERANCE["int8"]
+
+
+def test_the_bench_rows_ratios_read_the_right_way(llama_loaded, monkeypatch):
+    """Row (q) of `bench`: with one question's runs taking 2 s, the three questions' 2.5 s and three
+    single-question runs 6 s, the row says 1.25x one question's cost and 2.4x faster than three runs
+    (a fixed clock: the ratios' direction, not a speed); its agreement is against the reference."""
+    import torch
+
+    from slmclassify.bench import questions as bench_questions
+    from slmclassify.timing import Timings
+
+    seconds = {"questions": 2.5, "one": 2.0, "three": 6.0}
+
+    def fixed(sides, rounds, **_):
+        values = {side.name: [[side.run(None)] for _ in range(rounds)] for side in sides}
+        return Timings(tuple(seconds), {n: np.full((rounds, 1), s) for n, s in seconds.items()}, values)
+
+    monkeypatch.setattr(bench_questions, "interleave", fixed)
+    row = bench_questions.questions_row(llama_loaded, random_texts(3, seed=1, max_words=8), EngineSettings(),
+                                        torch.device("cpu"))
+    assert row["cost_vs_one"] == pytest.approx(1.25) and row["faster_than_three"] == pytest.approx(2.4)
+    assert row["faster_than_three_rounds"] == [2.4] * 3 and row["agree"] == 3 and row["max_abs_diff"] < 1e-4
