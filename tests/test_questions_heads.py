@@ -17,7 +17,8 @@ from slmclassify.head.features import feature_sets
 from slmclassify.head.fitting import fit
 from slmclassify.head.model import Head
 from slmclassify.head.one_vs_rest import fit_one_vs_rest
-from slmclassify.head.questions import QuestionHeads, head_states, tap_columns
+from slmclassify.head.model import QuestionHeads
+from slmclassify.head.questions import head_states, tap_columns
 from slmclassify.jobs.sources import read_task
 
 from helpers import interrupt_after

@@ -28,7 +28,7 @@ def print_loaded(classifier, head=None) -> None:
     if line := auto_line(classifier.loaded):
         _err(line)
     if head is not None and head.used:
-        from ..head.questions import QuestionHeads
+        from ..head.model import QuestionHeads
 
         h = head.head
         if isinstance(h, QuestionHeads):

@@ -5,7 +5,6 @@ head per question, all in one file (`questions.py`). scikit-learn (the `head` ex
 fit, not to apply a head."""
 
 from .apply import SCORERS, score_with_head
-from .model import Head, model_fingerprint, task_record
-from .questions import QuestionHeads
+from .model import Head, QuestionHeads, model_fingerprint, task_record
 
 __all__ = ["Head", "QuestionHeads", "SCORERS", "model_fingerprint", "score_with_head", "task_record"]

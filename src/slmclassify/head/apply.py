@@ -13,7 +13,8 @@ import numpy as np
 from ..errors import TaskError
 from ..core.results import Result, make_results
 from .model import Head, model_fingerprint, task_from_record
-from .questions import QuestionHeads, head_states
+from .model import QuestionHeads
+from .questions import head_states
 
 SCORERS = ("zero-shot", "head", "combined")
 """zero-shot: label scoring alone; head: the head's probabilities; combined: their normalised product."""

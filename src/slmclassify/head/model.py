@@ -87,7 +87,7 @@ class Head:
     @classmethod
     def load(cls, path: str | Path):
         """The head in `path`; a file of one head per question (`fit` on a task with questions) loads
-        as its `QuestionHeads` (`head/questions.py`), so that `--head` takes either file."""
+        as its `QuestionHeads` (below), so that `--head` takes either file."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
@@ -97,8 +97,6 @@ class Head:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
             raise InputError(f"{path} is not a head file written by `slmclassify fit` "
                              f"({exc or 'it is empty'})") from None
-        from .questions import FORMAT as QUESTIONS_FORMAT, QuestionHeads
-
         if meta.get("format") not in (FORMAT, QUESTIONS_FORMAT):
             raise InputError(f"{path}: unknown head format {meta.get('format')!r}; refit with `slmclassify fit`")
         try:
@@ -206,3 +204,51 @@ def model_fingerprint(loaded) -> dict:
 def _short(value, width: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+QUESTIONS_FORMAT = "slmclassify-question-heads-1"
+
+
+@dataclass(frozen=True)
+class QuestionHeads:
+    """The heads of some questions of one task with questions, fitted on one pass's states."""
+
+    heads: dict[str, Head]
+    """Question name → its head, in the task's question order."""
+    model: dict
+    """Fingerprint of the model the features came from (`model_fingerprint`)."""
+    task: dict
+    """The whole task's record (`task_record`, with every question's)."""
+    info: dict
+    """How they were fitted: items, folds, source."""
+
+    @property
+    def taps(self) -> Taps:
+        """What the pass reads: every head's taps, each layer once (`last` then `mean`, sorted)."""
+        return union_taps(h.taps for h in self.heads.values())
+
+    def check(self, fingerprint: dict, task: Task, source: str = "the heads") -> None:
+        """Refuse features from another model or task, naming what differs."""
+        check_fitted(self.model, self.task, fingerprint, task, source)
+
+    def save(self, path: str | Path) -> Path:
+        meta = {"format": QUESTIONS_FORMAT, "model": self.model, "task": self.task, "info": self.info,
+                "questions": {name: head.meta() for name, head in self.heads.items()}}
+        arrays = {f"{name}.{k}": v for name, head in self.heads.items() for k, v in head.arrays().items()}
+        path = Path(path)
+        with path.open("wb") as f:  # np.savez would append .npz to a name without it
+            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+        return path
+
+    @classmethod
+    def from_file(cls, meta: dict, arrays: dict[str, np.ndarray]) -> QuestionHeads:
+        """From the file's `meta` and arrays (`Head.load` reads the file and calls this)."""
+        heads = {name: Head.from_file(head_meta, {k: arrays[f"{name}.{k}"] for k in ("mean", "scale", "coef", "intercept")})
+                 for name, head_meta in meta["questions"].items()}
+        return cls(heads=heads, model=meta["model"], task=meta["task"], info=meta["info"])
+
+
+def union_taps(all_taps) -> Taps:
+    all_taps = list(all_taps)
+    return Taps(last=sorted({t for taps in all_taps for t in taps.last}),
+                mean=sorted({t for taps in all_taps for t in taps.mean}))

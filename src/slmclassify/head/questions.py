@@ -1,5 +1,6 @@
 """One head per question of a task with questions, fitted on the states of one pass and kept in one
-file, so that `--head` takes one thing whatever the number of questions.
+file (`model.QuestionHeads`, the file format's owner beside `Head`), so that `--head` takes one
+thing whatever the number of questions.
 
 The file is one `.npz`: `meta` (JSON: the format, the model's fingerprint, the whole task's record,
 and per question its head's own meta) and per question `NAME.mean`, `NAME.scale`, `NAME.coef`,
@@ -14,63 +15,12 @@ same head from the same states, so a question's head does not depend on the othe
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..core.taps import Taps
-from ..core.task import Task
-from .model import Head, check_fitted
-
-FORMAT = "slmclassify-question-heads-1"
-
-
-@dataclass(frozen=True)
-class QuestionHeads:
-    """The heads of some questions of one task with questions, fitted on one pass's states."""
-
-    heads: dict[str, Head]
-    """Question name → its head, in the task's question order."""
-    model: dict
-    """Fingerprint of the model the features came from (`model_fingerprint`)."""
-    task: dict
-    """The whole task's record (`task_record`, with every question's)."""
-    info: dict
-    """How they were fitted: items, folds, source."""
-
-    @property
-    def taps(self) -> Taps:
-        """What the pass reads: every head's taps, each layer once (`last` then `mean`, sorted)."""
-        return union_taps(h.taps for h in self.heads.values())
-
-    def check(self, fingerprint: dict, task: Task, source: str = "the heads") -> None:
-        """Refuse features from another model or task, naming what differs."""
-        check_fitted(self.model, self.task, fingerprint, task, source)
-
-    def save(self, path: str | Path) -> Path:
-        meta = {"format": FORMAT, "model": self.model, "task": self.task, "info": self.info,
-                "questions": {name: head.meta() for name, head in self.heads.items()}}
-        arrays = {f"{name}.{k}": v for name, head in self.heads.items() for k, v in head.arrays().items()}
-        path = Path(path)
-        with path.open("wb") as f:  # np.savez would append .npz to a name without it
-            np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
-        return path
-
-    @classmethod
-    def from_file(cls, meta: dict, arrays: dict[str, np.ndarray]) -> QuestionHeads:
-        """From the file's `meta` and arrays (`Head.load` reads the file and calls this)."""
-        heads = {name: Head.from_file(head_meta, {k: arrays[f"{name}.{k}"] for k in ("mean", "scale", "coef", "intercept")})
-                 for name, head_meta in meta["questions"].items()}
-        return cls(heads=heads, model=meta["model"], task=meta["task"], info=meta["info"])
-
-
-def union_taps(all_taps) -> Taps:
-    all_taps = list(all_taps)
-    return Taps(last=sorted({t for taps in all_taps for t in taps.last}),
-                mean=sorted({t for taps in all_taps for t in taps.mean}))
-
+from .model import Head
 
 def tap_columns(read: Taps, wanted: Taps, hidden: int) -> np.ndarray:
     """The columns of states read with `read` ([n, len(read) * hidden], `last` layers first) that are

@@ -231,7 +231,8 @@ def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, 
     the pass reads every candidate anyway, so a choice per question costs no forward, and the
     questions differ (which team is a topic, how urgent a tone); `classify --head` then reads the
     union of the chosen taps in its one pass."""
-    from ..head.questions import QuestionHeads, fit_question, question_gold
+    from ..head.model import QuestionHeads
+    from ..head.questions import fit_question, question_gold
     from ..io.labelled import read_gold_columns
 
     path, folds, seed = request.input_path, request.folds, request.seed
