@@ -166,7 +166,7 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
     assert "speedup" in result.stdout and "a article per-item loop" in result.stdout
     last = json.loads(lines[-1])
     assert last == json.loads(out.read_text())
-    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * 8  # with (m)
+    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * 9  # with (m), (q)
     assert [r["agree"] for r in last["rows"] if r["name"].startswith("i ctranslate2 fp32")] == [6] * CT2
     assert "engine: cpu fp32 (" in result.stdout
 
