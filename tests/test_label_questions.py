@@ -18,28 +18,10 @@ from slmclassify.label.store import LabelStore
 from slmclassify.label.strategy import Picker, PoolView
 
 from helpers import tickets, wait_for
+from test_questions import SMALL
 
 pytest.importorskip("sklearn")
 
-SMALL = """
-instruction = "Triage."
-
-[[questions]]
-name = "team"
-labels = ["billing", "technical", "account"]
-
-[[questions]]
-name = "priority"
-labels = ["low", "normal", "urgent"]
-min_confidence = 0.4
-
-[[questions]]
-name = "topics"
-multi_label = true
-labels = ["refund", "delay"]
-calibrate = false
-"""
-"""The triage questions of tests/test_questions.py, whose system turn fits the tiny models' context."""
 
 
 def small_task(tmp_path, text: str = SMALL):
