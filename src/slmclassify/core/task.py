@@ -112,7 +112,8 @@ class Task:
     """Multi-label: what joins the chosen labels in the output's `labels` column (and splits a gold column)."""
     questions: tuple[Question, ...] = ()
     """Several questions about each item, answered in its one pass (`core/questions.py`): then the
-    task's own `labels` are empty and each question holds its labels and settings."""
+    task's own `labels` are empty and each question holds its labels and settings (calibrate
+    included: the task's own `calibrate` becomes whether any question is calibrated)."""
 
     def __post_init__(self) -> None:
         for name in ("labels", "descriptions", "examples", "thresholds", "questions"):
