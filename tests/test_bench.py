@@ -223,7 +223,7 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
     with_f = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).stdout.splitlines()[-1])
     names = [r["name"][0] for r in with_f["rows"]]
     peers = 2 if CT2 else 0
-    assert names == list("abcdeee") + ["g"] * (len(names) - 9 - peers) + ["m"] + ["i"] * peers + ["f"]
+    assert names == list("abcdeee") + ["g"] * (len(names) - 10 - peers) + ["m", "q"] + ["i"] * peers + ["f"]
     assert calls == [str(tmp_path / "model.gguf")]
 
     without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])
