@@ -92,6 +92,31 @@ def test_fit_chooses_the_feature_set_that_separates_the_labels():
     assert fit(X, y, candidates={"noise": np.arange(4)}).choice == "noise"
 
 
+def test_fit_keeps_the_smaller_set_within_one_standard_error_of_the_best(monkeypatch):
+    """The one-standard-error rule: a set with more columns must beat the smaller one by more than
+    its folds' standard error to be chosen; without folds to compare by, the fewest columns."""
+    from slmclassify.head import fitting
+
+    real = fitting._fit
+    cv = {}  # columns → (mean log-likelihood, its standard error) the folds "measured"
+
+    def measured(X, y, *args):
+        fitted, _, _ = real(X, y, *args)
+        return (fitted, *cv[X.shape[1]])
+
+    monkeypatch.setattr(fitting, "_fit", measured)
+    rng = np.random.default_rng(1)
+    y = np.repeat(["a", "b"], 20)
+    X = rng.normal(size=(40, 8)) + (y == "a")[:, None]
+    sets = {"wide": np.arange(8), "narrow": np.arange(2)}
+    cv.update({8: (-0.30, 0.05), 2: (-0.32, 0.04)})
+    assert fit(X, y, candidates=sets).choice == "narrow"  # 0.02 better: within the error
+    cv.update({8: (-0.20, 0.05), 2: (-0.32, 0.04)})
+    assert fit(X, y, candidates=sets).choice == "wide"
+    cv.update({8: (-np.inf, 0.0), 2: (-np.inf, 0.0)})  # too few items to cross-validate
+    assert fit(X, y, candidates=sets).choice == "narrow"
+
+
 def test_fit_save_load_round_trip_and_determinism(llama_loaded, tmp_path):
     task = Task(labels=("billing", "technical"))
     texts, gold = labelled(12)
@@ -177,7 +202,7 @@ def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp
     assert result.exit_code == 0, result.output
     assert "zero-shot: not comparable" in result.output  # gold labels are not the task's labels
     assert "head (3-fold CV)" in result.output and "learning curve" in result.output
-    assert "(by cross-validation among mean, last, mean+last)" in result.output
+    assert "(by cross-validation among mean, last, mean+last: the fewest columns within one" in result.output
     assert (tmp_path / "head-curve.png").stat().st_size > 1000
     head = Head.load(head_path)
     assert head.labels == ("broken app", "money") and head.info["items"] == 20

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import click
 
+from ..head.fitting import ANCHOR_WEIGHT
+
 
 def _err(message: str = "") -> None:
     click.echo(message, err=True)
@@ -298,6 +300,10 @@ def print_fit(summary) -> None:
     _out(f"features: layers {summary.taps.describe()} ({summary.feature_values} values)"
          f"{' + calibrated label scores' if summary.use_scores else ''}, {summary.choice}; one fast-path pass in "
          f"{summary.seconds:.1f} s")
+    anchored = summary.head.info.get("anchors") or {}
+    if anchored:
+        _out(f"anchors: the descriptions of {', '.join(anchored)} read as items, each learnt from as "
+             f"{ANCHOR_WEIGHT} items in every fit")
     for warning in summary.warnings:
         _out(f"warning: {warning}")
     if summary.multi_label_rows:

@@ -67,6 +67,17 @@ def feature_sets(taps: Taps, hidden: int, extra: int = 0) -> dict[str, tuple[Tap
     return sets
 
 
+def anchor_texts(task) -> dict[str, str]:
+    """{label: its description} for the labels of `task` that have one: each read as an item gives
+    that label's anchor (`fitting.Anchors`). A name alone is no anchor: on BIG-bench's yes/no tasks
+    the states of 'Yes' or 'True' told a head nothing of the items and cost up to 4 points at 8 items
+    per label (docs/learned-heads.md, "Few labels"). None for a template of several fields: a
+    description is not a record of them."""
+    if task.multi_field or not task.descriptions:
+        return {}
+    return {label: d.strip() for label, d in zip(task.labels, task.descriptions) if d.strip()}
+
+
 def collect(classifier: Classifier, encoded: EncodedItems, taps: Taps,
             progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(raw label scores [n, L], calibrated scores [n, L], states [n, len(taps)*hidden]) in one pass.

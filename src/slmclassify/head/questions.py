@@ -80,17 +80,20 @@ def question_gold(q, cells: list[str], source: str, folds: int) -> np.ndarray:
 
 
 def fit_question(q, states: np.ndarray, calibrated: np.ndarray, gold: np.ndarray, taps: Taps, *, given: bool,
-                 use_scores: bool, folds: int, seed: int, model: dict, task: dict) -> QuestionFit:
+                 use_scores: bool, folds: int, seed: int, model: dict, task: dict,
+                 anchors: tuple[tuple[str, ...], np.ndarray, np.ndarray] | None = None) -> QuestionFit:
     """Fit question `q`'s head on the pass's `states` ([n, len(taps) * hidden]) and, with
     `use_scores`, its own calibrated scores ([n, L]), against its gold (`question_gold`): the fit
     `fit` makes for a task of that question alone (single-choice: the feature set and C chosen by
     cross-validation, nested for the figures; multi-label: one-vs-rest on the mean-pooled layers),
-    recording the task with questions (`task`) and the `model` it was fitted for."""
+    recording the task with questions (`task`) and the `model` it was fitted for. `anchors`: (the
+    labels with a description, the states and calibrated scores of those descriptions read as
+    items); a single-choice head learns from them as `fit` does (`fitting.Anchors`)."""
     from ..core import multilabel
     from ..core.metrics import Evaluation
     from ..core.results import softmax
     from .features import feature_sets
-    from .fitting import cross_validated, fit
+    from .fitting import Anchors, cross_validated, fit
     from .one_vs_rest import cross_validated_one_vs_rest, fit_one_vs_rest
 
     hidden = states.shape[1] // len(taps)
@@ -115,12 +118,18 @@ def fit_question(q, states: np.ndarray, calibrated: np.ndarray, gold: np.ndarray
     sets = {} if given else feature_sets(taps, hidden, calibrated.shape[1] if use_scores else 0)
     candidates = {name: columns for name, (_, columns) in sets.items()} or None
     labels = tuple(sorted(set(gold.tolist())))
-    probs = cross_validated(X, gold, labels, folds=folds, seed=seed, candidates=candidates)
+    rows = None
+    if anchors is not None and anchors[0]:
+        described, a_states, a_calibrated = anchors
+        a_X = np.concatenate([a_states.astype(np.float64)] + ([a_calibrated.astype(np.float64)] if use_scores else []),
+                             axis=1)
+        rows = Anchors(a_X, np.array(described, dtype=object)).of(labels)
+    probs = cross_validated(X, gold, labels, folds=folds, seed=seed, candidates=candidates, anchors=rows)
     head_ev = Evaluation(labels, np.array([labels.index(g) for g in gold]), probs.argmax(1), probs.max(1))
     zero = softmax(calibrated)
     zero_ev = Evaluation(q.labels, np.array([q.labels.index(g) for g in gold]), zero.argmax(1), zero.max(1))
     figures = lambda ev: {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "ece": ev.ece}  # noqa: E731
-    final = fit(X, gold, seed=seed, folds=folds, candidates=candidates)
+    final = fit(X, gold, seed=seed, folds=folds, candidates=candidates, anchors=rows)
     own, choice = (sets[final.choice][0], final.choice) if candidates else (taps, "given")
     info = {"C": final.C, "features": choice, "items": len(gold),
             "per_label": {lab: int((gold == lab).sum()) for lab in labels},

@@ -21,8 +21,8 @@ from ..core.questions import label_spans
 from ..core.task import Task
 from ..head.apply import text_hashes
 from ..core.taps import Taps
-from ..head.features import candidate_taps, collect, default_taps, feature_sets
-from ..head.fitting import CURVE_SIZES, cross_validated, fit, learning_curve
+from ..head.features import anchor_texts, candidate_taps, collect, default_taps, feature_sets
+from ..head.fitting import CURVE_SIZES, Anchors, cross_validated, fit, learning_curve
 from ..head.model import Head, model_fingerprint, task_record
 
 
@@ -143,16 +143,20 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
                          label=min(counts, key=counts.get), items=min(counts.values()), folds=folds)
 
     given = taps is not None
-    loaded, taps, scores, calibrated, states, seconds = _features(model, task, settings, texts, taps or "candidates")
-
-    parts = [states.astype(np.float64)] + ([calibrated] if use_scores else [])
-    X = np.concatenate(parts, axis=1)
+    described = anchor_texts(task)
+    loaded, taps, scores, calibrated, states, seconds = _features(model, task, settings, [*texts, *described.values()],
+                                                                  taps or "candidates")
+    X = np.concatenate([states.astype(np.float64)] + ([calibrated] if use_scores else []), axis=1)
+    # the labels' descriptions, read in the same pass: rows every fit learns from and no fold tests
+    anchors = Anchors(X[len(texts):], np.array(list(described), dtype=object)).of(labels)
+    X, scores, calibrated = X[:len(texts)], scores[:len(texts)], calibrated[:len(texts)]
     # Without --layers, the feature set is chosen by cross-validation: inside each fold for the
     # figures (nested), on all items for the head.
     sets = {} if given else feature_sets(taps, loaded.model.config.hidden_size, calibrated.shape[1] if use_scores else 0)
     candidates = {name: columns for name, (_, columns) in sets.items()} or None
     gold_idx = np.array([labels.index(g) for g in gold])
-    probs = cross_validated(X, gold, labels, folds=folds, seed=seed, candidates=candidates, groups=groups)
+    probs = cross_validated(X, gold, labels, folds=folds, seed=seed, candidates=candidates, groups=groups,
+                            anchors=anchors)
     head_ev = Evaluation(labels, gold_idx, probs.argmax(1), probs.max(1), name="head")
     rows = [ScorerFigures(f"head ({folds}-fold CV)", head_ev.accuracy, head_ev.macro_f1, head_ev.ece)]
     comparable = set(labels) <= set(task.labels)
@@ -164,7 +168,7 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     zero_shot = rows[0] if comparable else None
 
     curve = learning_curve(X, gold, labels, sizes=request.curve_sizes, folds=folds, seed=seed, candidates=candidates,
-                           groups=groups)
+                           groups=groups, anchors=anchors)
     if curve:
         plot_path = request.plot_path or str(Path(output).with_suffix("")) + "-curve.png"
         plot_curve(curve, head_ev.accuracy, zero_shot.accuracy if zero_shot else None,
@@ -172,13 +176,15 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     else:  # regression: an empty curve crashed matplotlib's log scale after the CV table, and no head was written
         plot_path = None
 
-    final = fit(X, gold, seed=seed, folds=folds, candidates=candidates, groups=groups)
+    final = fit(X, gold, seed=seed, folds=folds, candidates=candidates, groups=groups, anchors=anchors)
     if candidates:
         taps = sets[final.choice][0]
-        choice = f"{final.choice} (by cross-validation among {', '.join(sets)})"
+        choice = (f"{final.choice} (by cross-validation among {', '.join(sets)}: the fewest columns within one "
+                  f"standard error of the best)")
     else:
         choice = "given"
     info = {"C": final.C, "features": choice, "items": int(len(gold)), "per_label": counts, "folds": folds, "source": str(path),
+            "anchors": {lab: text for lab, text in described.items() if anchors is not None and lab in anchors.y},
             "cv": {"accuracy": head_ev.accuracy, "macro_f1": head_ev.macro_f1, "ece": head_ev.ece},
             "zero_shot": ({"accuracy": zero_shot.accuracy, "macro_f1": zero_shot.macro_f1, "ece": zero_shot.ece}
                           if zero_shot else None),
@@ -255,10 +261,19 @@ def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, 
             for q, _ in asked}  # every cell checked before the model loads
 
     given = request.taps is not None
-    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, texts, request.taps or "candidates")
+    # every asked question's labels read as items in the same pass (a single-choice head's anchors)
+    described = {q.name: {} if q.multi_label else anchor_texts(q.task) for q, _ in asked}
+    extra = [t for texts_q in described.values() for t in texts_q.values()]
+    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, [*texts, *extra],
+                                                             request.taps or "candidates")
     fitted_for = {"model": model_fingerprint(loaded), "task": task_record(task)}
+    starts = np.cumsum([len(texts)] + [len(t) for t in described.values()])
+    rows = {name: slice(a, b) for name, a, b in zip(described, starts[:-1], starts[1:])}
+    anchors = {q.name: (tuple(described[q.name]), states[rows[q.name]], calibrated[rows[q.name], labels]) for q, labels in asked}
+    states, calibrated = states[:len(texts)], calibrated[:len(texts)]
     fits = tuple(fit_question(q, states, calibrated[:, labels], gold[q.name], taps, given=given,
-                              use_scores=request.use_scores, folds=folds, seed=seed, **fitted_for)
+                              use_scores=request.use_scores, folds=folds, seed=seed, **fitted_for,
+                              anchors=anchors[q.name])
                  for q, labels in asked)
     info = {"items": len(texts), "folds": folds, "source": str(path), "gold_columns": columns,
             "item_hashes": text_hashes(texts)}

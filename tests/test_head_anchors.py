@@ -1,0 +1,154 @@
+"""Anchors: each label's description read as an item is a row every fit learns from (`ANCHOR_WEIGHT`
+copies) and no fold tests; `fit`, the labelling loop and the benchmarks read them in the pass that
+reads the items."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slmclassify import Classifier, EngineSettings, Task
+from slmclassify.head.features import anchor_texts, collect, loop_taps
+from slmclassify.head.fitting import ANCHOR_WEIGHT, Anchors, cross_validated, fit
+
+from helpers import labelled, wait_for
+
+
+def blobs(per_label: int, seed: int, dims: int = 40, noise: float = 3.0):
+    """Three labels around centres far apart in 40 dimensions, items buried in noise: few items
+    give a poor estimate of where a label lies; its anchor sits at its centre."""
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(99).normal(0, 1, (3, dims))
+    y = np.repeat(np.array(["a", "b", "c"]), per_label)
+    X = centres[np.repeat(np.arange(3), per_label)] + rng.normal(0, noise, (3 * per_label, dims))
+    return X, y, Anchors(centres, np.array(["a", "b", "c"]))
+
+
+def test_an_anchor_counts_as_weight_copies_of_its_row():
+    X, y, anchors = blobs(4, seed=0)
+    with_anchors = fit(X, y, Cs=(0.1,), anchors=anchors)
+    copies = fit(np.concatenate([X] + [anchors.X] * ANCHOR_WEIGHT), np.concatenate([y] + [anchors.y] * ANCHOR_WEIGHT),
+                 Cs=(0.1,))
+    np.testing.assert_array_equal(with_anchors.coef, copies.coef)
+    np.testing.assert_array_equal(with_anchors.mean, copies.mean)
+
+
+def test_anchors_of_labels_the_gold_lacks_are_left_out():
+    X, y, anchors = blobs(6, seed=1)
+    keep = y != "c"
+    head = fit(X[keep], y[keep], Cs=(0.1,), anchors=anchors)
+    assert head.labels == ("a", "b")  # no class learnt from an anchor alone
+    assert fit(X[keep], y[keep], anchors=Anchors(anchors.X[2:], anchors.y[2:])).labels == ("a", "b")
+
+
+def test_anchors_train_every_fold_and_are_never_tested(monkeypatch):
+    """The folds choosing C test items only; every training part holds every anchor copy."""
+    import sklearn.linear_model as lm
+
+    seen = []
+    real = lm.LogisticRegressionCV
+
+    class Spy(real):
+        def fit(self, X, y, **kw):
+            seen.append((len(X), list(self.cv)))
+            return super().fit(X, y, **kw)
+
+    monkeypatch.setattr(lm, "LogisticRegressionCV", Spy)
+    X, y, anchors = blobs(10, seed=2)
+    fit(X, y, folds=5, anchors=anchors)
+    (rows, splits), = seen
+    n, extra = len(y), set(range(len(y), len(y) + ANCHOR_WEIGHT * 3))
+    assert rows == n + len(extra) and len(splits) == 5
+    for train, test in splits:
+        assert extra <= set(train.tolist()) and max(test) < n
+    assert sorted(np.concatenate([test for _, test in splits]).tolist()) == list(range(n))
+
+
+def test_anchors_lift_a_head_learnt_from_few_items():
+    """Seeded: on every one of five draws of 3 items per label, the head with the labels' anchors is
+    more accurate on 600 new items than the head without."""
+    test_X, test_y, _ = blobs(200, seed=100)
+    for seed in range(5):
+        X, y, anchors = blobs(3, seed=seed)
+        without = fit(X, y)
+        with_anchors = fit(X, y, anchors=anchors)
+        acc = lambda h: (np.array(h.labels)[h.log_probabilities(test_X).argmax(1)] == test_y).mean()  # noqa: E731
+        assert acc(with_anchors) > acc(without) + 0.05, seed
+    # cross-validated figures stay out of fold with anchors (their rows are never a tested item)
+    X, y, anchors = blobs(10, seed=7)
+    probs = cross_validated(X, y, ("a", "b", "c"), folds=5, anchors=anchors)
+    assert probs.shape == (30, 3) and np.allclose(probs.sum(1), 1)
+
+
+def test_only_labels_with_a_description_have_an_anchor():
+    task = Task(labels=("card_lost", "fees", "wire-transfer"), descriptions=("a lost or stolen card", " ", ""))
+    assert anchor_texts(task) == {"card_lost": "a lost or stolen card"}
+    assert anchor_texts(Task(labels=("Yes", "No"))) == {}  # a name alone is no anchor
+    fields = Task(labels=("a", "b"), descriptions=("first", "second"), user_template="Subject: {subject}\n{body}")
+    assert anchor_texts(fields) == {}  # a description is not a record of several fields
+
+
+def test_fit_reads_the_anchors_in_its_pass_and_records_them(llama_loaded, tmp_path):
+    from slmclassify.jobs.fit import FitRequest, fit_file
+
+    texts, gold = labelled(10)
+    gold = ["billing" if g == "money" else "technical" for g in gold]
+    path = tmp_path / "train.csv"
+    import pandas as pd
+
+    pd.DataFrame({"text": texts, "gold": gold}).to_csv(path, index=False)
+    task = Task(labels=("billing", "technical", "shipping"),
+                descriptions=("charges, invoices and refunds", "", "parcels and delivery"))
+    summary = fit_file(FitRequest(str(path), str(tmp_path / "head.npz"), label_column="gold", curve_sizes=()),
+                       task, EngineSettings(), model=llama_loaded)
+    # the labels the gold holds have anchors; the one it lacks is no class of the head
+    assert summary.head.info["anchors"] == {"billing": "charges, invoices and refunds"}
+    assert summary.head.labels == ("billing", "technical")
+    # the head is the fit of the items' features with those anchors' rows, read by the same classifier
+    clf = Classifier(task, model=llama_loaded)
+    _, calibrated, states = collect(clf, clf.encode([*texts, "charges, invoices and refunds"]), summary.head.taps)
+    anchors = Anchors(states[len(texts):].astype(np.float64), np.array(["billing"]))
+    again = fit(states[:len(texts)].astype(np.float64), np.array(gold), anchors=anchors)
+    np.testing.assert_allclose(summary.head.coef, again.coef, atol=1e-6)
+
+
+def test_the_loop_reads_the_anchors_with_its_first_slice(tmp_path, llama_dir, one_torch_thread):
+    """The labelling session's pool holds the described labels' anchor states, read in the first
+    slice's pass, and its head is the loop's learner on the answers with those anchors."""
+    import pandas as pd
+
+    from slmclassify.label import refit
+    from slmclassify.label.session import LabelRequest, LabelSession
+
+    texts, gold = labelled(6)
+    answer = dict(zip(texts, gold))
+    path = tmp_path / "items.csv"
+    pd.DataFrame({"text": texts}).to_csv(path, index=False)
+    task = Task(labels=("money", "broken app"), descriptions=("a charge, an invoice or a refund", ""))
+    session = LabelSession.start(LabelRequest(str(path), tmp_path / "s.sqlite", first_slice=4, seed=0), task,
+                                 model=str(llama_dir))
+    try:
+        assert session.wait_ready(120)
+        pool, loaded = session.pool, session.clf.loaded
+        taps = loop_taps(loaded.model.config.num_hidden_layers)
+        assert pool.anchors.shape == (1, len(taps) * loaded.model.config.hidden_size)
+        _, _, want = collect(session.clf, session.clf.encode(["a charge, an invoice or a refund"]), taps)
+        np.testing.assert_allclose(pool.anchors, want, atol=1e-5)
+        assert pool.anchor_rows().y.tolist() == [0]  # the label 'money', column 0
+        while min(session.state()["counts"].values(), default=0) < 2 or len(session.state()["counts"]) < 2:
+            item = session.state()["item"]
+            session.answer(item["row"], answer[item["text"]])
+
+        def learnt_with_anchors() -> bool:  # the head of the latest answers (the refit runs on its own thread)
+            with session._sync.lock:
+                pos = pool.scored_among(session.answers.given)
+                y = np.array([session.answers.given[p] for p in pos])
+                X, head = pool.features[pos].copy(), session.head
+            return head is not None and np.array_equal(head.fitted.coef, refit.fit_head(X, y, 2, 0, pool.anchor_rows()).fitted.coef)
+
+        wait_for(learnt_with_anchors)
+        with session._sync.lock:
+            pos = pool.scored_among(session.answers.given)
+            y, X = np.array([session.answers.given[p] for p in pos]), pool.features[pos].copy()
+        assert not np.allclose(refit.fit_head(X, y, 2, 0).fitted.coef, session.head.fitted.coef)  # the anchors count
+    finally:
+        session.close()
