@@ -35,20 +35,23 @@ def write_gold(frame, gold: dict[int, str | tuple[str, ...]], path: str | Path,
 
 
 def fit_head(path: str | Path, X: np.ndarray, y: np.ndarray, *, task: Task, taps, seed: int,
-             est: refit.Estimate | None, item_hashes: list[str], source: str, model: dict) -> Head:
+             est: refit.Estimate | None, item_hashes: list[str], source: str, model: dict,
+             anchors=None) -> Head:
     """Fit a head on answered features `X` [m, width] (C by cross-validation when every label has 2
     or more) and save it at `path`. `y`: [m] label names, or [m, L] bool label sets for a
-    multi-label task; `est`: the loop's cross-validated estimate, kept in the head's info."""
+    multi-label task; `est`: the loop's cross-validated estimate, kept in the head's info;
+    `anchors`: the labels' descriptions' states by task label index (`fitting.Anchors`; one-label tasks)."""
     if task.multi_label:
         return _fit_multi(path, X, y, task=task, taps=taps, seed=seed, est=est, item_hashes=item_hashes,
                           source=source, model=model)
-    from ..head.fitting import fit
+    from ..head.fitting import Anchors, fit
 
     counts = {lab: int((y == lab).sum()) for lab in sorted(set(y.tolist()))}
     if len(counts) < 2:
         raise TaskError(f"a head needs answers for at least two labels; so far: {counts or 'none'}")
     folds = min(5, min(counts.values()))
-    final = fit(X, y, seed=seed, folds=folds)
+    rows = None if anchors is None else Anchors(anchors.X, np.array(task.labels, dtype=object)[anchors.y])
+    final = fit(X, y, seed=seed, folds=folds, anchors=rows)
     info = {"C": final.C, "items": int(len(y)), "per_label": counts, "folds": folds, "source": str(source),
             "labelled_by": "slmclassify label", "cv": ({"accuracy": est.mean, "low": est.low, "high": est.high}
                                                         if est is not None else None),

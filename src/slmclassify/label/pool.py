@@ -9,6 +9,9 @@ sample's rows, which are kept in input order. The arrays, by pool position:
     scored      [n]               scored and not empty: the rows a head or the picker may use
     visited     [n]               scored, empty or not
     head_probs  [n, L]            the loop head's probabilities (None before its first fit)
+    anchors     [A, taps·hidden]  the states of the labels' descriptions read as items, for the columns
+                                  `anchor_columns` [A] (None until the first slice is scored): every
+                                  refit's anchor rows (`fitting.Anchors`)
 
 In a task of questions L is every question's labels side by side (`questions.label_spans`), and
 `parts` holds one view of the pool per question: its own labels, guess and loop head, the items,
@@ -33,6 +36,8 @@ from ..core.taps import Taps
 from ..core.task import Task
 from ..errors import InputError, TaskError
 from ..head.apply import text_hashes
+from ..head.features import anchor_texts
+from ..head.fitting import Anchors
 
 SLICE = 256
 """Items scored per slice after the first (the scorer publishes its work a slice at a time)."""
@@ -84,6 +89,13 @@ class Pool:
         self.visited = np.zeros(n, bool)  # [n]
         self.head: object | None = None  # the loop head (`refit.LoopHead` or `refit.MultiLoopHead`)
         self.head_probs: np.ndarray | None = None  # [n, L]
+        # the labels' descriptions read as items (`head.features.anchor_texts`), with their pool columns
+        described = [(self.labels.index(f"{q.name}: {lab}"), text) for q in task.questions
+                     for lab, text in anchor_texts(q.task).items()] or [
+                         (self.labels.index(lab), text) for lab, text in anchor_texts(task).items()]
+        self.anchor_columns = np.array([c for c, _ in described], dtype=np.int64)  # [A]
+        self.anchor_texts = tuple(text for _, text in described)
+        self.anchors: np.ndarray | None = None  # [A, taps * hidden]
         self.priority = priority[self.rows] if priority is not None else None  # [n] bool, or None
         self.shuffle = rng.permutation(n)  # [n] the seeded scoring order, before answered rows move up
         self.parts: list[Pool] = []
@@ -97,7 +109,19 @@ class Pool:
         part.task, part.labels, part.name = question.task, question.labels, question.name
         part.multi = question.multi_label
         part.zero_shot = self.zero_shot[:, span]  # a view: the scorer's writes show through
+        part.span = span
         return part
+
+    def anchor_rows(self) -> Anchors | None:
+        """This view's labels' anchors: states [a, width] and label indices [a] (None until scored, or
+        without descriptions; lock held)."""
+        if self.anchors is None:
+            return None
+        span = getattr(self, "span", slice(0, len(self.labels)))
+        keep = (self.anchor_columns >= span.start) & (self.anchor_columns < span.start + len(self.labels))
+        if not keep.any():
+            return None
+        return Anchors(self.anchors[keep].astype(np.float64), self.anchor_columns[keep] - span.start)
 
     @staticmethod
     def columns(task: Task) -> tuple[str, ...]:
@@ -238,16 +262,20 @@ class Scorer:
         while start < len(order) and not self.shared.closing:
             size = self.first_slice if start == 0 else SLICE
             part = np.sort(order[start:start + size])
+            anchors = pool.anchor_texts if start == 0 else ()  # read with the first slice, in its pass
             try:
-                window = self.clf.score_window([pool.texts[p] for p in part], progress=self._stop_if_closing,
-                                               taps=pool.taps)
+                window = self.clf.score_window([*(pool.texts[p] for p in part), *anchors],
+                                               progress=self._stop_if_closing, taps=pool.taps)
             except Closing:
                 return
-            calibrated = self.clf.calibrated(window.scores)  # NaN rows for empty items
+            scores, states = window.scores[:len(part)], window.states[:len(part)]
+            calibrated = self.clf.calibrated(scores)  # NaN rows for empty items
             probs = pool.probabilities(calibrated)
-            ok = ~np.isnan(window.scores).any(axis=1)
+            ok = ~np.isnan(scores).any(axis=1)
             with self.shared.lock:
-                pool.add_scores(part, probs, window.states, ok)
+                if anchors:
+                    pool.anchors = window.states[len(part):].copy()
+                pool.add_scores(part, probs, states, ok)
                 self.published()
             start += size
         self.shared.ready.set()

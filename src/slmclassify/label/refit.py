@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import multilabel
-from ..head.fitting import C_GRID, Fitted, fit
+from ..head.fitting import C_GRID, Anchors, Fitted, fit
 
 LOOP_C = C_GRID[len(C_GRID) // 2]
 """Inverse regularisation of the loop's head (on standardised features): the middle of `fit`'s
@@ -56,9 +56,10 @@ def can_fit(y: np.ndarray, n_labels: int) -> bool:
     return int((np.bincount(y, minlength=n_labels) >= MIN_PER_LABEL).sum()) >= 2
 
 
-def fit_head(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0) -> LoopHead:
-    """The loop's head on [m, d] features and [m] task label indices."""
-    fitted = fit(X.astype(np.float64), y, seed=seed, Cs=(LOOP_C,))  # classes in numeric order, named str(index)
+def fit_head(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0, anchors: Anchors | None = None) -> LoopHead:
+    """The loop's head on [m, d] features and [m] task label indices; `anchors` (label indices too):
+    the labels' descriptions read as items (`fitting.Anchors`), learnt from for the labels answered."""
+    fitted = fit(X.astype(np.float64), y, seed=seed, Cs=(LOOP_C,), anchors=anchors)  # classes in numeric order, named str(index)
     return LoopHead(fitted, np.array([int(s) for s in fitted.labels]), n_labels)
 
 
@@ -108,9 +109,10 @@ def enough(y: np.ndarray, representative: np.ndarray | None, n_labels: int) -> b
 
 
 def estimate(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0,
-             representative: np.ndarray | None = None) -> Estimate | None:
+             representative: np.ndarray | None = None, anchors: Anchors | None = None) -> Estimate | None:
     """Out-of-fold accuracy of the loop's head (up to 5 folds, at least 2 items per fold) on the
-    `representative` answers ([m] bool), the others always trained on; None without `enough` of them."""
+    `representative` answers ([m] bool), the others (and the `anchors`) always trained on; None
+    without `enough` of them."""
     from sklearn.model_selection import KFold
 
     if not enough(y, representative, n_labels):
@@ -123,7 +125,7 @@ def estimate(X: np.ndarray, y: np.ndarray, n_labels: int, seed: int = 0,
         train = np.concatenate([always, tested[train]])
         if len(np.unique(y[train])) < 2:
             continue  # a fold whose training part has one label: its items count as wrong
-        probs[test] = fit_head(X[train], y[train], n_labels, seed).probabilities(X[tested[test]])
+        probs[test] = fit_head(X[train], y[train], n_labels, seed, anchors).probabilities(X[tested[test]])
     return _estimate(tested, probs, probs.argmax(1) == y[tested], probs.max(1))
 
 

@@ -58,16 +58,16 @@ class Refitter:
                     continue
                 self.fitting = True
             try:
-                for k, (X, y, fair) in work:
-                    self._fit(k, X, y, fair)
+                for k, (X, y, fair, anchors) in work:
+                    self._fit(k, X, y, fair, anchors)
             finally:
                 with sync.lock:
                     self.fitting = False
 
     @staticmethod
     def _take(pool: Pool, answers) -> tuple | None:
-        """(features, answers, which are random picks) of the scored answers, or None while too few
-        to fit (lock held)."""
+        """(features, answers, which are random picks, the labels' anchor states) of the scored answers,
+        or None while too few to fit (lock held)."""
         pos = pool.scored_among(answers.given)
         fair = answers.fair(pos)
         if pool.multi:
@@ -78,17 +78,17 @@ class Refitter:
             y = np.array([answers.given[p] for p in pos], dtype=np.int64)
             if not refit.can_fit(y, len(pool.labels)):
                 return None
-        return pool.features[pos].copy(), y, fair
+        return pool.features[pos].copy(), y, fair, pool.anchor_rows()
 
-    def _fit(self, k: int, X: np.ndarray, y: np.ndarray, fair: np.ndarray) -> None:
+    def _fit(self, k: int, X: np.ndarray, y: np.ndarray, fair: np.ndarray, anchors) -> None:
         """Fit head `k` and its estimate without the lock, then publish them."""
         pool, sync, n_labels = self.parts[k][0], self.sync, len(self.parts[k][0].labels)
         if pool.multi:
             head = refit.fit_multi_head(X, y, self.seed)
             est = refit.estimate_multi(X, y, self.seed, fair)
         else:
-            head = refit.fit_head(X, y, n_labels, self.seed)
-            est = refit.estimate(X, y, n_labels, self.seed, fair)
+            head = refit.fit_head(X, y, n_labels, self.seed, anchors)
+            est = refit.estimate(X, y, n_labels, self.seed, fair, anchors)
         threshold = refit.auto_threshold(est, self.target_accuracy)
         with sync.lock:
             scored = np.flatnonzero(pool.scored)

@@ -309,9 +309,10 @@ class LabelSession:
                  else np.array([self.labels[self.answers.given[p]] for p in pos]))
             X = self.pool.features[pos].astype(np.float64)
             est = self.refitter.estimate
+            anchors = None if self.multi else self.pool.anchor_rows()
         return outputs.fit_head(path, X, y, task=self.task, taps=self.pool.taps, seed=self.seed, est=est,
                                 item_hashes=[self.pool.hashes[p] for p in pos], source=self.input_path,
-                                model=self.store.fingerprint["model"])
+                                model=self.store.fingerprint["model"], anchors=anchors)
 
     def close(self) -> None:
         """Stop the threads and close the store (answers are already on disk)."""
