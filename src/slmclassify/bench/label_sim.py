@@ -45,7 +45,8 @@ from ..classifier import Classifier
 from ..io.labelled import read_labelled
 from ..core.results import softmax
 from ..core.task import Task
-from ..head.features import collect, loop_taps
+from ..head.features import anchor_texts, collect, loop_taps
+from ..head.fitting import Anchors
 from ..head.model import model_fingerprint, task_record
 from ..label import refit
 from ..label.store import LabelStore
@@ -72,32 +73,36 @@ def fitting(checkpoints, pickable: int) -> tuple[tuple[int, ...], tuple[int, ...
 
 
 def features(name: str, texts: list[str], task: Task, loaded, fingerprint: dict,
-             log=print) -> tuple[np.ndarray, np.ndarray]:
-    """([n, L] zero-shot probabilities, [n, taps * hidden] states) of one pass, cached by the texts,
-    the task and `fingerprint` (the model's, taken once before any Classifier is built on it)."""
+             log=print) -> tuple[np.ndarray, np.ndarray, Anchors | None]:
+    """([n, L] zero-shot probabilities, [n, taps * hidden] states, the labels' anchors: their
+    descriptions read as items, by label index, as the loop reads them) of one pass, cached by the
+    texts, the task and `fingerprint` (the model's, taken once before any Classifier is built on it)."""
     taps = loop_taps(loaded.model.config.num_hidden_layers)
+    described = anchor_texts(task)
     key = hashlib.sha256(json.dumps([texts, task_record(task), fingerprint, taps.as_list()]).encode())
-    path = cache_root() / "label_sim" / f"{name}-{key.hexdigest()[:16]}.npz"
+    path = cache_root() / "label_sim" / f"{name}-{key.hexdigest()[:16]}-anchors.npz"
+    columns = np.array([task.labels.index(lab) for lab in described], dtype=np.int64)
     if path.exists():
         with np.load(path) as data:
-            return data["zero_shot"], data["states"]
-    clf = Classifier(task, model=loaded)
-    start = time.perf_counter()
-    _, calibrated, states = collect(clf, clf.encode(texts), taps)
-    log(f"{name}: {len(texts)} items scored with layers {taps.describe()} in {time.perf_counter() - start:.0f} s "
-        f"(cached in {path.parent})")
-    zero = softmax(calibrated)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as fh:
-        np.savez(fh, zero_shot=zero, states=states)
-    return zero, states
+            zero, states, rows = data["zero_shot"], data["states"], data["anchors"]
+    else:
+        clf = Classifier(task, model=loaded)
+        start = time.perf_counter()
+        _, calibrated, states = collect(clf, clf.encode([*texts, *described.values()]), taps)
+        log(f"{name}: {len(texts)} items scored with layers {taps.describe()} in {time.perf_counter() - start:.0f} s "
+            f"(cached in {path.parent})")
+        zero, states, rows = softmax(calibrated[:len(texts)]), states[:len(texts)], states[len(texts):]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as fh:
+            np.savez(fh, zero_shot=zero, states=states, anchors=rows)
+    return zero, states, Anchors(rows.astype(np.float64), columns) if len(columns) else None
 
 
 def simulate(zero: np.ndarray, X: np.ndarray, gold: np.ndarray, strategy: str, seed: int,
-             checkpoints=CHECKPOINTS, test: np.ndarray | None = None) -> dict[int, dict]:
+             checkpoints=CHECKPOINTS, test: np.ndarray | None = None, anchors: Anchors | None = None) -> dict[int, dict]:
     """{answers: {accuracy on the fixed test split, on the unlabelled rest, the live estimate (None
     while it is not honest yet), random picks so far}}; checkpoints beyond the pickable items are
-    left out (`fitting`)."""
+    left out (`fitting`). `anchors`: the labels' descriptions' states, as the loop's refits have them."""
     n, L = zero.shape
     ok = ~np.isnan(X).any(axis=1) & ~np.isnan(zero).any(axis=1)
     test = test_split(n) if test is None else test
@@ -121,14 +126,14 @@ def simulate(zero: np.ndarray, X: np.ndarray, gold: np.ndarray, strategy: str, s
         if strategy == "shipped" or count in checkpoints:
             rows = np.fromiter(labelled, np.int64)
             y = gold[rows]
-            head = refit.fit_head(X[rows], y, L, seed) if refit.can_fit(y, L) else None
+            head = refit.fit_head(X[rows], y, L, seed, anchors) if refit.can_fit(y, L) else None
             head_probs = head.probabilities(X) if head is not None else None
         if count in checkpoints:
             rest = pickable.copy()
             rest[rows] = False
             probs = head_probs if head_probs is not None else zero
             fair = np.array([kinds[r] in refit.REPRESENTATIVE for r in rows])
-            est = refit.estimate(X[rows], y, L, seed, fair)
+            est = refit.estimate(X[rows], y, L, seed, fair, anchors)
             out[count] = {"accuracy": float((probs[test].argmax(1) == gold[test]).mean()),
                           "rest_accuracy": float((probs[rest].argmax(1) == gold[rest]).mean()) if rest.any() else None,
                           "estimate": est.mean if est is not None else None, "random_picks": randoms}
@@ -191,7 +196,7 @@ def first_item(texts: list[str], task: Task, rows: int = 20000) -> dict:
 def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=print, minilm=None) -> dict:
     labels = task.labels
     gold = np.array([labels.index(g) for g in gold_names])
-    zero, X = features(name, texts, task, loaded, fingerprint, log)
+    zero, X, anchors = features(name, texts, task, loaded, fingerprint, log)
     ok = ~np.isnan(zero).any(axis=1)
     test = test_split(len(texts)) & ok
     kept, dropped = fitting(CHECKPOINTS, int((ok & ~test).sum()))
@@ -204,7 +209,7 @@ def run_dataset(name, texts, gold_names, task, loaded, fingerprint, seeds, log=p
               "majority": majority(gold, ok & ~test, test), "curves": {}}
     for strategy in STRATEGIES:
         began = time.perf_counter()
-        runs = [simulate(zero, X, gold, strategy, seed, test=test) for seed in range(seeds)]
+        runs = [simulate(zero, X, gold, strategy, seed, test=test, anchors=anchors) for seed in range(seeds)]
         result["curves"][strategy] = {
             str(k): {"mean": float(np.mean([r[k]["accuracy"] for r in runs])),
                      "std": float(np.std([r[k]["accuracy"] for r in runs])),
