@@ -34,7 +34,7 @@ def test_ragged_csv_exits_2_every_time(tmp_path, llama_dir, bad_row):
             else:
                 fh.write(f"{i},hello there this is a somewhat longer text {i}\n")
     fields = "1 fields" if bad_row == 100 else "3 fields"
-    for _ in range(3):
+    for _ in range(2):  # the abort came every time: twice tells a regression from luck
         proc = subprocess.run([*cli_command(), *classify_args(src, tmp_path / "out.csv", llama_dir)],
                               capture_output=True, env=cli_env(tmp_path), timeout=120)
         line = one_error(proc.returncode, proc.stderr.decode())
