@@ -5,6 +5,7 @@ reads the items."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.head.features import anchor_texts, collect, loop_taps
@@ -152,3 +153,71 @@ def test_the_loop_reads_the_anchors_with_its_first_slice(tmp_path, llama_dir, on
         assert not np.allclose(refit.fit_head(X, y, 2, 0).fitted.coef, session.head.fitted.coef)  # the anchors count
     finally:
         session.close()
+
+
+# --------------------------------------------------------------------------- a head from the descriptions alone
+
+
+def test_a_description_head_is_the_cosine_of_centred_states_over_the_temperature(tmp_path):
+    from slmclassify.head.describe import TEMPERATURE, description_head
+    from slmclassify.head.model import Head
+    from slmclassify.core.taps import Taps
+
+    rng = np.random.default_rng(0)
+    states = rng.normal(size=(20, 6))
+    states[3] = np.nan  # an empty item: not in the centre
+    described = rng.normal(size=(3, 6))
+    head = description_head(states, described, ("a", "b", "c"), Taps(mean=(1,)), model={}, task={}, info={})
+    centre = np.nanmean(states, axis=0)
+    x, d = states[[0, 1, 2]] - centre, described - centre
+    cos = (x / np.linalg.norm(x, axis=1, keepdims=True)) @ (d / np.linalg.norm(d, axis=1, keepdims=True)).T
+    want = cos / TEMPERATURE - np.log(np.exp(cos / TEMPERATURE).sum(1, keepdims=True))
+    np.testing.assert_allclose(head.log_probabilities(states[[0, 1, 2]]), want, atol=1e-12)
+    again = Head.load(head.save(tmp_path / "h.npz"))
+    assert again.cosine and again.labels == ("a", "b", "c")
+    np.testing.assert_array_equal(again.log_probabilities(states[:3]), head.log_probabilities(states[:3]))
+
+
+def test_fit_from_descriptions_needs_no_gold_and_classify_reads_the_head(tmp_path, llama_dir, run_main):
+    import pandas as pd
+
+    from slmclassify.head.model import Head
+
+    texts, gold = labelled(8)
+    items = tmp_path / "items.csv"
+    pd.DataFrame({"text": texts}).to_csv(items, index=False)  # no gold column
+    task = tmp_path / "task.toml"
+    task.write_text('[[labels]]\nname = "money"\ndescription = "a charge, an invoice or a refund"\n'
+                    '[[labels]]\nname = "broken_app"\n')
+    code, out, err = run_main("fit", str(items), "--task", str(task), "--from-descriptions", "-o",
+                              str(tmp_path / "h.npz"), "--model", str(llama_dir))
+    assert code == 0, err
+    assert "centred on 16 items" in out and "broken_app: 'broken app'" in out and "no gold was read" in out
+    head = Head.load(tmp_path / "h.npz")
+    assert head.cosine and head.labels == ("money", "broken_app") and head.info["items"] == 16
+    code, _, err = run_main("classify", str(items), "-o", str(tmp_path / "out.csv"), "--head", str(tmp_path / "h.npz"),
+                            "--model", str(llama_dir), "--quiet")
+    assert code == 0, err
+    out = pd.read_csv(tmp_path / "out.csv")
+    assert len(out) == 16 and set(out["label"]) <= {"money", "broken_app"}
+    assert np.allclose(out[["p_money", "p_broken_app"]].sum(1), 1, atol=1e-6)
+    # the items only centred it (no gold read): measured on them, no warning that they were fitted on
+    pd.DataFrame({"text": texts, "gold": [g.replace(" ", "_") for g in gold]}).to_csv(tmp_path / "gold.csv", index=False)
+    code, out, err = run_main("evaluate", str(tmp_path / "gold.csv"), "--gold-column", "gold", "--head",
+                              str(tmp_path / "h.npz"), "--task", str(task), "--model", str(llama_dir))
+    assert code == 0, err
+    assert "accuracy" in out and "used to fit the head" not in out
+    code, _, err = run_main("fit", str(items), "--from-descriptions", "-o", str(tmp_path / "x.npz"),
+                            "--model", str(llama_dir))
+    assert code == 2 and "--from-descriptions reads the labels' descriptions: give them with --task" in err
+
+
+def test_fit_from_descriptions_refuses_a_task_it_cannot_make_a_head_for_before_reading_a_model(tmp_path):
+    from slmclassify.errors import FieldError
+    from slmclassify.jobs.fit import FitRequest, fit_file
+
+    request = FitRequest(input_path=str(tmp_path / "absent.csv"), output_path=str(tmp_path / "h.npz"),
+                         from_descriptions=True)
+    task = Task(labels=("a", "b"), multi_label=True)
+    with pytest.raises(FieldError, match="from_descriptions.*several labels per item"):
+        fit_file(request, task, EngineSettings(), model="never-read")

@@ -225,6 +225,9 @@ fit_options = bundle("run", fit_request, [
     click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label."),
     click.option("--plot", "plot_path", help="Learning-curve PNG (default: next to the head file)."),
     click.option("--json", "json_path", help="Write the figures as JSON."),
+    click.option("--from-descriptions", is_flag=True,
+                 help="No gold column: a head from the labels' descriptions (or names) against the file's items, "
+                      "by cosine similarity of their states (give the labels with --task or --labels)."),
 ])
 
 
@@ -238,9 +241,17 @@ def fit(run: FitRequest, opts: ModelOptions):
     a head per question given a gold column (NAME=COLUMN), all in one file, a row per question."""
     from ..jobs.evaluate import task_for_file
     from ..jobs.fit import fit_file
+    from ..jobs.sources import build_task
 
     check_writes({"the labelled file": run.input_path, "--task": opts.task_file, "--model": opts.model},
                  {"-o": run.output_path, "--json": run.json_path, "--plot": run.plot_path})
+    if run.from_descriptions:
+        if not (opts.task_file or opts.label_names()):
+            raise TaskError("--from-descriptions reads the labels' descriptions: give them with --task FILE (or the "
+                            "labels with --labels)")
+        task = build_task(opts.task_file, opts.label_names(), **opts.overrides())
+        summaries.print_descriptions_fit(fit_file(run, task, opts.settings(), model=opts.model))
+        return
     task = task_for_file(run.input_path, run.text_column, run.label_column, task_file=opts.task_file,
                          labels=opts.label_names(), **opts.overrides())
     if task.questions and run.plot_path:

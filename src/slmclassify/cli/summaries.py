@@ -328,6 +328,18 @@ def print_fit(summary) -> None:
         _out(f"wrote {summary.json_path}")
 
 
+def print_descriptions_fit(summary) -> None:
+    """`fit --from-descriptions`'s report (`jobs.fit.DescriptionsFitSummary`), on stdout."""
+    if summary.precision_line:
+        _out(summary.precision_line)
+    _out(f"model: {summary.model}; a head from the labels' words, centred on {summary.items} items; layer "
+         f"{summary.taps.describe()}; one fast-path pass in {summary.seconds:.1f} s")
+    for label, words in summary.labels:
+        _out(f"  {label}: {words!r}")
+    _out(f"wrote {summary.output}; no gold was read: measure it with `slmclassify evaluate FILE --gold-column COLUMN "
+         f"--head {summary.output}`")
+
+
 def _print_multilabel_fit(summary) -> None:
     """The rest of `fit`'s report for one-vs-rest heads."""
     _out("\none-vs-rest heads; figures at thresholds picked on the other half of the items (cross-fitted):")

@@ -51,6 +51,9 @@ class Head:
     """One-vs-rest: coef row j gives label j's log-odds of applying (`log_odds`), not a softmax logit."""
     thresholds: tuple[float, ...] = ()
     """Multi-label: per label the P(yes) at or above which it is chosen (F1-optimal out of fold)."""
+    cosine: bool = False
+    """Each item's standardised features are scaled to unit length before the product: coef rows
+    are then directions and the logits cosine similarities over a temperature (`head/describe.py`)."""
 
     def features(self, states: np.ndarray, calibrated: np.ndarray) -> np.ndarray:
         """[n, F] features from [n, taps*hidden] states and [n, L] calibrated label scores."""
@@ -63,6 +66,10 @@ class Head:
         """[n, K] log-probabilities of the head's labels (NaN rows stay NaN)."""
         if self.multi_label:
             raise TaskError("a multi-label head gives each label's log-odds (Head.log_odds), not one distribution")
+        if self.cosine:
+            centred = (features - self.mean) / self.scale
+            features = centred / np.maximum(np.linalg.norm(centred, axis=1, keepdims=True), 1e-12)
+            return linear_log_probabilities(features, 0.0, 1.0, self.coef, self.intercept)
         return linear_log_probabilities(features, self.mean, self.scale, self.coef, self.intercept)
 
     def log_odds(self, features: np.ndarray) -> np.ndarray:
@@ -79,7 +86,7 @@ class Head:
         """What the file's `meta` holds: everything but the arrays."""
         return {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps.last), "pooled": list(self.taps.mean),
                 "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info,
-                "multi_label": self.multi_label, "thresholds": list(self.thresholds)}
+                "multi_label": self.multi_label, "thresholds": list(self.thresholds), "cosine": self.cosine}
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"mean": self.mean, "scale": self.scale, "coef": self.coef, "intercept": self.intercept}
@@ -109,7 +116,7 @@ class Head:
         """A head from its `meta` and its four arrays (`mean`, `scale`, `coef`, `intercept`)."""
         return cls(labels=tuple(meta["labels"]), taps=Taps(meta["taps"], meta.get("pooled", ())), use_scores=meta["use_scores"],
                    model=meta["model"], task=meta["task"], info=meta["info"], multi_label=meta.get("multi_label", False),
-                   thresholds=tuple(meta.get("thresholds", ())),
+                   thresholds=tuple(meta.get("thresholds", ())), cosine=meta.get("cosine", False),
                    **{k: arrays[k] for k in ("mean", "scale", "coef", "intercept")})
 
     def check(self, fingerprint: dict, task: Task, source: str = "the head") -> None:

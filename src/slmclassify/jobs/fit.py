@@ -55,6 +55,8 @@ class FitRequest:
     json_path: str | None = None
     """Write the figures as JSON."""
     seed: int = 0
+    from_descriptions: bool = False
+    """No gold: a head from the labels' descriptions and the file's items (`head/describe.py`)."""
 
     def __post_init__(self) -> None:
         if self.folds < 2:
@@ -118,6 +120,8 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     JSON); returns the CV metrics, zero-shot alongside and the learning curve."""
     path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
     taps, use_scores = request.taps, request.use_scores
+    if request.from_descriptions:
+        return fit_descriptions(request, task, settings, model=model)
     if task.questions:
         return fit_questions(request, task, settings, model=model)
     if request.gold_columns:
@@ -285,6 +289,55 @@ def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, 
         seconds=seconds, precision_line=auto_line(loaded), folds=folds, fits=fits,
         not_fitted=tuple(n for n in names if n not in columns), output=request.output_path,
         json_path=request.json_path, warnings=shared_openings(texts))
+
+
+@dataclasses.dataclass(frozen=True)
+class DescriptionsFitSummary:
+    """What `fit_descriptions` read and wrote."""
+
+    model: str
+    items: int
+    """Non-empty items the head is centred on."""
+    labels: tuple[tuple[str, str], ...]
+    """(label, the words read for it: its description or its name)."""
+    taps: Taps
+    seconds: float
+    precision_line: str | None
+    head: Head
+    output: str
+
+
+def fit_descriptions(request: FitRequest, task: Task, settings: EngineSettings, *, model=None) -> DescriptionsFitSummary:
+    """A head without gold (`head/describe.py`): one pass reads the file's items and each label's
+    description (or name) as an item; the head is their cosine similarity, centred on the items."""
+    from ..head.describe import TEMPERATURE, description_head, description_taps, label_words
+    from ..io.readers import read_table, texts_of
+
+    if task.questions or task.multi_label or task.multi_field:
+        kind = "questions" if task.questions else "several labels per item" if task.multi_label else "several fields"
+        raise FieldError("from_descriptions", "{field} makes a head for one label per item from one text; this task "
+                         f"has {kind}: run without it")
+    path = request.input_path
+    texts = (read_labelled(path, request.text_column, request.label_column).texts if path.endswith(".json")
+             else texts_of(read_table(path, request.text_column), request.text_column, name=path))
+    words = label_words(task)
+    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
+    clf = Classifier(task, model=loaded, settings=settings)
+    taps = description_taps(loaded.model.config.num_hidden_layers)
+    start = time.perf_counter()
+    _, _, states = collect(clf, clf.encode([*texts, *words]), taps)
+    seconds = time.perf_counter() - start
+    items = int((~np.isnan(states[:len(texts)]).any(axis=1)).sum())
+    # no `item_hashes`: the items only centre the head (no gold is read), so its figures on them are
+    # not the optimistic ones of a head fitted to their labels
+    info = {"from_descriptions": dict(zip(task.labels, words)), "items": items, "temperature": TEMPERATURE,
+            "source": str(path)}
+    head = description_head(states[:len(texts)], states[len(texts):], task.labels, taps,
+                            model=model_fingerprint(loaded), task=task_record(task), info=info)
+    head.save(request.output_path)
+    return DescriptionsFitSummary(model=loaded.name, items=items, labels=tuple(zip(task.labels, words)), taps=taps,
+                                  seconds=seconds, precision_line=auto_line(loaded), head=head,
+                                  output=request.output_path)
 
 
 OPENING_WORDS = 5
