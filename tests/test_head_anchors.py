@@ -221,3 +221,54 @@ def test_fit_from_descriptions_refuses_a_task_it_cannot_make_a_head_for_before_r
     task = Task(labels=("a", "b"), multi_label=True)
     with pytest.raises(FieldError, match="from_descriptions.*several labels per item"):
         fit_file(request, task, EngineSettings(), model="never-read")
+
+
+def test_the_views_of_a_task_of_questions_see_the_anchors_the_scorer_writes(tmp_path):
+    """Each question's view of the labelling pool reads its own labels' anchors (question label
+    indices) from the one array the scorer writes in place after the first slice."""
+    from slmclassify.core.taps import Taps
+    from slmclassify.jobs.sources import read_task
+    from slmclassify.label.pool import Pool
+
+    from test_questions import TRIAGE
+
+    (tmp_path / "triage.toml").write_text(TRIAGE)
+    task = read_task(tmp_path / "triage.toml")
+    pool = Pool(["a", "b", "c"], task, sample=10, seed=0, taps=Taps(mean=(1,)), width=4)
+    described = [(q.name, lab) for q in task.questions for lab, d in zip(q.labels, q.task.descriptions) if d.strip()]
+    assert len(pool.anchor_texts) == len(described) > 0
+    assert all(part.anchor_rows() is None for part in pool.parts)  # not read yet
+    pool.anchors[:] = np.arange(len(described) * 4, dtype=np.float32).reshape(-1, 4)  # as the scorer does
+    for part in pool.parts:
+        mine = [i for i, (name, _) in enumerate(described) if name == part.name]
+        rows = part.anchor_rows()
+        if not mine:
+            assert rows is None
+            continue
+        assert rows.y.tolist() == [part.labels.index(described[i][1]) for i in mine]
+        np.testing.assert_array_equal(rows.X, pool.anchors[mine])
+
+
+def test_a_session_of_questions_reads_each_described_questions_anchors(tmp_path, llama_dir, one_torch_thread):
+    """The scorer's first slice fills the anchors that each question's view (what its refits read) sees."""
+    from slmclassify.jobs.sources import read_task
+    from slmclassify.label.session import LabelRequest, LabelSession
+
+    from helpers import tickets
+
+    data = tmp_path / "tickets.csv"
+    tickets(data, 8)
+    (tmp_path / "triage.toml").write_text(
+        'instruction = "Triage."\n[[questions]]\nname = "team"\nlabels = [{name = "billing", description = "money"}, '
+        '"technical", {name = "account", description = "login"}]\n[[questions]]\nname = "priority"\n'
+        'labels = ["low", "high"]\n')
+    session = LabelSession.start(LabelRequest(str(data), tmp_path / "s.sqlite", first_slice=4, seed=0),
+                                 read_task(tmp_path / "triage.toml"), model=str(llama_dir))
+    try:
+        assert session.wait_ready(120)
+        with session._sync.lock:
+            views = {part.name: part.anchor_rows() for part in session.pool.parts}
+        assert views["team"].y.tolist() == [0, 2] and not np.isnan(views["team"].X).any()
+        assert views["priority"] is None
+    finally:
+        session.close()

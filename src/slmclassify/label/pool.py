@@ -10,7 +10,7 @@ sample's rows, which are kept in input order. The arrays, by pool position:
     visited     [n]               scored, empty or not
     head_probs  [n, L]            the loop head's probabilities (None before its first fit)
     anchors     [A, taps·hidden]  the states of the labels' descriptions read as items, for the columns
-                                  `anchor_columns` [A] (None until the first slice is scored): every
+                                  `anchor_columns` [A] (NaN until the first slice is scored): every
                                   refit's anchor rows (`fitting.Anchors`)
 
 In a task of questions L is every question's labels side by side (`questions.label_spans`), and
@@ -95,9 +95,10 @@ class Pool:
                          (self.labels.index(lab), text) for lab, text in anchor_texts(task).items()]
         self.anchor_columns = np.array([c for c, _ in described], dtype=np.int64)  # [A]
         self.anchor_texts = tuple(text for _, text in described)
-        self.anchors: np.ndarray | None = None  # [A, taps * hidden]
+        self.anchors = np.full((len(described), width), np.nan, np.float32)  # [A, taps * hidden]
         self.priority = priority[self.rows] if priority is not None else None  # [n] bool, or None
         self.shuffle = rng.permutation(n)  # [n] the seeded scoring order, before answered rows move up
+        self.span = slice(0, len(self.labels))  # this view's columns of the pool's labels
         self.parts: list[Pool] = []
         self.parts = [self._part(q, span) for q, span in label_spans(task)]  # [] unless a task of questions
         # what the picker reads of each question: (name, its columns, multi-label, its labels)
@@ -114,14 +115,11 @@ class Pool:
 
     def anchor_rows(self) -> Anchors | None:
         """This view's labels' anchors: states [a, width] and label indices [a] (None until scored, or
-        without descriptions; lock held)."""
-        if self.anchors is None:
+        without descriptions; lock held). The views of a task's questions share the pool's array."""
+        keep = (self.anchor_columns >= self.span.start) & (self.anchor_columns < self.span.start + len(self.labels))
+        if not keep.any() or np.isnan(self.anchors[keep]).any():
             return None
-        span = getattr(self, "span", slice(0, len(self.labels)))
-        keep = (self.anchor_columns >= span.start) & (self.anchor_columns < span.start + len(self.labels))
-        if not keep.any():
-            return None
-        return Anchors(self.anchors[keep].astype(np.float64), self.anchor_columns[keep] - span.start)
+        return Anchors(self.anchors[keep].astype(np.float64), self.anchor_columns[keep] - self.span.start)
 
     @staticmethod
     def columns(task: Task) -> tuple[str, ...]:
@@ -274,7 +272,7 @@ class Scorer:
             ok = ~np.isnan(scores).any(axis=1)
             with self.shared.lock:
                 if anchors:
-                    pool.anchors = window.states[len(part):].copy()
+                    pool.anchors[:] = window.states[len(part):]  # in place: the questions' views share it
                 pool.add_scores(part, probs, states, ok)
                 self.published()
             start += size
