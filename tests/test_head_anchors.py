@@ -210,6 +210,9 @@ def test_fit_from_descriptions_needs_no_gold_and_classify_reads_the_head(tmp_pat
     code, _, err = run_main("fit", str(items), "--from-descriptions", "-o", str(tmp_path / "x.npz"),
                             "--model", str(llama_dir))
     assert code == 2 and "--from-descriptions reads the labels' descriptions: give them with --task" in err
+    code, _, err = run_main("fit", str(items), "--task", str(task), "--from-descriptions", "--plot", str(tmp_path / "p.png"),
+                            "-o", str(tmp_path / "x.npz"), "--model", str(llama_dir))
+    assert code == 2 and "--plot does not apply to a head from the descriptions" in err
 
 
 def test_fit_from_descriptions_refuses_a_task_it_cannot_make_a_head_for_before_reading_a_model(tmp_path):

@@ -24,6 +24,10 @@ FLAGS = {
     "fmt": "--format",
     "plots_dir": "--plots",
     "task_file": "--task",
+    "gold_columns": "--gold-column",
+    "use_scores": "--scores",
+    "plot_path": "--plot",
+    "json_path": "--json",
 }
 """Library fields whose flag is not the field's name with dashes (`max_rows` → `--max-rows`)."""
 TASK_FILE_ONLY = ("label_separator", "thresholds", "descriptions", "examples", "temperature")

@@ -61,6 +61,13 @@ class FitRequest:
     def __post_init__(self) -> None:
         if self.folds < 2:
             raise FieldError("folds", "{field} must be at least 2, got {value}", value=self.folds)
+        if self.from_descriptions:
+            given = [name for name, value in (("gold_columns", self.gold_columns), ("group_column", self.group_column),
+                                              ("taps", self.taps), ("use_scores", self.use_scores),
+                                              ("plot_path", self.plot_path), ("json_path", self.json_path)) if value]
+            if given:
+                raise FieldError(given[0], "{field} does not apply to a head from the descriptions: it reads no gold "
+                                 "and chooses nothing by cross-validation")
 
 
 @dataclasses.dataclass(frozen=True)
