@@ -46,7 +46,7 @@ def description_head(states: np.ndarray, described: np.ndarray, labels: tuple[st
         raise InputError("a head from the descriptions needs at least two non-empty items to centre on")
     centre = states[ok].astype(np.float64).mean(axis=0)
     directions = described.astype(np.float64) - centre
-    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    directions /= np.maximum(np.linalg.norm(directions, axis=1, keepdims=True), 1e-12)  # as `Head.cosine` does the items
     return Head(labels=labels, taps=taps, use_scores=False, mean=centre, scale=np.ones_like(centre),
                 coef=directions / TEMPERATURE, intercept=np.zeros(len(labels)), model=model, task=task,
                 info=info, cosine=True)
