@@ -328,12 +328,7 @@ def fit_descriptions(request: FitRequest, task: Task, settings: EngineSettings, 
     texts = (read_labelled(path, request.text_column, request.label_column).texts if path.endswith(".json")
              else texts_of(read_table(path, request.text_column), request.text_column, name=path))
     words = label_words(task)
-    loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
-    clf = Classifier(task, model=loaded, settings=settings)
-    taps = description_taps(loaded.model.config.num_hidden_layers)
-    start = time.perf_counter()
-    _, _, states = collect(clf, clf.encode([*texts, *words]), taps)
-    seconds = time.perf_counter() - start
+    loaded, taps, _, _, states, seconds = _features(model, task, settings, [*texts, *words], description_taps)
     items = int((~np.isnan(states[:len(texts)]).any(axis=1)).sum())
     # no `item_hashes`: the items only centre the head (no gold is read), so its figures on them are
     # not the optimistic ones of a head fitted to their labels
@@ -367,13 +362,16 @@ def shared_openings(texts: list[str]) -> tuple[str, ...]:
             f"cross-validation keeps each group in one fold (its figures can mislead otherwise)",)
 
 
-def _features(model, task: Task, settings: EngineSettings, texts, taps: Taps | str):
+def _features(model, task: Task, settings: EngineSettings, texts, taps):
     """(loaded model, taps, raw scores, calibrated scores, states, seconds) of one fast-path pass.
-    `taps`: the ones given, or 'candidates' (every feature set `fit` chooses among) or 'default'."""
+    `taps`: the ones given, 'candidates' (every feature set `fit` chooses among), 'default', or a
+    function of the model's layer count (`head.describe.description_taps`)."""
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     clf = Classifier(task, model=loaded, settings=settings)
     layers = loaded.model.config.num_hidden_layers
-    taps = {"candidates": candidate_taps, "default": default_taps}[taps](layers) if isinstance(taps, str) else taps
+    if isinstance(taps, str):
+        taps = {"candidates": candidate_taps, "default": default_taps}[taps]
+    taps = taps(layers) if callable(taps) else taps
     start = time.perf_counter()
     scores, calibrated, states = collect(clf, clf.encode(texts), taps)
     return loaded, taps, scores, calibrated, states, time.perf_counter() - start
