@@ -239,9 +239,10 @@ class Classifier:
         """The default `ResultsStep`: results from the label scores alone (`results`)."""
         return self.results(scores, status)
 
-    def encode(self, texts: Iterable[str]) -> EncodedItems:
-        """Render and tokenize texts (no model work)."""
-        return self.scorer.encode(texts)
+    def encode(self, texts: Iterable[str], taps: Taps = Taps()) -> EncodedItems:
+        """Render and tokenize texts (no model work), as a pass reading `taps` reads them (echoed
+        with `taps.echo`, `core/taps.py`)."""
+        return self.scorer.encode(taps.texts(texts), copies=2 if taps.echo else 1)
 
     def classify(self, texts: Iterable[str | None], progress: Callable[[int], None] | None = None) -> list[Result]:
         """One Result per text, in input order. `progress(n)` is called as n more items finish."""
@@ -279,14 +280,14 @@ class Classifier:
                     results: ResultsStep | None = None) -> ScoredItems:
         """The one scoring step: encode → score identical items once → scatter → results.
 
-        `items`: texts (encoded here, the time counted) or items already encoded. `dedupe`: identical
+        `items`: texts (encoded here as `taps` read them, the time counted) or items already encoded. `dedupe`: identical
         items (same token ids) are scored once and share the scores; off, every scored item is run
         (the batches of `score(encoded)`, so the same bits). `run`: how the distinct items get their
         scores (default: `score` them here). With `taps`, the hidden states of those layers too.
         `results`: how the scores become results (default: the zero-shot label scores').
         """
         began = time.perf_counter()
-        encoded = items if isinstance(items, EncodedItems) else self.encode(items)
+        encoded = items if isinstance(items, EncodedItems) else self.encode(items, taps)
         scored = encoded.scored
         if not dedupe and run is None:  # every scored item, in place: `score` leaves empty ones NaN
             part, source = self.score(encoded, progress, taps), scored

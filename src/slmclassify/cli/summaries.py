@@ -309,7 +309,9 @@ def print_fit(summary) -> None:
     if summary.multi_label_rows:
         _print_multilabel_fit(summary)
         return
-    if not summary.zero_shot_comparable:
+    if summary.taps.echo:
+        _out("zero-shot: not shown (the pass read each text twice, --echo: its label scores are not the task's)")
+    elif not summary.zero_shot_comparable:
         _out("zero-shot: not comparable (the gold labels are not all in the task's label set)")
     _out(f"\n{'scorer':<18} {'accuracy':>9} {'macro-F1':>9} {'ECE':>7}")
     for row in summary.rows:

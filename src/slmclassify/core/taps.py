@@ -9,6 +9,11 @@ final norm. Two poolings, read from the same forward that scores the labels:
           1 .. n_layers - 1: the last layer is computed at the read positions only.
 
 A tapped pass returns [B, len(taps), hidden]: the `last` layers in order, then the `mean` ones.
+
+`echo`: the pass reads each item's text twice (`echoed`), so that the means also hold states of
+tokens that have seen the whole text (a causal model's first tokens see only the text's start). It
+changes the prompt, so the pass's label scores are those of the echoed prompt, not the task's
+zero-shot ones (docs/learned-heads.md, "Echo").
 """
 
 from __future__ import annotations
@@ -20,10 +25,17 @@ from dataclasses import dataclass
 class Taps:
     last: tuple[int, ...] = ()
     mean: tuple[int, ...] = ()
+    echo: bool = False
+    """Each item's text read twice (`echoed`)."""
 
     def __post_init__(self):
         object.__setattr__(self, "last", tuple(int(t) for t in self.last))
         object.__setattr__(self, "mean", tuple(int(t) for t in self.mean))
+        object.__setattr__(self, "echo", bool(self.echo))
+
+    def texts(self, texts) -> list[str]:
+        """The texts as a pass with these taps reads them: echoed or as they are."""
+        return [echoed(t) for t in texts] if self.echo else list(texts)
 
     def __len__(self) -> int:
         return len(self.last) + len(self.mean)
@@ -37,7 +49,7 @@ class Taps:
         """'15, 22, 30 (last token); 10, 15 (mean)'"""
         parts = [f"{', '.join(map(str, t))} ({name})" for t, name in ((self.last, "last token"), (self.mean, "mean"))
                  if t]
-        return "; ".join(parts) or "none"
+        return ("; ".join(parts) or "none") + (", each text read twice (echo)" if self.echo else "")
 
     def as_list(self) -> list[str]:
         """The taps as `--layers` takes them: '15', 'mean10'."""
@@ -54,3 +66,11 @@ class Taps:
                 raise ValueError(f"{text!r} is not a layer number (15) or a mean-pooled layer (mean15)")
             target.append(int(number))
         return cls(tuple(last), tuple(mean))
+
+
+ECHO_SEPARATOR = "\n"
+
+
+def echoed(text: str) -> str:
+    """The text, a newline, the text again; an empty (or blank) text stays as it is, so it stays empty."""
+    return f"{text}{ECHO_SEPARATOR}{text}" if text.strip() else text

@@ -90,6 +90,10 @@ def check_scorer(head: Head | QuestionHeads, task_labels, scorer: str, task=None
                 except TaskError as exc:
                     raise TaskError(f"question {q.name!r}: {exc}") from None
         return
+    if scorer == "combined" and head.taps.echo:
+        raise TaskError("{field} combined multiplies the head's probabilities by zero-shot's, and a head fitted with "
+                        "{echo} reads each text twice, a prompt whose label scores are not the task's; use {field} "
+                        "head", names={"field": "scorer", "echo": "echo"})
     if scorer == "combined" and set(head.labels) != set(task_labels):
         raise TaskError("{field} combined needs the head's labels {head} to be the task's labels {task}; "
                         "use {field} head", names={"field": "scorer"}, head=list(head.labels), task=list(task_labels))
@@ -186,7 +190,7 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
     used = items_used_to_fit(head, texts)
     if used:
         extra["items_used_to_fit"] = used
-    if set(head.labels) == set(classifier.task.labels):
+    if set(head.labels) == set(classifier.task.labels) and not head.taps.echo:  # echoed: another prompt's scores
         zero = softmax(calibrated)[:, [list(classifier.task.labels).index(lab) for lab in head.labels]]
         zero_ev = Evaluation(head.labels, gold, zero.argmax(1), zero.max(1))
         extra["zero_shot"] = {"accuracy": zero_ev.accuracy, "macro_f1": zero_ev.macro_f1, "ece": zero_ev.ece}

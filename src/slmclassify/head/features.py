@@ -56,14 +56,14 @@ def feature_sets(taps: Taps, hidden: int, extra: int = 0) -> dict[str, tuple[Tap
     tail = np.arange(len(taps) * hidden, len(taps) * hidden + extra)
     sets = {}
     if taps.mean:
-        sets["mean"] = (Taps(mean=taps.mean), np.concatenate([np.arange(width, len(taps) * hidden), tail]))
+        sets["mean"] = (Taps(mean=taps.mean, echo=taps.echo), np.concatenate([np.arange(width, len(taps) * hidden), tail]))
     if taps.last:
-        sets["last"] = (Taps(last=taps.last), np.concatenate([np.arange(width), tail]))
+        sets["last"] = (Taps(last=taps.last, echo=taps.echo), np.concatenate([np.arange(width), tail]))
     if taps.mean and taps.last:
         sets["mean+last"] = (taps, np.arange(len(taps) * hidden + extra))
     if len(taps.mean) > 1:
         deep = len(taps) * hidden - hidden
-        sets["mean-deep"] = (Taps(mean=taps.mean[-1:]), np.concatenate([np.arange(deep, deep + hidden), tail]))
+        sets["mean-deep"] = (Taps(mean=taps.mean[-1:], echo=taps.echo), np.concatenate([np.arange(deep, deep + hidden), tail]))
     return sets
 
 
@@ -80,7 +80,8 @@ def anchor_texts(task) -> dict[str, str]:
 
 def collect(classifier: Classifier, encoded: EncodedItems, taps: Taps,
             progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(raw label scores [n, L], calibrated scores [n, L], states [n, len(taps)*hidden]) in one pass.
+    """(raw label scores [n, L], calibrated scores [n, L], states [n, len(taps)*hidden]) in one pass
+    over `encoded`, the texts as `taps` read them (`classifier.encode(texts, taps)`).
 
     Empty items have NaN rows.
     """

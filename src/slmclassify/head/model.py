@@ -85,6 +85,7 @@ class Head:
     def meta(self) -> dict:
         """What the file's `meta` holds: everything but the arrays."""
         return {"format": FORMAT, "labels": list(self.labels), "taps": list(self.taps.last), "pooled": list(self.taps.mean),
+                "echo": self.taps.echo,
                 "use_scores": self.use_scores, "model": self.model, "task": self.task, "info": self.info,
                 "multi_label": self.multi_label, "thresholds": list(self.thresholds), "cosine": self.cosine}
 
@@ -114,7 +115,7 @@ class Head:
     @classmethod
     def from_file(cls, meta: dict, arrays: dict[str, np.ndarray]) -> Head:
         """A head from its `meta` and its four arrays (`mean`, `scale`, `coef`, `intercept`)."""
-        return cls(labels=tuple(meta["labels"]), taps=Taps(meta["taps"], meta.get("pooled", ())), use_scores=meta["use_scores"],
+        return cls(labels=tuple(meta["labels"]), taps=Taps(meta["taps"], meta.get("pooled", ()), meta.get("echo", False)), use_scores=meta["use_scores"],
                    model=meta["model"], task=meta["task"], info=meta["info"], multi_label=meta.get("multi_label", False),
                    thresholds=tuple(meta.get("thresholds", ())), cosine=meta.get("cosine", False),
                    **{k: arrays[k] for k in ("mean", "scale", "coef", "intercept")})

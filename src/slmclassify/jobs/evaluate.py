@@ -169,7 +169,7 @@ def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings
 
             check(head.head, clf, head.source or "the head")
         with Stopwatch() as watch:
-            scored = clf.score(clf.encode(texts), taps=taps)
+            scored = clf.score(clf.encode(texts, taps), taps=taps)
         if taps:
             states.append(scored.states)
         return clf, scored.scores, watch.seconds
@@ -271,7 +271,7 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
         from ..head.apply import check, head_log_probabilities, items_used_to_fit
 
         check(head.head, clf, head.source or "the head")
-        scored = clf.score(clf.encode(data.texts), taps=head.head.taps)
+        scored = clf.score(clf.encode(data.texts, head.head.taps), taps=head.head.taps)
         ok = ~np.isnan(scored.scores).any(axis=1)  # empty items have no scores
         calibrated, gold = clf.calibrated(scored.scores[ok]), gold[ok]
         zero = multilabel.probabilities(calibrated)

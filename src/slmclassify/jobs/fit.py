@@ -57,13 +57,15 @@ class FitRequest:
     seed: int = 0
     from_descriptions: bool = False
     """No gold: a head from the labels' descriptions and the file's items (`head/describe.py`)."""
+    echo: bool = False
+    """The features read with each text written twice (`core/taps.py`; a task of one label per item)."""
 
     def __post_init__(self) -> None:
         if self.folds < 2:
             raise FieldError("folds", "{field} must be at least 2, got {value}", value=self.folds)
         if self.from_descriptions:
             given = [name for name, value in (("gold_columns", self.gold_columns), ("group_column", self.group_column),
-                                              ("taps", self.taps), ("use_scores", self.use_scores),
+                                              ("taps", self.taps), ("use_scores", self.use_scores), ("echo", self.echo),
                                               ("plot_path", self.plot_path), ("json_path", self.json_path)) if value]
             if given:
                 raise FieldError(given[0], "{field} does not apply to a head from the descriptions: it reads no gold "
@@ -136,6 +138,9 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
                         "gold column alone", names={"field": "gold_column"}, pair="=".join(request.gold_columns[0]))
     data = read_labelled(path, request.text_column, request.label_column, task, request.group_column)
     if task.multi_label:
+        if request.echo:
+            raise FieldError("echo", "{field} is for a task of one label per item; a multi-label task's heads read "
+                             "each text once: run without it")
         return _fit_multilabel(request, task, settings, data, model)
     texts, gold = data.texts, [names[0] for names in data.gold]  # a head learns one label per item
     keep = [i for i, t in enumerate(texts) if t.strip()]
@@ -156,7 +161,7 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     given = taps is not None
     described = anchor_texts(task)
     loaded, taps, scores, calibrated, states, seconds = _features(model, task, settings, [*texts, *described.values()],
-                                                                  taps or "candidates")
+                                                                  taps or "candidates", echo=request.echo)
     X = np.concatenate([states.astype(np.float64)] + ([calibrated] if use_scores else []), axis=1)
     # the labels' descriptions, read in the same pass: rows every fit learns from and no fold tests
     anchors = Anchors(X[len(texts):], np.array(list(described), dtype=object)).of(labels)
@@ -170,7 +175,8 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
                             anchors=anchors)
     head_ev = Evaluation(labels, gold_idx, probs.argmax(1), probs.max(1), name="head")
     rows = [ScorerFigures(f"head ({folds}-fold CV)", head_ev.accuracy, head_ev.macro_f1, head_ev.ece)]
-    comparable = set(labels) <= set(task.labels)
+    # an echoed pass's label scores are those of another prompt: no zero-shot row from them
+    comparable = set(labels) <= set(task.labels) and not taps.echo
     if comparable:
         zero = softmax(calibrated)
         task_idx = np.array([task.labels.index(g) for g in gold])
@@ -264,6 +270,9 @@ def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, 
                             f"its questions are {', '.join(names)}")
     if request.group_column:
         raise FieldError("group_column", "{field} is not taken with a task with questions yet: run without it")
+    if request.echo:
+        raise FieldError("echo", "{field} is for a task of one question; a task with questions reads each text once: "
+                         "run without it")
     texts, cells = read_gold_columns(path, request.text_column, columns, task)
     keep = [i for i, t in enumerate(texts) if t.strip()]
     skipped, texts = len(texts) - len(keep), [texts[i] for i in keep]
@@ -362,18 +371,20 @@ def shared_openings(texts: list[str]) -> tuple[str, ...]:
             f"cross-validation keeps each group in one fold (its figures can mislead otherwise)",)
 
 
-def _features(model, task: Task, settings: EngineSettings, texts, taps):
+def _features(model, task: Task, settings: EngineSettings, texts, taps, echo: bool = False):
     """(loaded model, taps, raw scores, calibrated scores, states, seconds) of one fast-path pass.
     `taps`: the ones given, 'candidates' (every feature set `fit` chooses among), 'default', or a
-    function of the model's layer count (`head.describe.description_taps`)."""
+    function of the model's layer count (`head.describe.description_taps`); `echo`: each text read
+    twice (`core/taps.py`)."""
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     clf = Classifier(task, model=loaded, settings=settings)
     layers = loaded.model.config.num_hidden_layers
     if isinstance(taps, str):
         taps = {"candidates": candidate_taps, "default": default_taps}[taps]
     taps = taps(layers) if callable(taps) else taps
+    taps = dataclasses.replace(taps, echo=True) if echo else taps
     start = time.perf_counter()
-    scores, calibrated, states = collect(clf, clf.encode(texts), taps)
+    scores, calibrated, states = collect(clf, clf.encode(texts, taps), taps)
     return loaded, taps, scores, calibrated, states, time.perf_counter() - start
 
 
