@@ -325,6 +325,13 @@ def test_head_cost_times_zero_shot_and_head_interleaved(llama_loaded):
     assert out["features"] == len(out["taps"]) * llama_loaded.model.config.hidden_size + 2
     assert out["ratio"] == pytest.approx(np.median(timings.per_round("head") / timings.per_round("zero-shot")))
     assert out["zero_shot_items_per_s"] == pytest.approx(20 / timings.total("zero-shot"))
+    assert "echo_ratio" not in out
+    # --echo: a third side, the head reading each text twice, on its own encoding of the same items
+    out = measure(clf, texts, chunk=4, rounds=2, echo=True)
+    timings = out.pop("timings")
+    assert sorted({side for _, _, side in timings.calls}) == ["head", "head (echo)", "zero-shot"]
+    assert len(timings.calls) == 3 * 3 * 2
+    assert out["echo_ratio"] == pytest.approx(np.median(timings.per_round("head (echo)") / timings.per_round("head")))
 
 
 def test_folds_keep_each_group_together():
