@@ -227,8 +227,9 @@ fit_options = bundle("run", fit_request, [
     click.option("--json", "json_path", help="Write the figures as JSON."),
     click.option("--echo", is_flag=True,
                  help="Read each text twice (the text, a newline, the text again) for the features: every token's "
-                      "state then has seen the whole text. Helped at a few items per label on requests phrased alike, "
-                      "at about 1.4x the pass's time; `classify --head` reads the texts as the head was fitted."),
+                      "state then has seen the whole text. Helped at a few items per label on requests phrased alike; "
+                      "the head's passes take up to twice as long (`classify --head` reads the texts as the head "
+                      "was fitted)."),
     click.option("--from-descriptions", is_flag=True,
                  help="No gold column: a head from the labels' descriptions (or names) against the file's items, "
                       "by cosine similarity of their states (give the labels with --task or --labels)."),
