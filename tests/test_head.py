@@ -80,6 +80,35 @@ def test_feature_sets_name_their_columns():
     assert deep["mean-deep"][0] == Taps(mean=(3,)) and deep["mean-deep"][1].tolist() == [4, 5, 6]
 
 
+def test_feature_sets_of_two_passes_side_by_side():
+    """`fit` reads the texts once and twice: each pass's block gives its sets, the echoed ones named
+    so, and the label scores after both blocks."""
+    once, twice = Taps(last=(2,), mean=(1,)), Taps(last=(2,), mean=(1,), echo=True)
+    sets = feature_sets([once, twice], hidden=3, extra=2)
+    assert list(sets) == ["mean", "last", "mean+last", "mean (echo)", "last (echo)", "mean+last (echo)"]
+    assert sets["mean"][1].tolist() == [3, 4, 5, 12, 13] and not sets["mean"][0].echo
+    assert sets["mean (echo)"][0] == Taps(mean=(1,), echo=True) and sets["mean (echo)"][1].tolist() == [9, 10, 11, 12, 13]
+    assert sets["last (echo)"][1].tolist() == [6, 7, 8, 12, 13]
+    assert sets["mean+last (echo)"][0] == twice and sets["mean+last (echo)"][1].tolist() == list(range(6, 14))
+    assert feature_sets([once], hidden=3, extra=2).keys() == feature_sets(once, hidden=3, extra=2).keys()
+
+
+def test_fit_breaks_a_tie_of_widths_by_the_better_log_loss(monkeypatch):
+    """Of sets as wide within one standard error of the best (the same layers read once and twice),
+    the one with the better cross-validated log-loss, whichever comes first."""
+    from slmclassify.head import fitting
+
+    real = fitting._fit
+    rng = np.random.default_rng(2)
+    y = np.repeat(["a", "b"], 20)
+    X = rng.normal(size=(40, 4)) + (y == "a")[:, None]
+    cv = {float(X[0, 0]): (-0.31, 0.05), float(X[0, 2]): (-0.30, 0.05)}  # first column → what the folds "measured"
+    monkeypatch.setattr(fitting, "_fit", lambda X, y, *args: (real(X, y, *args)[0], *cv[float(X[0, 0])]))
+    assert fit(X, y, candidates={"once": np.arange(2), "twice": np.arange(2, 4)}).choice == "twice"
+    cv = {float(X[0, 0]): (-0.29, 0.05), float(X[0, 2]): (-0.30, 0.05)}
+    assert fit(X, y, candidates={"once": np.arange(2), "twice": np.arange(2, 4)}).choice == "once"
+
+
 def test_fit_chooses_the_feature_set_that_separates_the_labels():
     """Given candidates, cross-validation keeps the columns that carry the labels."""
     rng = np.random.default_rng(0)
@@ -202,7 +231,9 @@ def test_fit_on_two_items_per_label_writes_a_head_without_a_curve(llama_dir, tmp
     assert result.exit_code == 0, result.output
     assert "zero-shot: not comparable" in result.output  # gold labels are not the task's labels
     assert "head (3-fold CV)" in result.output and "learning curve" in result.output
-    assert "(by cross-validation among mean, last, mean+last: the fewest columns within one" in result.output
+    assert ("(by cross-validation among mean, last, mean+last, mean (echo), last (echo), mean+last (echo): the fewest "
+            "columns within one") in result.output
+    assert "two fast-path passes (each text read once, then twice)" in result.output
     assert (tmp_path / "head-curve.png").stat().st_size > 1000
     head = Head.load(head_path)
     assert head.labels == ("broken app", "money") and head.info["items"] == 20
@@ -391,7 +422,7 @@ def test_head_baselines_score_every_method_on_the_same_unseen_half(llama_loaded)
     assert result["test"] == 12 and result["majority"] == 0.5 and "minilm" not in result
     assert set(result["ours"]) == set(result["tfidf"]) == {"full", "32", "8"}
     assert len(result["ours"]["8"]["runs"]) == 2 and len(result["ours"]["full"]["runs"]) == 1
-    assert result["ours_chose"]["full"][0] in ("mean", "last", "mean+last")
+    assert result["ours_chose"]["full"][0] in [f"{s}{e}" for s in ("mean", "last", "mean+last") for e in ("", " (echo)")]
     table = table_text({"toy": result}, seeds=2)
     assert f"| toy | 12 | 0.500 | {result['ours']['full']['mean']:.3f} | {result['tfidf']['full']['mean']:.3f} |" in table
 

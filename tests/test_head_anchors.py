@@ -106,7 +106,8 @@ def test_fit_reads_the_anchors_in_its_pass_and_records_them(llama_loaded, tmp_pa
     assert summary.head.labels == ("billing", "technical")
     # the head is the fit of the items' features with those anchors' rows, read by the same classifier
     clf = Classifier(task, model=llama_loaded)
-    _, calibrated, states = collect(clf, clf.encode([*texts, "charges, invoices and refunds"]), summary.head.taps)
+    taps = summary.head.taps  # read as the head reads them (once or twice: cross-validation chose)
+    _, calibrated, states = collect(clf, clf.encode([*texts, "charges, invoices and refunds"], taps), taps)
     anchors = Anchors(states[len(texts):].astype(np.float64), np.array(["billing"]))
     again = fit(states[:len(texts)].astype(np.float64), np.array(gold), anchors=anchors)
     np.testing.assert_allclose(summary.head.coef, again.coef, atol=1e-6)

@@ -122,3 +122,32 @@ def test_fit_echo_refuses_what_it_cannot_serve_before_reading_a_model(tmp_path):
                          gold_columns=(("team", "label"),))
     with pytest.raises(FieldError, match="echo is for a task of one question"):
         fit_file(request, questions, EngineSettings(), model="never-read")
+
+
+def test_fit_reads_the_texts_once_and_twice_unless_told(tmp_path, llama_loaded):
+    """By default `fit` reads both passes and cross-validation chooses among their sets (the head
+    keeps whether it reads the texts twice); zero-shot is the once-read pass's. --no-echo, --layers
+    and --scores read once; --echo twice only."""
+    from slmclassify.core.taps import Taps as T
+
+    texts, gold = labelled(8)
+    path = tmp_path / "train.csv"
+    pd.DataFrame({"text": texts, "gold": gold}).to_csv(path, index=False)
+    task = Task(labels=("money", "broken app"))
+
+    def run(**kw):
+        request = FitRequest(str(path), str(tmp_path / "h.npz"), label_column="gold", curve_sizes=(), folds=3, **kw)
+        return fit_file(request, task, EngineSettings(), model=llama_loaded)
+
+    both = run()
+    assert both.passes == 2 and "mean (echo)" in both.choice and both.zero_shot_comparable
+    assert [r.name for r in both.rows][0] == "zero-shot"
+    assert Head.load(tmp_path / "h.npz").taps == both.head.taps  # echo or not, as chosen
+    once = run(echo=False)
+    assert once.passes == 1 and "(echo)" not in once.choice and not once.head.taps.echo
+    # the zero-shot row is the same pass's either way
+    assert once.rows[0] == both.rows[0]
+    assert run(use_scores=True).passes == 1 and not run(use_scores=True).head.taps.echo
+    assert run(taps=T(mean=(1,))).passes == 1
+    twice = run(echo=True)
+    assert twice.passes == 1 and twice.head.taps.echo and not twice.zero_shot_comparable

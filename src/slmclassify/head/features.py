@@ -9,6 +9,8 @@ bank messages, news), the last token's on some reasoning tasks (docs/learned-hea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..classifier import Classifier
@@ -46,24 +48,30 @@ def loop_taps(n_layers: int) -> Taps:
     return Taps(mean=default_taps(n_layers).mean[-1:])
 
 
-def feature_sets(taps: Taps, hidden: int, extra: int = 0) -> dict[str, tuple[Taps, np.ndarray]]:
-    """The feature sets a head chooses among, from the states of `taps` ([n, len(taps) * hidden],
-    `last` layers first) and `extra` columns appended after them (the label scores):
-    {name: (the taps it reads, its columns)}, in order of preference. With several mean layers, the
-    deepest one alone is a set too (`mean-deep`): fewer features to fit, it won at 8 items per label on
-    three of four data sets (docs/learned-heads.md, "Few labels")."""
-    width = len(taps.last) * hidden
-    tail = np.arange(len(taps) * hidden, len(taps) * hidden + extra)
-    sets = {}
-    if taps.mean:
-        sets["mean"] = (Taps(mean=taps.mean, echo=taps.echo), np.concatenate([np.arange(width, len(taps) * hidden), tail]))
-    if taps.last:
-        sets["last"] = (Taps(last=taps.last, echo=taps.echo), np.concatenate([np.arange(width), tail]))
-    if taps.mean and taps.last:
-        sets["mean+last"] = (taps, np.arange(len(taps) * hidden + extra))
-    if len(taps.mean) > 1:
-        deep = len(taps) * hidden - hidden
-        sets["mean-deep"] = (Taps(mean=taps.mean[-1:], echo=taps.echo), np.concatenate([np.arange(deep, deep + hidden), tail]))
+def feature_sets(blocks: Taps | Sequence[Taps], hidden: int, extra: int = 0) -> dict[str, tuple[Taps, np.ndarray]]:
+    """The feature sets a head chooses among, from the states of one pass per block of taps ([n,
+    len(taps) * hidden] each, `last` layers first, the blocks side by side) and `extra` columns
+    appended after them (the label scores): {name: (the taps it reads, its columns)}, in order of
+    preference. With several mean layers, the deepest one alone is a set too (`mean-deep`): fewer
+    features to fit, it won at 8 items per label on three of four data sets (docs/learned-heads.md,
+    "Few labels"). An echoed block's sets are named with " (echo)" (`fit` reads the texts once and
+    twice: "Echo")."""
+    blocks = [blocks] if isinstance(blocks, Taps) else list(blocks)
+    total = sum(len(taps) for taps in blocks) * hidden
+    tail = np.arange(total, total + extra)
+    sets, start = {}, 0
+    for taps in blocks:
+        end, width, suffix = start + len(taps) * hidden, len(taps.last) * hidden, " (echo)" if taps.echo else ""
+        if taps.mean:
+            sets["mean" + suffix] = (Taps(mean=taps.mean, echo=taps.echo), np.concatenate([np.arange(start + width, end), tail]))
+        if taps.last:
+            sets["last" + suffix] = (Taps(last=taps.last, echo=taps.echo), np.concatenate([np.arange(start, start + width), tail]))
+        if taps.mean and taps.last:
+            sets["mean+last" + suffix] = (taps, np.concatenate([np.arange(start, end), tail]))
+        if len(taps.mean) > 1:
+            sets["mean-deep" + suffix] = (Taps(mean=taps.mean[-1:], echo=taps.echo),
+                                          np.concatenate([np.arange(end - hidden, end), tail]))
+        start = end
     return sets
 
 

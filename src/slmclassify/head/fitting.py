@@ -76,7 +76,9 @@ def fit(X: np.ndarray, y: list[str] | np.ndarray, *, seed: int = 0, folds: int =
     `candidates` ({name: columns of X}): fit each and keep the one with the fewest columns among those
     whose cross-validated log-loss is within one standard error (over the folds) of the best (the
     one-standard-error rule: with a few items per label, the best mean is partly luck, and the
-    smaller set is the safer bet); with too few items to cross-validate, the one with the fewest columns.
+    smaller set is the safer bet), of sets as wide the one with the better log-loss (the same layers
+    read from the texts once and twice, "Echo" in docs/learned-heads.md); with too few items to
+    cross-validate, the first with the fewest columns.
     """
     y = np.asarray(y)
     labels = np.unique(y)
@@ -90,7 +92,7 @@ def fit(X: np.ndarray, y: list[str] | np.ndarray, *, seed: int = 0, folds: int =
         fitted, score, error = _fit(X[:, columns], y, seed, folds, Cs, groups, anchors and anchors.columns(columns))
         fits.append((dataclasses.replace(fitted, choice=name, columns=np.asarray(columns)), score, error))
     _, best, error = max(fits, key=lambda f: f[1])
-    return min((f for f in fits if f[1] >= best - error), key=lambda f: len(f[0].columns))[0]
+    return min((f for f in fits if f[1] >= best - error), key=lambda f: (len(f[0].columns), -f[1]))[0]
 
 
 def folds_of(y: np.ndarray, folds: int, seed: int, groups: np.ndarray | None = None) -> list:

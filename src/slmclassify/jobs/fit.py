@@ -57,8 +57,10 @@ class FitRequest:
     seed: int = 0
     from_descriptions: bool = False
     """No gold: a head from the labels' descriptions and the file's items (`head/describe.py`)."""
-    echo: bool = False
-    """The features read with each text written twice (`core/taps.py`; a task of one label per item)."""
+    echo: bool | None = None
+    """Each text read twice for the features (`core/taps.py`): None reads the texts once and twice
+    and lets cross-validation choose among both passes' sets (a task of one label per item, without
+    --layers or --scores; else once); True twice only; False once only."""
 
     def __post_init__(self) -> None:
         if self.folds < 2:
@@ -99,7 +101,7 @@ class FitSummary:
     feature_values: int
     use_scores: bool
     seconds: float
-    """The one fast-path pass that read the features."""
+    """The fast-path passes that read the features."""
     precision_line: str | None
     """`--precision auto`'s decision, when it made one."""
     rows: tuple[ScorerFigures, ...]
@@ -118,10 +120,12 @@ class FitSummary:
     """The learning-curve PNG written (None: no curve)."""
     json_path: str | None
     multi_label_rows: tuple[tuple[str, dict], ...] = ()
-    warnings: tuple[str, ...] = ()
-    """What may make the figures optimistic (items that share their first words, without groups)."""
     """A multi-label head: (scorer, `multilabel` metrics at thresholds picked on the other half) for
     zero-shot and the head's out-of-fold probabilities; `rows` and the curve are then empty."""
+    warnings: tuple[str, ...] = ()
+    """What may make the figures optimistic (items that share their first words, without groups)."""
+    passes: int = 1
+    """The texts read once, or once and twice (`FitRequest.echo`)."""
 
 
 def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model=None) -> FitSummary:
@@ -160,15 +164,18 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
 
     given = taps is not None
     described = anchor_texts(task)
-    loaded, taps, scores, calibrated, states, seconds = _features(model, task, settings, [*texts, *described.values()],
-                                                                  taps or "candidates", echo=request.echo)
+    # without a choice to make (--layers) or with the label scores as features (those of the pass the head reads
+    # at classify), one pass
+    echo = (False, True) if request.echo is None and not given and not use_scores else (bool(request.echo),)
+    loaded, blocks, scores, calibrated, states, seconds = _features(
+        model, task, settings, [*texts, *described.values()], taps or "candidates", echo)
     X = np.concatenate([states.astype(np.float64)] + ([calibrated] if use_scores else []), axis=1)
     # the labels' descriptions, read in the same pass: rows every fit learns from and no fold tests
     anchors = Anchors(X[len(texts):], np.array(list(described), dtype=object)).of(labels)
     X, scores, calibrated = X[:len(texts)], scores[:len(texts)], calibrated[:len(texts)]
     # Without --layers, the feature set is chosen by cross-validation: inside each fold for the
     # figures (nested), on all items for the head.
-    sets = {} if given else feature_sets(taps, loaded.model.config.hidden_size, calibrated.shape[1] if use_scores else 0)
+    sets = {} if given else feature_sets(blocks, loaded.model.config.hidden_size, calibrated.shape[1] if use_scores else 0)
     candidates = {name: columns for name, (_, columns) in sets.items()} or None
     gold_idx = np.array([labels.index(g) for g in gold])
     probs = cross_validated(X, gold, labels, folds=folds, seed=seed, candidates=candidates, groups=groups,
@@ -176,7 +183,7 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     head_ev = Evaluation(labels, gold_idx, probs.argmax(1), probs.max(1), name="head")
     rows = [ScorerFigures(f"head ({folds}-fold CV)", head_ev.accuracy, head_ev.macro_f1, head_ev.ece)]
     # an echoed pass's label scores are those of another prompt: no zero-shot row from them
-    comparable = set(labels) <= set(task.labels) and not taps.echo
+    comparable = set(labels) <= set(task.labels) and not blocks[0].echo
     if comparable:
         zero = softmax(calibrated)
         task_idx = np.array([task.labels.index(g) for g in gold])
@@ -199,7 +206,7 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
         choice = (f"{final.choice} (by cross-validation among {', '.join(sets)}: the fewest columns within one "
                   f"standard error of the best)")
     else:
-        choice = "given"
+        taps, choice = blocks[0], "given"
     info = {"C": final.C, "features": choice, "items": int(len(gold)), "per_label": counts, "folds": folds, "source": str(path),
             "anchors": {lab: text for lab, text in described.items() if anchors is not None and lab in anchors.y},
             "cv": {"accuracy": head_ev.accuracy, "macro_f1": head_ev.macro_f1, "ece": head_ev.ece},
@@ -214,7 +221,7 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     return FitSummary(
         model=loaded.name, skipped=skipped, items=len(texts), counts=counts, taps=taps, choice=choice,
         feature_values=len(taps) * loaded.model.config.hidden_size, use_scores=use_scores, seconds=seconds,
-        precision_line=auto_line(loaded), rows=tuple(rows), zero_shot_comparable=comparable, folds=folds,
+        passes=len(blocks), precision_line=auto_line(loaded), rows=tuple(rows), zero_shot_comparable=comparable, folds=folds,
         curve=tuple((int(n), float(acc)) for n, acc in curve), curve_sizes=tuple(request.curve_sizes),
         smallest_fold=min(counts.values()) * (folds - 1) // folds, C=final.C, head=head, output=output,
         plot_path=plot_path, json_path=request.json_path, warnings=warnings)
@@ -284,8 +291,8 @@ def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, 
     # every asked question's labels read as items in the same pass (a single-choice head's anchors)
     described = {q.name: {} if q.multi_label else anchor_texts(q.task) for q, _ in asked}
     extra = [t for texts_q in described.values() for t in texts_q.values()]
-    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, [*texts, *extra],
-                                                             request.taps or "candidates")
+    loaded, (taps,), _, calibrated, states, seconds = _features(model, task, settings, [*texts, *extra],
+                                                                request.taps or "candidates")
     fitted_for = {"model": model_fingerprint(loaded), "task": task_record(task)}
     starts = np.cumsum([len(texts)] + [len(t) for t in described.values()])
     rows = {name: slice(a, b) for name, a, b in zip(described, starts[:-1], starts[1:])}
@@ -337,7 +344,7 @@ def fit_descriptions(request: FitRequest, task: Task, settings: EngineSettings, 
     texts = (read_labelled(path, request.text_column, request.label_column).texts if path.endswith(".json")
              else texts_of(read_table(path, request.text_column), request.text_column, name=path))
     words = label_words(task)
-    loaded, taps, _, _, states, seconds = _features(model, task, settings, [*texts, *words], description_taps)
+    loaded, (taps,), _, _, states, seconds = _features(model, task, settings, [*texts, *words], description_taps)
     items = int((~np.isnan(states[:len(texts)]).any(axis=1)).sum())
     # no `item_hashes`: the items only centre the head (no gold is read), so its figures on them are
     # not the optimistic ones of a head fitted to their labels
@@ -371,21 +378,23 @@ def shared_openings(texts: list[str]) -> tuple[str, ...]:
             f"cross-validation keeps each group in one fold (its figures can mislead otherwise)",)
 
 
-def _features(model, task: Task, settings: EngineSettings, texts, taps, echo: bool = False):
-    """(loaded model, taps, raw scores, calibrated scores, states, seconds) of one fast-path pass.
-    `taps`: the ones given, 'candidates' (every feature set `fit` chooses among), 'default', or a
-    function of the model's layer count (`head.describe.description_taps`); `echo`: each text read
-    twice (`core/taps.py`)."""
+def _features(model, task: Task, settings: EngineSettings, texts, taps, echo: tuple[bool, ...] = (False,)):
+    """(loaded model, the taps of each pass, raw scores, calibrated scores, states, seconds) of one
+    fast-path pass per `echo` value (the texts read once, or twice: `core/taps.py`), their states side
+    by side, the label scores the first pass's. `taps`: the ones given, 'candidates' (every feature
+    set `fit` chooses among), 'default', or a function of the model's layer count
+    (`head.describe.description_taps`)."""
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     clf = Classifier(task, model=loaded, settings=settings)
     layers = loaded.model.config.num_hidden_layers
     if isinstance(taps, str):
         taps = {"candidates": candidate_taps, "default": default_taps}[taps]
     taps = taps(layers) if callable(taps) else taps
-    taps = dataclasses.replace(taps, echo=True) if echo else taps
+    blocks = [dataclasses.replace(taps, echo=e) for e in echo]
     start = time.perf_counter()
-    scores, calibrated, states = collect(clf, clf.encode(texts, taps), taps)
-    return loaded, taps, scores, calibrated, states, time.perf_counter() - start
+    passes = [collect(clf, clf.encode(texts, b), b) for b in blocks]
+    states = np.concatenate([states for _, _, states in passes], axis=1)
+    return loaded, blocks, passes[0][0], passes[0][1], states, time.perf_counter() - start
 
 
 def _fit_multilabel(request: FitRequest, task: Task, settings, data, model) -> FitSummary:
@@ -403,7 +412,7 @@ def _fit_multilabel(request: FitRequest, task: Task, settings, data, model) -> F
     gold = multilabel.gold_matrix([data.gold[i][0] for i in keep], task.labels, task.label_separator, path)
     check_counts(gold, task.labels, folds, path)
     given = taps is not None
-    loaded, taps, _, calibrated, states, seconds = _features(model, task, settings, texts, taps or "default")
+    loaded, (taps,), _, calibrated, states, seconds = _features(model, task, settings, texts, taps or "default")
     X = np.concatenate([states.astype(np.float64)] + ([calibrated] if use_scores else []), axis=1)
     oof = cross_validated_one_vs_rest(X, gold, folds=folds, seed=seed)
     zero = multilabel.probabilities(calibrated)
