@@ -99,8 +99,9 @@ def test_fit_echo_writes_a_head_that_classify_and_evaluate_read_twice(tmp_path, 
 
     code, _, err = run_main("classify", str(inp), "-o", str(tmp_path / "c.csv"), "--head", str(head_path),
                             "--labels", "money,broken app", "--scorer", "combined", "--model", str(llama_dir))
-    assert code == 2 and "--scorer combined multiplies the head's probabilities by zero-shot's, and a head fitted " \
-                         "with --echo reads each text twice" in err
+    assert code == 2 and "--scorer combined multiplies the head's probabilities by zero-shot's, and this head reads " \
+                         "each text twice (echo), a prompt whose label scores are not the task's; use --scorer head, " \
+                         "or refit the head with `slmclassify fit --no-echo`" in err
     code, out, err = run_main("evaluate", str(inp), "--gold-column", "gold", "--head", str(head_path),
                               "--labels", "money,broken app", "--model", str(llama_dir))
     assert code == 0, err

@@ -91,9 +91,9 @@ def check_scorer(head: Head | QuestionHeads, task_labels, scorer: str, task=None
                     raise TaskError(f"question {q.name!r}: {exc}") from None
         return
     if scorer == "combined" and head.taps.echo:
-        raise TaskError("{field} combined multiplies the head's probabilities by zero-shot's, and a head fitted with "
-                        "{echo} reads each text twice, a prompt whose label scores are not the task's; use {field} "
-                        "head", names={"field": "scorer", "echo": "echo"})
+        raise TaskError("{field} combined multiplies the head's probabilities by zero-shot's, and this head reads "
+                        "each text twice (echo), a prompt whose label scores are not the task's; use {field} head, or "
+                        "refit the head with `slmclassify fit --no-echo`", names={"field": "scorer"})
     if scorer == "combined" and set(head.labels) != set(task_labels):
         raise TaskError("{field} combined needs the head's labels {head} to be the task's labels {task}; "
                         "use {field} head", names={"field": "scorer"}, head=list(head.labels), task=list(task_labels))
