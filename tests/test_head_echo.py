@@ -22,8 +22,6 @@ from helpers import labelled, random_texts
 def test_echoed_text_is_the_text_twice_and_a_blank_one_stays_blank():
     assert echoed("card lost") == "card lost\ncard lost"
     assert echoed("") == "" and echoed("  ") == "  "
-    assert Taps(mean=(2,), echo=True).texts(["a", ""]) == ["a\na", ""]
-    assert Taps(mean=(2,)).texts(["a", ""]) == ["a", ""]
     assert Taps(mean=(2,), echo=True).describe() == "2 (mean), each text read twice (echo)"
 
 

@@ -242,7 +242,7 @@ class Classifier:
     def encode(self, texts: Iterable[str], taps: Taps = Taps()) -> EncodedItems:
         """Render and tokenize texts (no model work), as a pass reading `taps` reads them (echoed
         with `taps.echo`, `core/taps.py`)."""
-        return self.scorer.encode(taps.texts(texts), copies=2 if taps.echo else 1)
+        return self.scorer.encode(texts, echo=taps.echo)
 
     def classify(self, texts: Iterable[str | None], progress: Callable[[int], None] | None = None) -> list[Result]:
         """One Result per text, in input order. `progress(n)` is called as n more items finish."""

@@ -25,7 +25,7 @@ from .questions import scored_names
 from .prompts import PromptRenderer
 from .results import RunStats
 from .settings import EngineSettings
-from .taps import Taps
+from .taps import Taps, echoed
 from .task import Task
 
 
@@ -106,14 +106,15 @@ class Scorer:
         """The prefix cache of `engine` for this scorer's prefix (None without a prefix)."""
         return engine.prefill(self.prefix_ids) if self.prefix_ids else None
 
-    def encode(self, texts: Iterable[str], score_empty: bool = False, copies: int = 1) -> EncodedItems:
+    def encode(self, texts: Iterable[str], score_empty: bool = False, echo: bool = False) -> EncodedItems:
         """Render and tokenize texts (no model work), cut at `settings.max_text_tokens`.
         `score_empty`: the content-free calibration inputs, "" included, scored and never cut.
-        `copies`: each text is the item written that many times, one token between (`core/taps.py`'s
-        echo): the cap counts each copy, so a text within it is whole in every copy."""
+        `echo`: each text written twice, one newline between (`core/taps.py`); the cap counts each
+        copy, so a text within it is whole in both."""
         cap = None if score_empty else self.settings.max_text_tokens
-        cap = cap if cap is None else copies * cap + copies - 1
-        return encode_items(self.tokenizer, self.renderer, list(texts), self.prefix_ids, self.max_prompt_tokens,
+        texts = [echoed(t) for t in texts] if echo else list(texts)
+        cap = cap if cap is None or not echo else 2 * cap + 1
+        return encode_items(self.tokenizer, self.renderer, texts, self.prefix_ids, self.max_prompt_tokens,
                             cap, score_empty=score_empty, split=self.split)
 
     def plan(self, encoded: EncodedItems) -> list[tuple[bool, np.ndarray]]:

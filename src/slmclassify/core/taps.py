@@ -10,7 +10,7 @@ final norm. Two poolings, read from the same forward that scores the labels:
 
 A tapped pass returns [B, len(taps), hidden]: the `last` layers in order, then the `mean` ones.
 
-`echo`: the pass reads each item's text twice (`echoed`), so that the means also hold states of
+`echo`: the pass reads each item's text twice (`echoed`, rendered so by `Scorer.encode`), so that the means also hold states of
 tokens that have seen the whole text (a causal model's first tokens see only the text's start). It
 changes the prompt, so the pass's label scores are those of the echoed prompt, not the task's
 zero-shot ones (docs/learned-heads.md, "Echo").
@@ -32,10 +32,6 @@ class Taps:
         object.__setattr__(self, "last", tuple(int(t) for t in self.last))
         object.__setattr__(self, "mean", tuple(int(t) for t in self.mean))
         object.__setattr__(self, "echo", bool(self.echo))
-
-    def texts(self, texts) -> list[str]:
-        """The texts as a pass with these taps reads them: echoed or as they are."""
-        return [echoed(t) for t in texts] if self.echo else list(texts)
 
     def __len__(self) -> int:
         return len(self.last) + len(self.mean)
