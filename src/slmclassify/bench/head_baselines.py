@@ -6,7 +6,9 @@ always, and a sentence-embedding model + logistic regression when one is install
 
 Each data set (a BIG-bench task JSON or a labelled table, as `label_sim`) is split in halves
 (stratified, seed 0). Every method learns from the first half (all of it, then 32 and 8 items per
-label sampled with seeds 0 .. seeds-1) and is scored on the whole second half.
+label sampled with seeds 0 .. seeds-1) and is scored on the whole second half. Where the half holds
+fewer items of a label than a size asks, that size learns from all of them (the seeds then change
+only the cross-validation's folds), and the table says so under it.
 
 - **ours**: `fit` on the states of the embedded model's one fast-path pass (`candidate_taps`), the
   feature set chosen by its own cross-validation, with the labels' anchors (their descriptions read
@@ -113,7 +115,8 @@ def run_dataset(name: str, texts: list[str], gold: np.ndarray, task, loaded, see
                 log=print, echo: tuple[bool, ...] = (False, True)) -> dict:
     train, test = halves(gold)
     values, counts = np.unique(gold[test], return_counts=True)
-    result = {"items": len(texts), "test": len(test), "labels": len(values), "majority": float(counts.max() / len(test))}
+    result = {"items": len(texts), "test": len(test), "labels": len(values), "majority": float(counts.max() / len(test)),
+              "half_per_label": int(np.unique(gold[train], return_counts=True)[1].min())}
 
     clf = Classifier(task, model=loaded)
     blocks = [dataclasses.replace(candidate_taps(loaded.model.config.num_hidden_layers), echo=e) for e in echo]
@@ -221,6 +224,10 @@ def table_text(results: dict, seeds: int) -> str:
                 cells.append("-" if cell is None else f"{cell['mean']:.3f}" + (f" ± {cell['std']:.3f}" if size else ""))
         cells.append(r["ours_chose"]["full"][0])
         lines.append("| " + " | ".join(cells) + " |")
+    for size in SIZES[1:]:  # a size the half cannot supply learns from all of it: only the CV folds' seed differs
+        whole = [f"{name} ({r['half_per_label']} per label)" for name, r in results.items() if size >= r["half_per_label"]]
+        if whole:
+            lines.append(f"{size} per label is the whole first half on: {', '.join(whole)}")
     speeds = [f"{name}: ours {r['ours_items_per_s']:.1f}" + (f", MiniLM {r['minilm_items_per_s']:.1f}" if "minilm_items_per_s" in r else "")
               for name, r in results.items()]
     return "\n".join(lines + ["", "feature pass items/s — " + "; ".join(speeds)])
