@@ -425,9 +425,13 @@ def test_head_baselines_score_every_method_on_the_same_unseen_half(llama_loaded)
     assert result["ours_chose"]["full"][0] in [f"{s}{e}" for s in ("mean", "last", "mean+last") for e in ("", " (echo)")]
     table = table_text({"toy": result}, seeds=2)
     assert f"| toy | 12 | 0.500 | {result['ours']['full']['mean']:.3f} | {result['tfidf']['full']['mean']:.3f} |" in table
-    assert result["half_per_label"] == 6  # 32 and 8 per label cannot be sampled from it: the table says what they learnt from
+    assert result["half_per_label"] == [6, 6]  # 32 and 8 per label cannot be sampled from it: the table says so
     assert "32 per label is the whole first half on: toy (6 per label)" in table
     assert "8 per label is the whole first half on: toy (6 per label)" in table
+    uneven = {**result, "half_per_label": [5, 12]}
+    table = table_text({"toy": result, "uneven": uneven}, seeds=2)
+    assert "32 per label is the whole first half on: toy (6 per label), uneven (5–12 per label)" in table
+    assert "8 per label takes every item of the labels with fewer on: uneven (5–12 per label)" in table
 
 
 def test_taps_out_of_range_are_refused_naming_them(llama_loaded):

@@ -7,8 +7,9 @@ always, and a sentence-embedding model + logistic regression when one is install
 Each data set (a BIG-bench task JSON or a labelled table, as `label_sim`) is split in halves
 (stratified, seed 0). Every method learns from the first half (all of it, then 32 and 8 items per
 label sampled with seeds 0 .. seeds-1) and is scored on the whole second half. Where the half holds
-fewer items of a label than a size asks, that size learns from all of them (the seeds then change
-only the cross-validation's folds), and the table says so under it.
+fewer items of a label than a size asks, that size learns from all of them, and the table says so
+under it (where every label is short, the size is the whole half and its seeds change only the
+cross-validation's folds).
 
 - **ours**: `fit` on the states of the embedded model's one fast-path pass (`candidate_taps`), the
   feature set chosen by its own cross-validation, with the labels' anchors (their descriptions read
@@ -116,7 +117,7 @@ def run_dataset(name: str, texts: list[str], gold: np.ndarray, task, loaded, see
     train, test = halves(gold)
     values, counts = np.unique(gold[test], return_counts=True)
     result = {"items": len(texts), "test": len(test), "labels": len(values), "majority": float(counts.max() / len(test)),
-              "half_per_label": int(np.unique(gold[train], return_counts=True)[1].min())}
+              "half_per_label": [int(c) for c in np.unique(gold[train], return_counts=True)[1]]}
 
     clf = Classifier(task, model=loaded)
     blocks = [dataclasses.replace(candidate_taps(loaded.model.config.num_hidden_layers), echo=e) for e in echo]
@@ -224,13 +225,22 @@ def table_text(results: dict, seeds: int) -> str:
                 cells.append("-" if cell is None else f"{cell['mean']:.3f}" + (f" ± {cell['std']:.3f}" if size else ""))
         cells.append(r["ours_chose"]["full"][0])
         lines.append("| " + " | ".join(cells) + " |")
-    for size in SIZES[1:]:  # a size the half cannot supply learns from all of it: only the CV folds' seed differs
-        whole = [f"{name} ({r['half_per_label']} per label)" for name, r in results.items() if size >= r["half_per_label"]]
+    for size in SIZES[1:]:  # sizes the half cannot supply (for every label: the seeds change only the CV folds)
+        whole = [f"{name} ({_held(r)})" for name, r in results.items() if size >= max(r["half_per_label"])]
+        short = [f"{name} ({_held(r)})" for name, r in results.items() if min(r["half_per_label"]) < size < max(r["half_per_label"])]
         if whole:
             lines.append(f"{size} per label is the whole first half on: {', '.join(whole)}")
+        if short:
+            lines.append(f"{size} per label takes every item of the labels with fewer on: {', '.join(short)}")
     speeds = [f"{name}: ours {r['ours_items_per_s']:.1f}" + (f", MiniLM {r['minilm_items_per_s']:.1f}" if "minilm_items_per_s" in r else "")
               for name, r in results.items()]
     return "\n".join(lines + ["", "feature pass items/s — " + "; ".join(speeds)])
+
+
+def _held(result: dict) -> str:
+    """How many items per label the first half holds: '20 per label', '29–31 per label'."""
+    low, high = min(result["half_per_label"]), max(result["half_per_label"])
+    return f"{low} per label" if low == high else f"{low}–{high} per label"
 
 
 if __name__ == "__main__":
