@@ -394,3 +394,40 @@ def test_an_invalid_config_or_a_gguf_unlike_its_metadata_is_one_line(tmp_path, m
     with pytest.raises(ModelLoadError, match=r"its weight model\.layers\.\d+\.self_attn\.\w+\.weight has shape "
                                              r"\[[\d, ]+\] but its configuration needs \[[\d, ]+\] \(and \d+ more\)"):
         load_model(str(path), device="cpu")
+
+
+def test_a_gguf_conversion_parses_the_metadata_once_and_writes_the_same_folder(tmp_path, monkeypatch,
+                                                                                tiny_tokenizer):
+    """Before: a conversion parsed the GGUF's metadata four times (the architecture check, then
+    transformers' tokenizer, config and tensors), 2.4 s each for the embedded model's vocabulary.
+    One reader is shared now, and what it writes is what four readers wrote."""
+    import gguf.gguf_reader
+
+    from conftest import tiny_model
+    from gguf_writer import write_gguf
+
+    from slmclassify.models import gguf_pages
+
+    path = write_gguf(tiny_model("llama", len(tiny_tokenizer)), tiny_tokenizer, tmp_path / "tiny.gguf", "llama")
+    parsed = []
+    init = gguf.gguf_reader.GGUFReader.__init__
+
+    def counted(self, *args, **kwargs):
+        parsed.append(type(self).__name__)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.gguf_reader.GGUFReader, "__init__", counted)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "shared"))
+    shared = load_model(str(path), device="cpu")
+    assert parsed == ["SharedReader"]
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and not gguf_pages._active  # all put back
+
+    parsed.clear()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "separate"))
+    monkeypatch.setattr(gguf_pages, "_active", [True])  # as nested: every load makes its own reader
+    load_model(str(path), device="cpu")
+    assert len(parsed) == 4
+    (one,), (four,) = [[p for p in (tmp_path / name / "slmclassify").glob("gguf-*") if p.is_dir()]
+                       for name in ("shared", "separate")]
+    assert {f.name: f.read_bytes() for f in one.iterdir()} == {f.name: f.read_bytes() for f in four.iterdir()}
+    assert shared.model.config.model_type == "llama"

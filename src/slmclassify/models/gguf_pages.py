@@ -1,4 +1,4 @@
-"""Keep a GGUF conversion's peak near one float32 copy of the weights.
+"""Keep a GGUF conversion's peak near one float32 copy of the weights, and read its metadata once.
 
 transformers de-quantises a GGUF file (`load_gguf_checkpoint`) tensor by tensor through a
 read-only memory map (`gguf.GGUFReader`): `gguf.dequantize(data)`, then `np.copy` of the result,
@@ -21,6 +21,13 @@ Measured with `benchmarks/load_peak.py` (conversion plus the engine, over the RS
 tensor): a Gemma 3 270M-shaped float32 GGUF (1023 MiB of weights) 1.42x -> 1.11x, the embedded
 SmolLM2-135M (Q4_1, 513 MiB) 1.36x -> 1.18x; `tests/test_memory.py` pins it on a small file. The
 float32 values are untouched (the converted folder is byte-identical): the same bytes, copied once.
+
+**The metadata, parsed once.** `gguf.GGUFReader` parses every field of the file when it is made,
+one small numpy view per token and merge of the vocabulary: 2.4 s for the embedded SmolLM2-135M on
+a 2-core Zen 4. A conversion made four: the architecture check (`loading._gguf_architecture`), the
+tokenizer, the config and the tensors (transformers calls `load_gguf_checkpoint` once for each). While
+`converting_gguf()` is active a reader of the same file is made once and shared, until its tensors
+are read, when its fields are freed as above.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import os
 import sys
 import weakref
 
@@ -37,24 +45,77 @@ _MADV_DONTNEED = 4  # Linux
 _SLICE = 16 << 20  # bytes of a float32 map copied before their pages are handed back
 
 
+_active: list[bool] = []
+"""Non-empty while `converting_gguf()` is active (a nested one changes nothing more)."""
+
+
 @contextlib.contextmanager
 def converting_gguf():
-    """While active, transformers' GGUF loading keeps one copy of each tensor (see the module
-    docstring). Elsewhere than Linux it changes nothing."""
+    """While active, a GGUF file's metadata is parsed once, and transformers' GGUF loading keeps one
+    copy of each tensor (see the module docstring; elsewhere than Linux only the first). Nested, the
+    outer one holds."""
+    import gguf
+    from gguf.gguf_reader import GGUFReader
+
+    if _active:
+        yield
+        return
+    readers: dict = {}  # (file, mode) -> the reader the loads share until its tensors are read
+
+    class SharedReader(GGUFReader):
+        def __new__(cls, path, mode="r"):
+            made = readers.get(_reader_key(path, mode))
+            return super().__new__(cls) if made is None else made
+
+        def __init__(self, path, mode="r"):
+            key = _reader_key(path, mode)
+            if readers.get(key) is not self:
+                super().__init__(path, mode)
+                readers[key] = self
+
+    def tensors_read():  # the tensors are being read: the metadata has been (transformers' order)
+        for reader in readers.values():
+            reader.fields.clear()  # in place: transformers holds the same dict
+        readers.clear()
+
+    gguf.GGUFReader = SharedReader
+    _active.append(True)
+    try:
+        with _one_copy_of_each_tensor(tensors_read):
+            yield
+    finally:
+        gguf.GGUFReader = GGUFReader
+        _active.clear()
+        readers.clear()
+
+
+def _reader_key(path, mode) -> tuple[str, str]:
+    return os.path.realpath(path), mode
+
+
+@contextlib.contextmanager
+def _one_copy_of_each_tensor(tensors_read):
+    """The tensors' pages and copies (the module docstring); `tensors_read()` is called before each
+    tensor is de-quantised. Elsewhere than Linux only that."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
+    original, numpy = gguf.dequantize, gguf_utils.np
     if not sys.platform.startswith("linux"):
-        yield
+        def dequantize_after(data, qtype):
+            tensors_read()
+            return original(data, qtype)
+
+        gguf.dequantize = dequantize_after
+        try:
+            yield
+        finally:
+            gguf.dequantize = original
         return
-    original, init, numpy = gguf.dequantize, gguf.GGUFReader.__init__, gguf_utils.np
-    previous, readers, fresh = [], [], {}
+    previous, fresh = [], {}
 
     def dequantize(data, qtype):
-        while readers:  # the tensors are being read: the metadata has been (transformers' order)
-            reader = readers.pop()()
-            if reader is not None:
-                reader.fields.clear()  # in place: transformers holds the same dict
+        tensors_read()
         if previous:
             _release(previous.pop())
         previous.append(data)
@@ -64,10 +125,6 @@ def converting_gguf():
             fresh[id(out)] = weakref.ref(out)  # made here: nothing else refers to it
         return out
 
-    def track(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        readers.append(weakref.ref(self))  # the tokenizer's reader is freed when its load ends
-
     def copy(a, *args, **kwargs):
         made = fresh.pop(id(a), None)
         if not args and not kwargs and made is not None and made() is a:
@@ -76,14 +133,13 @@ def converting_gguf():
             return _copy_releasing(a)
         return np.copy(a, *args, **kwargs)
 
-    gguf.dequantize, gguf.GGUFReader.__init__ = dequantize, track
+    gguf.dequantize = dequantize
     gguf_utils.np = _NumpyWith(copy)
     try:
         yield
     finally:
-        gguf.dequantize, gguf.GGUFReader.__init__, gguf_utils.np = original, init, numpy
+        gguf.dequantize, gguf_utils.np = original, numpy
         previous.clear()
-        readers.clear()
         fresh.clear()
 
 

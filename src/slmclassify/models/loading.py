@@ -219,9 +219,13 @@ def _load_gguf(path: Path):
     with FileLock(f"{cached}.lock"):
         if not _complete(cached, verify=True):
             # before the de-quantising, not on every load: reading the GGUF metadata takes seconds
-            # (a converted entry's config passes check_config when it is loaded)
-            check_architecture(_gguf_architecture(path), str(path))
-            _convert_gguf(path, cached)
+            # (a converted entry's config passes check_config when it is loaded); the conversion
+            # reads the metadata this check parsed (`converting_gguf`)
+            from .gguf_pages import converting_gguf
+
+            with converting_gguf():
+                check_architecture(_gguf_architecture(path), str(path))
+                _convert_gguf(path, cached)
             return _load_pretrained(str(cached), local_only=True)
         try:
             return _load_pretrained(str(cached), local_only=True)
@@ -272,8 +276,19 @@ def _import_model_code(folder: Path) -> None:
 def _gguf_architecture(path: Path) -> str | None:
     """`general.architecture` from the GGUF metadata (memory-mapped; no tensor is read). Refuses a
     file shorter than its tensors need (a cut download), which de-quantising would only find out
-    late, with a numpy reshape error that does not say the file is cut."""
-    from gguf import GGUFReader
+    late, with a numpy reshape error that does not say the file is cut. The reader is `gguf`'s, so
+    under `converting_gguf()` the conversion reads the metadata parsed here."""
+    import gguf
+    from gguf.gguf_reader import GGUFReader
+
+    try:
+        reader = gguf.GGUFReader(path)
+        whole = all(t.data.nbytes == t.n_bytes for t in reader.tensors)
+    except (OSError, ValueError, KeyError, IndexError):
+        whole = False  # a tensor beyond the end cannot be mapped: said below, with the sizes
+    if whole:
+        field = reader.fields.get("general.architecture")
+        return None if field is None else str(field.contents())
 
     class MetadataReader(GGUFReader):
         def _build_tensors(self, start_offs, fields) -> None:  # where the tensors end; none is built
