@@ -399,9 +399,11 @@ def test_an_invalid_config_or_a_gguf_unlike_its_metadata_is_one_line(tmp_path, m
 def test_a_gguf_conversion_parses_the_metadata_once_and_writes_the_same_folder(tmp_path, monkeypatch,
                                                                                 tiny_tokenizer):
     """Before: a conversion parsed the GGUF's metadata four times (the architecture check, then
-    transformers' tokenizer, config and tensors), 2.4 s each for the embedded model's vocabulary.
-    One reader is shared now, and what it writes is what four readers wrote."""
+    transformers' tokenizer, config and tensors), 2.4 s each for the embedded model's vocabulary, and
+    built the tensor-name map once per module of the model (4.8 s). One reader and one map are shared
+    now, and what the conversion writes is what it wrote without them."""
     import gguf.gguf_reader
+    import gguf.tensor_mapping
 
     from conftest import tiny_model
     from gguf_writer import write_gguf
@@ -417,16 +419,21 @@ def test_a_gguf_conversion_parses_the_metadata_once_and_writes_the_same_folder(t
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(gguf.gguf_reader.GGUFReader, "__init__", counted)
+    maps, make_map = [], gguf.tensor_mapping.TensorNameMap.__init__
+    monkeypatch.setattr(gguf.tensor_mapping.TensorNameMap, "__init__",
+                        lambda self, *a, **k: maps.append(a) or make_map(self, *a, **k))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "shared"))
     shared = load_model(str(path), device="cpu")
-    assert parsed == ["SharedReader"]
+    assert parsed == ["SharedReader"] and len(maps) == 1
     assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader and not gguf_pages._active  # all put back
+    assert gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
 
     parsed.clear()
+    maps.clear()
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "separate"))
-    monkeypatch.setattr(gguf_pages, "_active", [True])  # as nested: every load makes its own reader
+    monkeypatch.setattr(gguf_pages, "_active", [True])  # as nested: every load makes its own reader and map
     load_model(str(path), device="cpu")
-    assert len(parsed) == 4
+    assert len(parsed) == 4 and len(maps) > 10
     (one,), (four,) = [[p for p in (tmp_path / name / "slmclassify").glob("gguf-*") if p.is_dir()]
                        for name in ("shared", "separate")]
     assert {f.name: f.read_bytes() for f in one.iterdir()} == {f.name: f.read_bytes() for f in four.iterdir()}
