@@ -111,21 +111,13 @@ def _one_copy_of_each_tensor(tensors_read):
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     original, numpy = gguf.dequantize, gguf_utils.np
-    if not sys.platform.startswith("linux"):
-        def dequantize_after(data, qtype):
-            tensors_read()
-            return original(data, qtype)
-
-        gguf.dequantize = dequantize_after
-        try:
-            yield
-        finally:
-            gguf.dequantize = original
-        return
+    on_linux = sys.platform.startswith("linux")
     previous, fresh = [], {}
 
     def dequantize(data, qtype):
         tensors_read()
+        if not on_linux:
+            return original(data, qtype)
         if previous:
             _release(previous.pop())
         previous.append(data)
@@ -144,7 +136,8 @@ def _one_copy_of_each_tensor(tensors_read):
         return np.copy(a, *args, **kwargs)
 
     gguf.dequantize = dequantize
-    gguf_utils.np = _NumpyWith(copy)
+    if on_linux:
+        gguf_utils.np = _NumpyWith(copy)
     try:
         yield
     finally:
