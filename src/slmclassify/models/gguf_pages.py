@@ -47,21 +47,13 @@ _MADV_DONTNEED = 4  # Linux
 _SLICE = 16 << 20  # bytes of a float32 map copied before their pages are handed back
 
 
-_active: list[bool] = []
-"""Non-empty while `converting_gguf()` is active (a nested one changes nothing more)."""
-
-
 @contextlib.contextmanager
 def converting_gguf():
     """While active, a GGUF file's metadata is parsed once and its tensor-name map built once, and
-    (on Linux) transformers' GGUF loading keeps one copy of each tensor: the module docstring.
-    Nested, the outer one holds."""
+    (on Linux) transformers' GGUF loading keeps one copy of each tensor: the module docstring."""
     import gguf
     from gguf.gguf_reader import GGUFReader
 
-    if _active:
-        yield
-        return
     readers: dict = {}  # (file, mode) -> the reader the loads share until its tensors are read
 
     class SharedReader(GGUFReader):
@@ -88,13 +80,11 @@ def converting_gguf():
         return maps[arch, n_blocks]
 
     gguf.GGUFReader, gguf.get_tensor_name_map = SharedReader, tensor_name_map
-    _active.append(True)
     try:
         with _one_copy_of_each_tensor(tensors_read):
             yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = GGUFReader, name_map
-        _active.clear()
         readers.clear()
         maps.clear()
 

@@ -218,14 +218,7 @@ def _load_gguf(path: Path):
                 pass  # damaged in place: checked again and rebuilt below, under the exclusive lock
     with FileLock(f"{cached}.lock"):
         if not _complete(cached, verify=True):
-            # before the de-quantising, not on every load: reading the GGUF metadata takes seconds
-            # (a converted entry's config passes check_config when it is loaded); the conversion
-            # reads the metadata this check parsed (`converting_gguf`)
-            from .gguf_pages import converting_gguf
-
-            with converting_gguf():
-                check_architecture(_gguf_architecture(path), str(path))
-                _convert_gguf(path, cached)
+            _convert_gguf(path, cached)
             return _load_pretrained(str(cached), local_only=True)
         try:
             return _load_pretrained(str(cached), local_only=True)
@@ -333,8 +326,15 @@ def _complete(folder: Path, verify: bool = False) -> bool:
 
 
 def _convert_gguf(path: Path, target: Path) -> None:
-    """De-quantise a GGUF file to a float32 safetensors folder (written atomically; caller holds the lock)."""
-    model, tokenizer = _dequantise(path)
+    """De-quantise a GGUF file to a float32 safetensors folder (written atomically; caller holds the lock).
+    Its architecture is checked first, here and not on every load: reading the GGUF metadata takes
+    seconds (a converted entry's config passes check_config when it is loaded); the de-quantising
+    reads the metadata the check parsed (`converting_gguf`)."""
+    from .gguf_pages import converting_gguf
+
+    with converting_gguf():
+        check_architecture(_gguf_architecture(path), str(path))
+        model, tokenizer = _dequantise(path)
     check_config(model.config, str(path))
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -373,12 +373,11 @@ def _dequantise(path: Path):
 
     from huggingface_hub.errors import StrictDataclassError
 
-    from .gguf_pages import converting_gguf
     from .weights import check_complete
 
     folder, filename = str(path.parent), path.name
     try:
-        with _no_gguf_progress_bar(), converting_gguf():
+        with _no_gguf_progress_bar():
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
             model, info = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=filename, dtype=torch.float32, local_files_only=True, output_loading_info=True,
