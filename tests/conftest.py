@@ -22,7 +22,7 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 # and oneDNN are both exact but round differently in the last digits, and which one a measurement
 # picks can change between two measurements on a loaded machine (and each test's own cache folder
 # measures again). Scores are the same bits in any batch for a given kernel (test_batch_invariance).
-os.environ.setdefault("SLMCLASSIFY_FP32_KERNEL", "mm")
+os.environ.pop("SLMCLASSIFY_FP32_KERNEL", None)
 
 TEST_DEVICE = os.environ.get("SLMCLASSIFY_TEST_DEVICE", "cpu")
 """Where the engine and family tests run their tiny models, in float32: cpu, or cuda (`scripts/gpu_check.sh`

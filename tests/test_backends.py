@@ -427,11 +427,11 @@ def test_the_float32_kernel_can_be_pinned(llama_dir, monkeypatch):
     here is one clear error naming the variable and what it can be."""
     from slmclassify.errors import TaskError
 
-    kernels = ["mm"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
+    kernels = ["ordered", "mm"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
     for kernel in kernels:
         monkeypatch.setenv("SLMCLASSIFY_FP32_KERNEL", kernel)
         assert load_model(str(llama_dir), device="cpu", precision="fp32").backend.gemm == kernel
     monkeypatch.setenv("SLMCLASSIFY_FP32_KERNEL", "int8-fused")
     with pytest.raises(TaskError, match=r"^SLMCLASSIFY_FP32_KERNEL=int8-fused is not a float32 kernel that runs "
-                                        r"here; set it to one of mm"):
+                                        r"here; set it to one of ordered, mm"):
         load_model(str(llama_dir), device="cpu", precision="fp32")

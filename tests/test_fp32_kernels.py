@@ -115,12 +115,20 @@ def test_engine_with_and_without_kernels(tiny_model_dir, task, monkeypatch):
 
 
 def test_no_compiler_falls_back(tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(fp32_kernels.LIBRARY, "_built", {})  # forget this process's compiled library
+    """Without a compiler float32 runs on `mm` and torch's attention, even where the cached measurement chose
+    the ordered GEMM (it was built then), and the engine line says the scores are not batch-invariant and why."""
+    from slmclassify.backends import ordered_gemm
+
+    for library in (fp32_kernels.LIBRARY, ordered_gemm.LIBRARY):
+        monkeypatch.setattr(library, "_built", {})  # forget this process's compiled libraries
     monkeypatch.setenv(native.COMPILER_ENV, "")
-    assert fp32_kernels.load() is None
+    assert fp32_kernels.load() is None and ordered_gemm.load() is None
     assert "disabled" in fp32_kernels.unavailable()
     clf = Classifier(FULL, model=load_model(str(tiny_model_dir), device="cpu", precision="fp32"))
     assert not clf.engine.backend.packs_attention(clf.engine.head_dim)
+    assert clf.engine.backend.gemm == "mm"
+    assert ("; not batch-invariant: the mm GEMM orders its sums by the call's shape on this CPU; the ordered GEMM "
+            "cannot run here: disabled (SLMCLASSIFY_CC is empty)") in clf.engine_line()
     encoded = clf.encode(random_texts(12, seed=3))
     fast, ref = clf.score(encoded).scores, clf.reference(encoded, range(12))
     assert np.abs(fast - ref).max() <= 1e-4

@@ -212,7 +212,7 @@ def test_measurements_are_serialised_across_processes(tmp_path):
 
 def test_a_resumed_run_keeps_the_schedule_it_started_with_only_where_batches_change_bits(llama_dir, one_torch_thread):
     """A batch-invariant backend scores an item with the same bits in any batch: a resumed run takes the
-    schedule measured now. Where the backend is not (a kernel whose rows share a quantisation range),
+    schedule measured now. Where the backend is not (a vendor float32 kernel asked for),
     the schedule the run recorded is kept, so that its output is byte-identical."""
     import dataclasses
 
@@ -224,7 +224,7 @@ def test_a_resumed_run_keeps_the_schedule_it_started_with_only_where_batches_cha
     recorded = {"schedule": {"token_budget": 777, "max_rows": 9}}
     clf = Classifier(TASK, model=loaded)
     assert _as_recorded(recorded, clf, TASK, clf.settings) is clf
-    varying = with_backend(loaded, dataclasses.replace(loaded.backend, invariant=(("lm_head", None), ("mm", None))))
+    varying = with_backend(loaded, dataclasses.replace(loaded.backend, gemm="mm"))
     clf = Classifier(TASK, model=varying)
     assert not clf.engine.batch_invariant
     kept = _as_recorded(recorded, clf, TASK, clf.settings)

@@ -1,10 +1,12 @@
 """Choosing a backend by measurement, once per machine and model, cached in the user cache folder.
 
-For float32 on a CPU the exact kernels (MKL `mm`, oneDNN prepacked) are timed on the model's
-own GEMM shapes (≤ 2 s): which is faster depends on the CPU (oneDNN wins on some, loses on
-others: docs/performance.md); oneDNN must beat `mm` by 10% to be chosen, because its
-packed layout is a second copy of the weights (`mm` computes with the ones the reference path
-shares). int8 times PyTorch's quantized engine (eager passes around the GEMM) against int8-fused
+For float32 on a CPU the ordered GEMM (`ordered_gemm.py`) is the kernel wherever it builds: it is
+the one batch-invariant by construction, and an item's scores must not depend on its batch. The
+vendor kernels (MKL `mm`, oneDNN prepacked) are timed beside it on the model's own GEMM shapes
+(≤ 2 s), so the engine line shows what the invariance costs here; they run only where the ordered
+GEMM cannot (no C compiler, no AVX2) or where `SLMCLASSIFY_FP32_KERNEL` asks for one. Between them
+oneDNN must beat `mm` by 10% to be chosen, because its packed layout is a second copy of the
+weights (`mm` computes with the ones the reference path shares). int8 times PyTorch's quantized engine (eager passes around the GEMM) against int8-fused
 (the passes compiled, `int8_kernels.py`, where a C compiler is) and, on CPUs without VNNI,
 int8-maddubs (this package's own GEMM), and keeps the fastest. The same measurement gives each
 low precision's speed over float32, which `models/precision.py` needs before it checks agreement. Results are kept in
@@ -68,7 +70,8 @@ def machine_key(device: torch.device) -> str:
     kernels = ""
     if device.type == "cpu":
         chip += f" ({isa.describe_cap()})" if isa.describe_cap() else ""
-        kernels = f"|int8 kernels {gemm.int8_kernels.source_digest()[:8]}"
+        kernels = (f"|int8 kernels {gemm.int8_kernels.source_digest()[:8]}"
+                   f"|ordered GEMM {gemm.ordered_gemm.LIBRARY.digest()[:8]}")
     return f"{device.type}|{chip}|{torch.get_num_threads()} threads|torch {torch.__version__}{kernels}"
 
 
@@ -138,8 +141,8 @@ def int8_choice(rates: dict) -> str | None:
 
 def measure(config, device: torch.device, cache_dir: Path | None, log=None, head: torch.Tensor | None = None) -> dict:
     """The machine's GEMM rates on this model's shapes: {"gemm": fp32 kernel, "rates": {kernel: GFLOP/s},
-    "invariant_rows": {kernel or "lm_head": rows from which its bits do not depend on the batch, or None}}
-    (`gemm.kernel_invariance`; `head`: the model's output-layer weight [vocab, hidden], probed
+    "invariant": {"ordered", "lm_head": whether the ordered GEMM passed its invariance check}}
+    (`gemm.kernel_invariance`; `head`: the model's output-layer weight [vocab, hidden], checked
     in place of a random one of its shape).
 
     Read from the cache when this machine and model were measured before.
@@ -182,10 +185,10 @@ def cached_or_measured(cache_dir: Path | None, key: str, device: torch.device, m
 
 def _usable(cache_dir: Path | None, key: str, device: torch.device) -> dict | None:
     """The cached GEMM measurement, unless it misses a kernel that runs here now (int8-fused,
-    int8-maddubs: measured before one existed), has no invariance probe (measured by an older version)
+    int8-maddubs: measured before one existed), has no invariance check (measured by an older version)
     or is provisional and the machine is quiet."""
     entry = cached_entry(cache_dir, key)
-    stale = entry is not None and ("invariant_rows" not in entry or (
+    stale = entry is not None and (not isinstance(entry.get("invariant"), dict) or (
         device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= set(entry.get("rates", {}))))
     return None if stale else entry
 
@@ -204,9 +207,9 @@ def _measure_gemm(config, device: torch.device, head: torch.Tensor | None = None
     rates, spread = gemm.time_kernels(kernels, weights, _dtype_of, rows=rows, budget_s=MEASURE_SECONDS,
                                       smoothed=(True, False, True, False))  # qkv, gate_up divide their input (int8)
     fp32 = fp32_choice(rates, device)
-    invariant = gemm.kernel_invariance(kernels, weights, _dtype_of, (config.vocab_size, config.hidden_size), head)
+    invariant = gemm.kernel_invariance(weights, (config.vocab_size, config.hidden_size), head)
     entry = {"gemm": fp32, "int8": int8_choice(rates), "rates": {k: round(v, 1) for k, v in rates.items()},
-             "invariant_rows": invariant, "measured": time.strftime("%Y-%m-%d %H:%M"),
+             "invariant": invariant, "measured": time.strftime("%Y-%m-%d %H:%M"),
              "seconds": round(time.perf_counter() - started, 2), "spread": round(spread, 3)}
     return entry
 
@@ -315,16 +318,18 @@ def machine_load() -> float:
 
 
 FP32_KERNEL_ENV = "SLMCLASSIFY_FP32_KERNEL"
-FP32_KERNELS = ("mm", "onednn")
+FP32_KERNELS = ("ordered", "mm", "onednn")
 
 
 def fp32_kernel_of(measured: dict) -> str:
-    """The float32 kernel: the measured choice (`fp32_choice`), or the one `SLMCLASSIFY_FP32_KERNEL`
-    names (mm or onednn). Both are exact, but their float32 sums round differently in the last digits:
-    pinning one makes every run on this machine give the same bits whatever a measurement chose
-    (the test suite pins mm)."""
+    """The float32 kernel: the choice (`fp32_choice`: the ordered GEMM wherever it runs), or the one
+    `SLMCLASSIFY_FP32_KERNEL` names (ordered, mm or onednn). All are exact, but their float32 sums round
+    differently in the last digits, and only the ordered GEMM's do not depend on the batch: a vendor
+    kernel is for a user who wants its speed where it is faster and accepts that (the engine line says so)."""
     pinned = os.environ.get(FP32_KERNEL_ENV)
     if not pinned:
+        if measured["gemm"] in gemm.INVARIANT_KERNELS and measured["gemm"] not in gemm.fp32_kernels(torch.device("cpu")):
+            return fp32_choice(measured["rates"], torch.device("cpu"))  # measured where it built; not here now
         return measured["gemm"]
     here = [k for k in FP32_KERNELS if k in measured.get("rates", {})]
     if pinned not in here:
@@ -336,10 +341,15 @@ def fp32_kernel_of(measured: dict) -> str:
 
 
 def fp32_choice(rates: dict, device: torch.device) -> str:
-    """The float32 kernel: `mm` unless another is `MIN_COPY_SPEEDUP` faster. `mm` computes with
+    """The float32 kernel: `ordered` wherever it was timed (the batch-invariant one, whatever the vendor
+    kernels' rates); else `mm` unless oneDNN is `MIN_COPY_SPEEDUP` faster. `mm` computes with
     the weights the Hugging Face modules share; oneDNN's blocked layout is a second copy of every
     linear weight (the 0.5B model: +1.4 GB for 3.5% on an Intel Xeon)."""
-    fastest = max(gemm.fp32_kernels(device), key=lambda k: rates[k])
+    here = [k for k in gemm.fp32_kernels(device) if k in rates]  # timed, and running here now
+    invariant = [k for k in here if k in gemm.INVARIANT_KERNELS]
+    if invariant:
+        return max(invariant, key=lambda k: rates[k])  # the fastest among the invariant ones
+    fastest = max(here, key=lambda k: rates[k])
     return fastest if rates[fastest] >= MIN_COPY_SPEEDUP * rates["mm"] else "mm"
 
 
@@ -349,7 +359,7 @@ def make_backend(config, device: torch.device, precision: str, cache_dir: Path |
     (`head`: the model's output-layer weight, for `measure`)."""
     measured = measure(config, device, cache_dir, log, head)
     kernel = kernel_for(precision, device, fp32_kernel_of(measured), measured.get("int8"))
-    invariant = tuple(sorted(measured.get("invariant_rows", {}).items()))
+    invariant = tuple(sorted(measured.get("invariant", {}).items()))
     return Backend(device=device, precision=precision, gemm=kernel, invariant=invariant), measured
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import FieldError, TaskError
-from . import attention, fp32_kernels, gemm, isa
+from . import attention, fp32_kernels, gemm, isa, ordered_gemm
 from .names import DEVICES, PRECISIONS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
@@ -28,11 +28,10 @@ class Backend:
     precision: str
     """fp32, bf16, fp16 or int8 (never auto: resolved before a backend is built)."""
     gemm: str
-    """The linear-layer kernel: one of `gemm.KERNELS` (e.g. mkl, onednn, int8-onednn, bf16, cuda)."""
-    invariant: tuple[tuple[str, int | None], ...] = ()
-    """(kernel or "lm_head", rows) pairs: the fewest rows from which each computes a row's bits
-    independently of the rest of its call, None where it does not within `gemm.MAX_PADDED_ROWS`
-    (`gemm.kernel_invariance`, measured with the kernel rates). Empty: not probed (nothing padded)."""
+    """The linear-layer kernel: one of `gemm.KERNELS` (e.g. ordered, mm, onednn, int8-onednn, bf16)."""
+    invariant: tuple[tuple[str, bool], ...] = ()
+    """("ordered" or "lm_head", passed) pairs: the ordered GEMM's invariance check on this CPU and the
+    model's shapes (`gemm.kernel_invariance`, run with the kernel rates). Empty: not checked."""
 
     def __post_init__(self) -> None:
         if self.precision not in DTYPES:
@@ -47,10 +46,11 @@ class Backend:
         return DTYPES[self.precision]
 
     @classmethod
-    def exact(cls, device: torch.device, invariant: tuple[tuple[str, int | None], ...] = ()) -> Backend:
-        """float32 with the exact GEMM, `mm` (it computes with the float32 weights themselves): an
+    def exact(cls, device: torch.device, invariant: tuple[tuple[str, bool], ...] = ()) -> Backend:
+        """float32 on the float32 weights themselves, with the ordered GEMM where it runs (else `mm`): an
         engine's default, and what a low-precision engine measures calibration with (`Engine.exact`)."""
-        return cls(device=device, precision="fp32", gemm="mm", invariant=invariant)
+        kernel = "ordered" if "ordered" in gemm.fp32_kernels(device) else "mm"
+        return cls(device=device, precision="fp32", gemm=kernel, invariant=invariant)
 
     @property
     def copy_bytes_per_weight(self) -> int:
@@ -64,30 +64,45 @@ class Backend:
         """A linear op computing x @ weight (+ bias) for `weight` [in, out] in float32. `smooth` (a
         `smoothing.Smoothing`, int8 kernels only) rescales it: the op then computes
         (x @ weight + bias) / smooth.cols for inputs already divided upstream (see `smoothing.py`).
-        Calls with fewer rows than the kernel is batch-invariant from are padded (`gemm.PaddedRows`)."""
+        """
         if smooth is None:
-            op = gemm.KERNELS[self.gemm](weight, bias, self.dtype)
-        else:
-            op = gemm.KERNELS[self.gemm](weight, bias, self.dtype, smooth)
-        rows = self.invariant_rows(self.gemm)
-        return op if not rows or rows <= 1 else gemm.PaddedRows(op, rows)
+            return gemm.KERNELS[self.gemm](weight, bias, self.dtype)
+        return gemm.KERNELS[self.gemm](weight, bias, self.dtype, smooth)
 
-    def invariant_rows(self, kernel: str) -> int | None:
-        """Rows from which `kernel` (or "lm_head") is batch-invariant here; 1 where not probed, None where it is not."""
-        return dict(self.invariant).get(kernel, 1) if self.invariant else 1
+    def output_layer(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> gemm.LinearOp:
+        """The output layer's op for its weight [vocab, hidden] (`gemm.output_layer`): float32 always,
+        on the ordered GEMM where this backend's float32 kernel is (so an int8 engine's output layer
+        is the exact engine's)."""
+        return gemm.output_layer(self.float32_kernel, weight, bias)
+
+    def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """The output layer's log-probabilities, each row's sum in a fixed order where the ordered GEMM
+        runs (`gemm.log_softmax`)."""
+        return gemm.log_softmax(self.float32_kernel, logits)
+
+    @property
+    def float32_kernel(self) -> str:
+        """The output layer's kernel, float32 at every precision: the ordered GEMM where it runs, unless a
+        vendor float32 kernel was asked for (`mm` then, `F.linear`)."""
+        return "ordered" if self.gemm not in ("mm", "onednn") and "ordered" in gemm.fp32_kernels(self.device) else "mm"
 
     def gemm_variance(self) -> str | None:
-        """Why this backend's GEMMs make a row's bits depend on its batch (None: they do not, after padding,
-        as probed; or nothing was probed)."""
-        if not self.invariant:
-            return None
-        if self.invariant_rows(self.gemm) is None:
-            return f"the {self.gemm} GEMM" + (" shares one quantisation range across a call's rows"
-                                              if not gemm.KERNELS[self.gemm].rows_apart
-                                              else f" takes other paths above {gemm.MAX_PADDED_ROWS} rows")
-        if self.invariant_rows("lm_head") is None:
-            return f"the output layer's GEMM takes other paths above {gemm.MAX_PADDED_ROWS} rows"
-        return None
+        """Why this backend's GEMMs make a row's bits depend on its batch (None: they do not: the
+        ordered GEMM, by construction, and its check on this CPU, where one ran, agrees)."""
+        kernel = self.gemm
+        if kernel == "ordered":
+            failed = [k for k, passed in self.invariant if not passed]
+            return (f"the ordered GEMM failed its invariance check here ({', '.join(failed)}): a bug in slmclassify, "
+                    f"please report it with this CPU's name" if failed else None)
+        if not gemm.KERNELS[kernel].rows_apart:
+            return f"the {kernel} GEMM shares one quantisation range across a call's rows"
+        if self.device.type != "cpu":
+            return f"the {self.device.type} GEMMs pick their kernels, and with them each sum's order, by the call's shape"
+        if kernel in ("mm", "onednn"):
+            why = ordered_gemm.unavailable() or fp32_kernels.unavailable()
+            lead = f"the {kernel} GEMM orders its sums by the call's shape on this CPU"
+            return f"{lead}; the ordered GEMM cannot run here: {why}" if why else f"{lead} (asked for by SLMCLASSIFY_FP32_KERNEL)"
+        return f"the {kernel} GEMM orders its sums by the call's shape on this CPU (only float32's ordered GEMM does not)"
 
     @property
     def smooths(self) -> bool:

@@ -1,6 +1,8 @@
 """Linear-layer kernels: one small op object per weight, called by the engine instead of
 `torch.mm(x, w)`. Each computes x @ w (+ bias) for x [N, in] and a weight given as [in, out].
 
+    ordered      float32, this package's own GEMM (`ordered_gemm.py`): every output element summed in one
+                 fixed order, so a row's bits never depend on its call; the float32 default where it builds
     mm           float32 `torch.mm` on the weight itself (MKL on CPU, cuBLAS on CUDA); no copy
     onednn       float32 oneDNN with the weight re-packed once into its blocked layout (a copy)
     int8-<eng>   dynamic int8 quantisation (PyTorch's quantized engine <eng>: onednn, x86, fbgemm):
@@ -16,12 +18,13 @@
 `add_(h, x)` adds the product into the float32 residual stream in place; `normed(h, eps)` computes
 rms_norm(h) @ w (+ bias) (the RMSNorm's weight is folded into w by the engine).
 
-Batch invariance: a kernel computes a row's result with the same bits whatever else is in the
-call only from some number of rows on, and that number differs by kernel and machine (oneDNN's
-prepacked kernel: every count; MKL's `mm`: from 12 rows on, on an AMD EPYC; docs/results.md).
-`invariant_rows` finds that count for each kernel on the model's shapes when the kernels are timed,
-and `PaddedRows` makes smaller calls that many rows long, so that an item's scores do not depend on
-its batch (`Backend.linear`).
+Batch invariance: only `ordered` is batch-invariant by construction. The vendor kernels choose their
+blocking, and with it the order of every sum, from the call's shape, the thread count and the CPU
+(MKL's `mm` on an AMD EPYC: from 12 rows on; on an Intel Xeon with AMX a one-row call with a scale
+differs from any larger one; docs/results.md), so a row's last bits follow its batch there, and no
+probe run on one CPU says which paths another takes. `batch_invariant` still checks the kernel that
+will run, through every entry point the engine calls, at the row and thread counts it uses: a
+check of the construction, never a substitute for it.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch.nn.functional as F
 from ..errors import TaskError
 from ..timing import Side, interleave
 from . import fp32_kernels as fp32_passes
-from . import int8_kernels
+from . import int8_kernels, ordered_gemm
 from .smoothing import Smoothing, split_weight
 from .sync import sync_of
 
@@ -169,86 +172,60 @@ class LinearOp:
         return swiglu_(self.normed(h, eps))
 
 
-class PaddedRows(LinearOp):
-    """`op` on at least `rows` rows: a call with fewer gets zero rows appended (the residual rows of
-    `add_` copied into the padded call and back), so that every row takes the kernel's path for
-    `rows` or more rows, whose bits do not depend on how many rows the call has (`invariant_rows`).
-    The padded call computes exactly what the unpadded one would for the same rows."""
-
-    def __init__(self, op: LinearOp, rows: int):
-        self.op, self.rows, self.out_features = op, rows, op.out_features
-
-    def __getattr__(self, name: str):  # the kernel's own fields (its weight, its library)
-        if name == "op":
-            raise AttributeError(name)
-        return getattr(self.op, name)
-
-    def _pad(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x.new_zeros(self.rows - x.shape[0], *x.shape[1:])])
-
-    def __call__(self, x):
-        n = x.shape[0]
-        return self.op(x) if n >= self.rows else self.op(self._pad(x))[:n]
-
-    def add_(self, h, x):
-        n = h.shape[0]
-        return self.op.add_(h, x) if n >= self.rows else h.copy_(self.op.add_(self._pad(h), self._pad(x))[:n])
-
-    def add_scaled_(self, h, x, scale):
-        n = h.shape[0]
-        if n >= self.rows:
-            return self.op.add_scaled_(h, x, scale)
-        return h.copy_(self.op.add_scaled_(self._pad(h), self._pad(x), scale)[:n])
-
-    def normed(self, h, eps):
-        n = h.shape[0]
-        return self.op.normed(h, eps) if n >= self.rows else self.op.normed(self._pad(h), eps)[:n]
-
-    def normed_swiglu(self, h, eps):
-        n = h.shape[0]
-        return self.op.normed_swiglu(h, eps) if n >= self.rows else self.op.normed_swiglu(self._pad(h), eps)[:n]
-
-
-INVARIANCE_ROWS = (*range(1, 33), 48, 64, 100, 128)
-"""Row counts the invariance probe calls a kernel with, each against the same rows of one larger call:
-every count up to `MAX_PADDED_ROWS`, for paths change at odd counts (MKL on 2 threads: 1-3, 5-7 and
-9-11 rows differ from a 4,096-row call, 4, 8 and 12 on do not)."""
-INVARIANCE_BASE = 160
+PROBE_ROWS = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16, 17, 31, 33, 64, 100)
+"""Row counts the invariance check calls an op with, each as the first and as the last rows of one
+larger call: small counts, where vendor GEMMs change paths (MKL on 2 threads: 1-3, 5-7 and 9-11 rows
+on an AMD EPYC), and counts on both sides of the ordered GEMM's tile edges (12 rows with AVX-512, 6
+with AVX2)."""
+PROBE_BASE = 160
 """Rows of that larger call: more than a GEMM takes at the smallest path-changing sizes seen."""
-MAX_PADDED_ROWS = 32
-"""A kernel that only matches from more rows than this is taken as not batch-invariant (padding
-every small call to more would cost more than it is worth)."""
 
 
-def invariant_rows(op: Callable[[torch.Tensor], torch.Tensor], in_features: int, device: torch.device,
-                   base: int = INVARIANCE_BASE) -> int | None:
-    """The fewest rows from which `op` (x [N, in] -> [N, out]) gives every row the bits a `base`-row
-    call gives it, at each of `INVARIANCE_ROWS` (1: any call; None: not within `MAX_PADDED_ROWS`), on
-    a CPU at every thread count a call may run with (`probe_threads`: a worker thread's count can
-    differ from the caller's, and a kernel's small-row paths with it). Seeded inputs of ±1-scale values."""
+def entry_points(op: LinearOp) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """{name: f(x [N, in], h [N, out]) -> [N, ...]}: every way the engine calls a linear op
+    (`core/engine/forward.py`), each on fresh copies (an in-place add must not see another's output)."""
+    points = {"call": lambda x, h: op(x),
+              "add_": lambda x, h: op.add_(h.clone(), x),
+              "add_scaled_": lambda x, h: op.add_scaled_(h.clone(), x, 0.3),
+              "normed": lambda x, h: op.normed(x, 1e-6)}
+    if op.out_features % 2 == 0:  # [gate | up]: its result may be a view of a reused buffer
+        points["normed_swiglu"] = lambda x, h: op.normed_swiglu(x, 1e-6).clone()
+    return points
+
+
+def batch_invariant(op: LinearOp, in_features: int, device: torch.device, base: int = PROBE_BASE,
+                    rows: Sequence[int] = PROBE_ROWS, points: Sequence[str] | None = None) -> bool:
+    """Whether every entry point of `op` (`entry_points`, or those named in `points`) gives each row
+    the bits one `base`-row call gives it: each of `rows` as the first and as the last rows of that
+    call, at every thread count a call may run with here (`probe_threads`), the large call itself
+    at each. Seeded inputs of ±1-scale values. A check of what runs, with the engine's own calls:
+    it can fail (tests plant a kernel that changes paths), but passing it on one CPU says nothing of
+    another's paths; only a construction does (`ordered_gemm`)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(base, in_features, generator=g).to(device)
+    h = torch.randn(base, op.out_features, generator=g).to(device)
+    calls = {k: f for k, f in entry_points(op).items() if points is None or k in points}
     before = torch.get_num_threads()
-    first = 1
     try:
         with torch.inference_mode():
-            full = None
+            full = {}
             for threads in probe_threads(device):
                 torch.set_num_threads(threads)
-                if full is None:
-                    full = op(x)
-                elif not torch.equal(op(x), full):
-                    return None  # the big calls themselves differ with the thread count
-                for rows in INVARIANCE_ROWS:
-                    if rows <= base and not torch.equal(op(x[:rows]), full[:rows]):
-                        first = max(first, next((r for r in INVARIANCE_ROWS if r > rows), base + 1))
+                for name, f in calls.items():
+                    big = f(x, h)
+                    if full.setdefault(name, big) is not big and not torch.equal(big, full[name]):
+                        return False
+                    for n in rows:
+                        if n < base and not (torch.equal(f(x[:n], h[:n]), full[name][:n])
+                                             and torch.equal(f(x[-n:], h[-n:]), full[name][-n:])):
+                            return False
     finally:
         torch.set_num_threads(before)
-    return first if first <= MAX_PADDED_ROWS else None
+    return True
 
 
 def probe_threads(device: torch.device) -> list[int]:
-    """The intra-op thread counts the invariance probe runs a CPU kernel at: this process's, one, and
+    """The intra-op thread counts the invariance check runs a CPU kernel at: this process's, one, and
     the machine's cores (a thread that never set its count, such as the service's worker, may get them)."""
     if device.type != "cpu":
         return [torch.get_num_threads()]
@@ -257,24 +234,54 @@ def probe_threads(device: torch.device) -> list[int]:
     return sorted({torch.get_num_threads(), 1, os.cpu_count() or 1}, reverse=True)
 
 
-def kernel_invariance(kernels: Sequence[str], weights: Sequence[torch.Tensor], dtype_of: Callable[[str], torch.dtype],
-                      head_shape: tuple[int, int], head: torch.Tensor | None = None) -> dict[str, int | None]:
-    """{kernel: `invariant_rows` on every one of `weights` (the most any needs), "lm_head": the same for
-    the output layer's float32 `F.linear` on `head` [vocab, hidden], or on a random weight of
-    `head_shape` (which path a kernel takes depends on the shapes, not the values). A kernel whose
-    rows share a quantisation range (`LinearOp.rows_apart` False) is not invariant at any count."""
-    out: dict[str, int | None] = {}
-    for name in kernels:
-        needs = []
-        for w in weights:
-            op = _timed_op(name, w, dtype_of(name), False)
-            needs.append(invariant_rows(lambda x, op=op: op(x), w.shape[0], w.device) if op.rows_apart else None)
-        out[name] = None if None in needs else max(needs)
+INVARIANT_KERNELS = ("ordered",)
+"""The kernels batch-invariant by construction: the only ones an engine says so of."""
+
+
+def kernel_invariance(weights: Sequence[torch.Tensor], head_shape: tuple[int, int],
+                      head: torch.Tensor | None = None) -> dict[str, bool]:
+    """{"ordered": `batch_invariant` on every one of `weights` ([in, out], the model's shapes),
+    "lm_head": the same for its output layer (`output_layer`) on `head` [vocab, hidden] or a random
+    weight of `head_shape`}, where the ordered GEMM runs here (else {})."""
     device = weights[0].device
+    if device.type != "cpu" or ordered_gemm.load() is None or fp32_passes.load() is None:
+        return {}
+    ops = [OrderedLinear(w, None, torch.float32) for w in weights]
+    out = {"ordered": all(batch_invariant(op, w.shape[0], device) for op, w in zip(ops, weights))}
     if head is None:
         head = torch.randn(*head_shape, generator=torch.Generator().manual_seed(1)).mul_(0.02).to(device)
-    out["lm_head"] = invariant_rows(lambda x: F.linear(x, head.float()), head_shape[1], device, base=64)
+    out["lm_head"] = batch_invariant(output_layer("ordered", head.float()), head_shape[1], device, base=48,
+                                     rows=(1, 3, 12, 13, 33), points=("call",))
     return out
+
+
+def output_layer(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearOp:
+    """The output layer's x @ weight.T (+ bias) for its weight [vocab, hidden] (the embeddings' when
+    tied, so no copy): the ordered GEMM on the transposed view where `kernel` is `ordered`, else `F.linear`."""
+    if kernel == "ordered":
+        return OrderedLinear(weight.t(), bias, torch.float32)
+    return _Linear(weight, bias)
+
+
+class _Linear(LinearOp):
+    """`F.linear(x, weight, bias)` for weight [out, in] (the output layer on the vendor kernels)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias, self.out_features = weight, bias, weight.shape[0]
+
+    def __call__(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+def log_softmax(kernel: str, logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dimension of float32 `logits`: each row's log-sum-exp in one fixed order
+    (`ordered_gemm.lse`) where `kernel` is `ordered`, else torch's."""
+    if kernel != "ordered" or logits.device.type != "cpu":
+        return torch.log_softmax(logits, dim=-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    return (flat - ordered_gemm.lse(ordered_gemm.load(), flat)[:, None]).view(logits.shape)
 
 
 class _Scratch(threading.local):
@@ -331,6 +338,45 @@ class MmLinear(LinearOp):
         else:
             torch.addmm(self.bias, x, self.weight, out=gate_up)
         return fp32_passes.swiglu_(lib, gate_up)  # one C pass
+
+
+class OrderedLinear(LinearOp):
+    """float32 on the shared [in, out] weight (no copy), each output element summed in one fixed order
+    (`ordered_gemm`): a row's result is the same bits in any call. Its norms and SwiGLU are the C passes
+    of `fp32_kernels` (one fixed order per row too)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        self.lib, self.passes = ordered_gemm.load(), fp32_passes.load()
+        if self.lib is None or self.passes is None:
+            why = ordered_gemm.unavailable() or fp32_passes.unavailable()
+            raise TaskError(f"the ordered float32 GEMM cannot run here: {why}; use the mm kernel "
+                            f"(SLMCLASSIFY_FP32_KERNEL=mm), whose scores may differ in their last bits with the batch")
+        self.weight, self.out_features = weight, weight.shape[1]
+        self.bias = None if bias is None else bias.float().contiguous()
+
+    @staticmethod
+    def _rows(x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        return x if x.stride(-1) == 1 else x.contiguous()
+
+    def __call__(self, x):
+        x = self._rows(x)
+        return ordered_gemm.gemm(self.lib, x, self.weight, self.bias, torch.empty(x.shape[0], self.out_features))
+
+    def add_(self, h, x):
+        return ordered_gemm.gemm(self.lib, self._rows(x), self.weight, self.bias, h, ordered_gemm.ADD)
+
+    def add_scaled_(self, h, x, scale):
+        return ordered_gemm.gemm(self.lib, self._rows(x), self.weight, self.bias, h, ordered_gemm.ADD, scale)
+
+    def normed(self, h, eps):
+        return self(fp32_passes.rms_norm(self.passes, self._rows(h), eps))
+
+    def normed_swiglu(self, h, eps):
+        x = fp32_passes.rms_norm(self.passes, self._rows(h), eps)
+        gate_up = scratch(x.shape[0], self.out_features)  # [N, 2I], consumed by the down projection
+        ordered_gemm.gemm(self.lib, x, self.weight, self.bias, gate_up)
+        return fp32_passes.swiglu_(self.passes, gate_up)  # one C pass
 
 
 class OneDnnLinear(LinearOp):
@@ -552,17 +598,19 @@ COMPILED_INT8 = ("int8-fused", "int8-maddubs")
 """The int8 kernels whose passes are the compiled C library (`int8_kernels`): unavailable without a compiler."""
 
 KERNELS: dict[str, Callable[..., LinearOp]] = {
-    "mm": MmLinear, "onednn": OneDnnLinear, "int8-onednn": Int8Linear, "int8-x86": Int8X86Linear,
+    "ordered": OrderedLinear, "mm": MmLinear, "onednn": OneDnnLinear, "int8-onednn": Int8Linear, "int8-x86": Int8X86Linear,
     "int8-fbgemm": Int8FbgemmLinear, "int8-fused": Int8FusedLinear, "int8-maddubs": Int8MaddubsLinear,
     "bf16": CastLinear, "fp16": CastLinear,
 }
 
 
 def fp32_kernels(device: torch.device) -> list[str]:
-    """The exact float32 kernels worth timing on this device."""
-    if device.type == "cpu" and torch.backends.mkldnn.is_available():
-        return ["mm", "onednn"]
-    return ["mm"]
+    """The float32 kernels worth timing on this device: the ordered GEMM where it builds (the default:
+    batch-invariant), and the vendor kernels (faster on some CPUs; used where asked for)."""
+    if device.type != "cpu":
+        return ["mm"]
+    own = ["ordered"] if ordered_gemm.load() is not None and fp32_passes.load() is not None else []
+    return own + ["mm"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
 
 
 def int8_engine() -> str | None:

@@ -12,6 +12,9 @@ Configurations (same model, same threads, same items):
      machine's speed between rows; its seconds are d's seconds x (e over d)
   f  llama.cpp on the same GGUF, item by item with its prompt prefix reused (if llama-cpp-python
      is importable and the model is a GGUF)
+  k  ours in float32 on the fastest vendor GEMM (MKL `mm` or oneDNN, whichever the measurement
+     found faster), which does not keep an item's bits independent of its batch, timed interleaved
+     with (d) on d's batches like (g): what the ordered GEMM's invariance costs (or saves) here
   g  ours in the other precisions this machine runs natively (CPU: int8, bf16 where native;
      agreement is with (a), float32). Each is timed interleaved with (d) on the same batches
      (d's batches planned once; each batch scored by d and by g in turn, the order alternating),
@@ -45,7 +48,7 @@ from ..backends.sync import sync_of
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
 from ..core.task import Task
-from ..models.engines import with_precision
+from ..models.engines import with_backend, with_precision
 from ..models.loading import LoadedModel
 from ..timing import Side, Stopwatch, interleave, json_line
 from .article import article_batched, article_loop, first_ids
@@ -303,6 +306,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     rows = _Rows(report, inputs, log)
     clf, d = _article_and_ours(inputs, rows, report)
     _ablations(inputs, rows, report, d)
+    _vendor_kernel_row(inputs, rows, report, clf, d)
     _other_precisions_rows(inputs, rows, report, clf, d)
     _multilabel_row(inputs, report, clf, d)
     _questions_row(inputs, report)
@@ -416,6 +420,29 @@ def _ablations(inputs: _Inputs, rows: _Rows, report: BenchReport, d: BenchRow) -
         rows.add(name, f"{description}; {ratio:.2f}x d (rounds {min(each):.2f}-{max(each):.2f}), whole runs "
                  "interleaved with d", seconds, scored.scores, padding=scored.stats.padding_share,
                  roofline=report.roofline_of(seconds), vs_d=ratio, vs_d_rounds=each)
+
+
+def vendor_kernel(loaded: LoadedModel) -> str | None:
+    """The fastest float32 vendor kernel measured here, where (d) runs on the ordered GEMM (else None)."""
+    rates = (loaded.gemm_rates or {}).get("rates", {})
+    vendor = [k for k in ("mm", "onednn") if k in rates]
+    if loaded.backend.gemm != "ordered" or not vendor:
+        return None
+    return max(vendor, key=lambda k: rates[k])
+
+
+def _vendor_kernel_row(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow) -> None:
+    """Row (k): (d) on the fastest vendor float32 GEMM, timed against (d) on d's batches."""
+    kernel = vendor_kernel(inputs.loaded)
+    if kernel is None:
+        return
+    other = with_backend(inputs.loaded, replace(inputs.loaded.backend, gemm=kernel, invariant=()))
+    vendor = Classifier(inputs.task, model=other, settings=inputs.settings)
+    ratios, scores = against_base(clf, {"k": lambda items: vendor.score(items).scores}, inputs.encoded, inputs.device)
+    seconds = d.seconds / ratios["k"]
+    rows.add(f"k ours fp32 {kernel}", f"as d on the {kernel} GEMM (not batch-invariant); d takes {ratios['k']:.3f}x "
+             f"its time, timed interleaved with d", seconds, scores["k"], padding=d.padding,
+             roofline=report.roofline_of(seconds), vs_d=ratios["k"])
 
 
 def _other_precisions_rows(inputs: _Inputs, rows: _Rows, report: BenchReport, clf: Classifier, d: BenchRow) -> None:

@@ -173,15 +173,26 @@ void attend_rows(const float *qkv, int64_t H, int64_t Hkv, int64_t D, const int6
     }
 }
 
-/* out [n, d] = x / sqrt(mean(x^2) + eps) per row (RMSNorm without its weight), x's rows ldx apart. */
+/* out [n, d] = x / sqrt(mean(x^2) + eps) per row (RMSNorm without its weight), x's rows ldx apart.
+   The sum of squares in one fixed order whatever the row's address or the call (batch invariance):
+   lane l of one vector adds the elements j = l mod VW of the whole vectors in order, the lanes are
+   added in order, then the elements past the last whole vector; no loop the compiler may peel for
+   alignment (a peel would move the lanes with the row's address). */
 void rms_rows(const float *x, int64_t n, int64_t d, int64_t ldx, float eps, float *out, int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         const float *xr = x + i * ldx;
+        vf acc = {0};
+        int64_t j = 0;
+        for (; j + VW <= d; j += VW) {
+            vf v;
+            memcpy(&v, xr + j, sizeof v);
+            acc += v * v;
+        }
         float ss = 0.0f;
-        #pragma omp simd reduction(+:ss)
-        for (int64_t j = 0; j < d; j++) ss += xr[j] * xr[j];
+        for (int l = 0; l < VW; l++) ss += acc[l];
+        for (; j < d; j++) ss += xr[j] * xr[j];
         const float r = 1.0f / sqrtf(ss / (float)d + eps);
         float *orow = out + i * d;
         #pragma omp simd

@@ -82,7 +82,7 @@ class Engine:
         self.embed = base.embed_tokens
         self.rotary = getattr(base, "rotary_emb", None)
         self.final_norm = getattr(base, family.final_norm)
-        self.lm_head = model.lm_head
+        self.lm_head = self.backend.output_layer(model.lm_head.weight, model.lm_head.bias)
         self.head_dim = head_dim(cfg)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads or cfg.num_attention_heads
@@ -100,7 +100,7 @@ class Engine:
         # The model's own activation (transformers' ACT2FN), so any activation is exact; SiLU, the
         # common one, runs in place.
         act = getattr(cfg, family.activation, None) or "silu"
-        self.act = ACT2FN[act]
+        self.act, self.act_name = ACT2FN[act], act
         self.silu = act in ("silu", "swish")
         self.rope_keys = sorted({k.rope for k in self.kinds if k.mixer == "attention" and k.rope is not None})
         self.rotary_dim = self._rotary_dim()
@@ -121,14 +121,18 @@ class Engine:
 
     def batch_variance(self) -> str | None:
         """Why an item's scores could differ in their last bits with the batch it runs in; None: they
-        cannot. The GEMMs are invariant once padded (`Backend.gemm_variance`, probed where the kernels are
-        timed); attention computes each row alone only on the packed rows (`Backend.packs_attention`),
-        while the padded layout's kernels reduce over the padded row length. Norms, rotary and the
-        short convolution compute each token alone."""
+        cannot. The ordered GEMM sums every element in one fixed order (`Backend.gemm_variance`), the
+        output layer's log-sum-exp too (`Backend.log_softmax`); attention computes each row alone only
+        on the packed rows (`Backend.packs_attention`), while the padded layout's kernels reduce over the
+        padded row length. Norms, rotary, SwiGLU and the short convolution compute each token alone;
+        another activation runs in torch's elementwise kernels, whose vector loop and scalar tail
+        (split where the threads' shares of a tensor end) may round one element two ways."""
         if (why := self.backend.gemm_variance()) is not None:
             return why
-        if not self.backend.invariant:
-            return "its GEMMs were not probed"
+        if not self.silu:
+            return f"the model's activation ({self.act_name}) runs in torch's elementwise kernels"
+        if self.logit_softcap is not None:
+            return "the output layer's soft cap (tanh) runs in torch's elementwise kernels"
         if not self.backend.packs_attention(self.head_dim):
             return "torch's attention kernel reduces over the batch's padded row length"
         if self.windows:
@@ -465,19 +469,14 @@ class Engine:
         (`output_rows`)."""
         B = read.shape[0]
         per_call = self.output_rows(trie)
-        rows = self.backend.invariant_rows("lm_head") or 1  # its batch-invariant path (`gemm.PaddedRows`)
         for start in range(0, B, per_call):
             chunk = read[start : start + per_call]  # [b, 1+T, hidden]
-            if chunk.shape[0] * chunk.shape[1] < rows:
-                pad = -(-rows // chunk.shape[1]) - chunk.shape[0]
-                logits = self.lm_head(torch.cat([chunk, chunk.new_zeros(pad, *chunk.shape[1:])]))[: chunk.shape[0]]
-            else:
-                logits = self.lm_head(chunk)  # [b, 1+T, V]
+            logits = self.lm_head(chunk.reshape(-1, chunk.shape[-1])).view(*chunk.shape[:2], -1)  # [b, 1+T, V]
             if self.logits_divisor is not None:
                 logits = logits / self.logits_divisor
             if self.logit_softcap is not None:
                 logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-            yield torch.log_softmax(logits, dim=-1)
+            yield self.backend.log_softmax(logits)
 
 
 def _setting(config, name: str | None) -> float | None:
