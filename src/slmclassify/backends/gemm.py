@@ -175,7 +175,7 @@ class LinearOp:
 PROBE_ROWS = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16, 17, 31, 33, 64, 100)
 """Row counts the invariance check calls an op with, each as the first and as the last rows of one
 larger call: small counts, where vendor GEMMs change paths (MKL on 2 threads: 1-3, 5-7 and 9-11 rows
-on an AMD EPYC), and counts on both sides of the ordered GEMM's tile edges (12 rows with AVX-512, 6
+on an AMD EPYC), and counts on both sides of the ordered GEMM's tile edges (8 rows with AVX-512, 4
 with AVX2)."""
 PROBE_BASE = 160
 """Rows of that larger call: more than a GEMM takes at the smallest path-changing sizes seen."""

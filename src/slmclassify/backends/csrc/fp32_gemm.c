@@ -8,12 +8,15 @@
    the same bits alone, in a call of 4,096 rows, first or last in it (batch invariance by
    construction; the vendor GEMMs change their blocking, and with it the sums, with the row count).
 
-   Blocking: each thread takes blocks of MC rows x NC columns; the block's columns of b are packed
-   once into [NC / NR][K][NR] strips (zeros past N), its rows of a into [MC / MR][K][MR] tiles (zeros
-   past M); an MR x NR tile of c accumulates in registers over the whole K, then the epilogue applies
-   the bias, the scale and the add into c on whole vectors (a partial tile goes through a scratch tile
-   with the same vector code, so an edge element takes the same operations as any other). K is never
-   split, so no element is ever summed in two parts. Needs AVX2 and FMA (else not built: `built()` 0). */
+   Blocking: the threads take blocks of MC rows x NC columns, handed out dynamically; a block's
+   columns of b are packed into strips [KC][NR] (zeros past N), chunk by chunk of K (chunks of at most
+   KC, their bounds a function of K alone); an MR x NR tile of c accumulates in registers over a
+   chunk, broadcasting a's rows straight from a (rows past M repeat the last one, computed and never
+   stored), and its running sums wait in a buffer between chunks, so each element's chain goes on
+   exactly where it stopped. The epilogue then applies the bias, the scale and the add into c on
+   whole vectors (a partial tile goes through a scratch tile with the same vector code, so an edge
+   element takes the same operations as any other). Needs AVX2 and FMA (else not built: `built()` 0).
+   Tile and chunk sizes: the fastest of those tried on an AMD EPYC Zen 4 (docs/results.md). */
 /* No contraction of a multiply and an add into one FMA where the code does not ask for one: the
    compiler may contract one inlined copy of the epilogue and not another (a full tile and an edge
    tile), and the two would round the scaled add differently. The sums' FMAs are explicit. */
@@ -35,7 +38,12 @@ int built(void) { return 1; }
 
 #ifdef __AVX512F__
 #define VW 16
-#define MR 12          /* 24 accumulators + 2 strip vectors + 1 broadcast of the 32 zmm registers */
+#ifndef MR
+#define MR 8           /* 8 x 3 = 24 accumulators + 3 strip vectors + 1 broadcast of the 32 zmm registers */
+#endif
+#ifndef NV
+#define NV 3           /* vectors per tile row */
+#endif
 typedef __m512 vr;
 #define VLOAD _mm512_loadu_ps
 #define VSTORE _mm512_storeu_ps
@@ -46,7 +54,12 @@ typedef __m512 vr;
 #define VZERO _mm512_setzero_ps
 #else
 #define VW 8
-#define MR 6           /* 12 accumulators + 2 + 1 of the 16 ymm registers */
+#ifndef MR
+#define MR 4           /* 4 x 3 = 12 accumulators + 3 + 1 of the 16 ymm registers */
+#endif
+#ifndef NV
+#define NV 3
+#endif
 typedef __m256 vr;
 #define VLOAD _mm256_loadu_ps
 #define VSTORE _mm256_storeu_ps
@@ -56,22 +69,25 @@ typedef __m256 vr;
 #define VMUL _mm256_mul_ps
 #define VZERO _mm256_setzero_ps
 #endif
-#define NR (2 * VW)
+#define NR (NV * VW)
 #define MC (MR * 8)
 int tile_rows(void) { return MR; }
 int tile_cols(void) { return NR; }
 
 enum { SET = 0, ADD = 1 };
 
+#ifndef NCB
+#define NCB 256        /* KiB of packed strips per chunk of a block */
+#endif
 #ifndef KC
-#define KC 128         /* k per packed chunk: a tile [KC][MR] and a strip [KC][NR] stay in L1/L2 */
+#define KC 384         /* k per chunk: a tile's rows of a [MR][KC] and a strip [KC][NR] stay in L1/L2 */
 #endif
 
 /* The columns of a block: as many NR strips as keep a chunk's packed strips [KC][NC] within ~256 KiB,
    the blocks as even as whole strips allow. */
 static int64_t block_cols(int64_t N)
 {
-    const int64_t strips = (N + NR - 1) / NR, most0 = 256 * 1024 / 4 / KC / NR, most = most0 > 0 ? most0 : 1;
+    const int64_t strips = (N + NR - 1) / NR, most0 = NCB * 1024 / 4 / KC / NR, most = most0 > 0 ? most0 : 1;
     const int64_t blocks = (strips + most - 1) / most;
     return (strips + blocks - 1) / blocks * NR;
 }
@@ -106,57 +122,40 @@ static void pack_b(float *dst, const float *b, int64_t bk, int64_t bn, int64_t k
     }
 }
 
-/* Pack a's rows i0 .. i0 + mc (zeros past M), columns k0 .. k0 + kc, into tiles [mc / MR][kc][MR]. */
-static void pack_a(float *dst, const float *a, int64_t lda, int64_t k0, int64_t kc, int64_t M, int64_t i0,
-                   int64_t mc)
-{
-    for (int64_t r0 = 0; r0 < mc; r0 += MR) {
-        float *tile = dst + r0 * kc;
-        for (int64_t r = 0; r < MR; r++) {
-            const int64_t i = i0 + r0 + r;
-            if (i < M) {
-                const float *src = a + i * lda + k0;
-                for (int64_t k = 0; k < kc; k++) tile[k * MR + r] = src[k];
-            } else
-                for (int64_t k = 0; k < kc; k++) tile[k * MR + r] = 0.0f;
-        }
-    }
-}
-
 /* The epilogue of one tile on whole vectors: y = acc (+ bias); c = y (SET) or c + y (ADD, scale 1) or
    c + scale * y (ADD); ct: the tile's first element, ldc apart. */
-static inline __attribute__((always_inline)) void finish(vr acc[MR][2], float *ct, int64_t ldc,
+static inline __attribute__((always_inline)) void finish(vr acc[MR][NV], float *ct, int64_t ldc,
                                                          const float *bias, int mode, float scale, int scaled)
 {
-    vr b0 = VZERO(), b1 = VZERO();
-    if (bias) { b0 = VLOAD(bias); b1 = VLOAD(bias + VW); }
+    vr bv[NV];
+    for (int t = 0; t < NV; t++) bv[t] = bias ? VLOAD(bias + t * VW) : VZERO();
     const vr s = VSET1(scale);
     for (int r = 0; r < MR; r++) {
-        vr y0 = acc[r][0], y1 = acc[r][1];
-        if (bias) { y0 = VADD(y0, b0); y1 = VADD(y1, b1); }
         float *cr = ct + r * ldc;
-        if (mode == ADD) {
-            if (scaled) { y0 = VMUL(y0, s); y1 = VMUL(y1, s); }
-            y0 = VADD(VLOAD(cr), y0);
-            y1 = VADD(VLOAD(cr + VW), y1);
+        for (int t = 0; t < NV; t++) {
+            vr y = acc[r][t];
+            if (bias) y = VADD(y, bv[t]);
+            if (mode == ADD) {
+                if (scaled) y = VMUL(y, s);
+                y = VADD(VLOAD(cr + t * VW), y);
+            }
+            VSTORE(cr + t * VW, y);
         }
-        VSTORE(cr, y0);
-        VSTORE(cr + VW, y1);
     }
 }
 
-/* acc += the MR x NR tile's products over the kc k of a chunk, in order, from packed a (tile [kc][MR]) and
-   b (strip [kc][NR]): the chain of each element goes on where the last chunk left it. */
-static inline __attribute__((always_inline)) void tile_sums(vr acc[MR][2], const float *at, const float *bs,
-                                                            int64_t K)
+/* acc += the MR x NR tile's products over the kc k of a chunk, in order: row r of a from ar[r] (its k0-th
+   element on), b from the packed strip [kc][NR]; the chain of each element goes on where the last
+   chunk left it. */
+static inline __attribute__((always_inline)) void tile_sums(vr acc[MR][NV], const float *const ar[MR],
+                                                            const float *bs, int64_t K)
 {
     for (int64_t k = 0; k < K; k++) {
-        const vr b0 = VLOAD(bs + k * NR), b1 = VLOAD(bs + k * NR + VW);
-        const float *ak = at + k * MR;
+        vr bv[NV];
+        for (int t = 0; t < NV; t++) bv[t] = VLOAD(bs + k * NR + t * VW);
         for (int r = 0; r < MR; r++) {
-            const vr x = VSET1(ak[r]);
-            acc[r][0] = VFMA(x, b0, acc[r][0]);
-            acc[r][1] = VFMA(x, b1, acc[r][1]);
+            const vr x = VSET1(ar[r][k]);
+            for (int t = 0; t < NV; t++) acc[r][t] = VFMA(x, bv[t], acc[r][t]);
         }
     }
 }
@@ -180,7 +179,6 @@ void ordered_gemm(const float *a, int64_t lda, const float *b, int64_t bk, int64
     {
         float *bp = aligned_alloc(64, (size_t)((nc * kcs * chunks * 4 + 63) / 64 * 64));  /* every chunk of a block's columns */
         int64_t packed = -1;
-        float *ap = aligned_alloc(64, (size_t)((mc * kcs * 4 + 63) / 64 * 64));
         float *part = chunks > 1 ? aligned_alloc(64, (size_t)(mc * nc * 4)) : NULL;
         float bias_t[NR] __attribute__((aligned(64)));
         float tmp[MR * NR] __attribute__((aligned(64)));
@@ -200,7 +198,6 @@ void ordered_gemm(const float *a, int64_t lda, const float *b, int64_t bk, int64
                 const int64_t k0 = ch * kcs, kc = K - k0 < kcs ? K - k0 : kcs;
                 const int first = ch == 0, last = ch == chunks - 1;
                 const float *bc = bp + ch * nc * kcs;
-                pack_a(ap, a, lda, k0, kc, M, i0, mcp);
                 for (int64_t s = 0; s < ncp; s += NR) {
                     const int64_t j = j0 + s, w = N - j < NR ? N - j : NR;
                     const float *bs = bias;
@@ -211,14 +208,15 @@ void ordered_gemm(const float *a, int64_t lda, const float *b, int64_t bk, int64
                     for (int64_t r0 = 0; r0 < mcp; r0 += MR) {
                         const int64_t i = i0 + r0, h = M - i < MR ? M - i : MR;
                         float *pt = part ? part + (r0 * ncp + s * MR) : NULL;  /* this tile's [MR][NR] sums */
-                        vr acc[MR][2];
-                        for (int r = 0; r < MR; r++) {
-                            acc[r][0] = first ? VZERO() : VLOAD(pt + r * NR);
-                            acc[r][1] = first ? VZERO() : VLOAD(pt + r * NR + VW);
-                        }
-                        tile_sums(acc, ap + r0 * kc, bc + s * kc, kc);
+                        const float *ar[MR];  /* rows past M repeat the last one (computed, not stored) */
+                        for (int r = 0; r < MR; r++) ar[r] = a + (i + r < M ? i + r : M - 1) * lda + k0;
+                        vr acc[MR][NV];
+                        for (int r = 0; r < MR; r++)
+                            for (int t = 0; t < NV; t++) acc[r][t] = first ? VZERO() : VLOAD(pt + r * NR + t * VW);
+                        tile_sums(acc, ar, bc + s * kc, kc);
                         if (!last) {
-                            for (int r = 0; r < MR; r++) { VSTORE(pt + r * NR, acc[r][0]); VSTORE(pt + r * NR + VW, acc[r][1]); }
+                            for (int r = 0; r < MR; r++)
+                                for (int t = 0; t < NV; t++) VSTORE(pt + r * NR + t * VW, acc[r][t]);
                         } else if (h == MR && w == NR)
                             finish(acc, c + i * ldc + j, ldc, bs, mode, scale, scaled);
                         else {         /* an edge tile: through a whole scratch tile, the same vector code */
@@ -234,7 +232,6 @@ void ordered_gemm(const float *a, int64_t lda, const float *b, int64_t bk, int64
             }
         }
         free(bp);
-        free(ap);
         free(part);
     }
 }
