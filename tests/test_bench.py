@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from slmclassify.bench.article import article_batched
-from slmclassify.bench.compare import E_ROUNDS, non_embedding_params, roofline, run_bench
+from slmclassify.bench.compare import E_ROUNDS, non_embedding_params, roofline, run_bench, vendor_kernel
 from slmclassify.cli.main import cli
 from slmclassify.core.article_tickets import ARTICLE_TASK, BASE_TICKETS, FILLER, article_tickets
 
@@ -69,10 +69,17 @@ def test_bench_report_schema(llama_loaded):
     assert set(data["machine"]) >= {"cpu", "threads", "torch", "transformers", "date"}
     assert data["matmul_gflops"] > 0
     names = [r["name"] for r in data["rows"]]
-    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 9 + len(low) + len(peers)
+    vendor = vendor_kernel(llama_loaded)  # (k): d on the fastest vendor float32 GEMM, where d runs the ordered one
+    k = [f"k ours fp32 {vendor}"] if vendor else []
+    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 9 + len(k + low) + len(peers)
+    assert names[7 : 7 + len(k)] == k
+    if k:
+        row = data["rows"][7]
+        assert row["agree"] == 12 and row["vs_d"] > 0 and "not batch-invariant" in row["description"]
     # (g): ours in the other precisions this CPU runs natively, after the float32 rows; (m) the labels
     # as a multi-label task; (q) three questions in one pass; then (i)
-    assert names[7 : 7 + len(low)] == [f"g ours {p}" for p in low]
+    low = k + low  # the rows after (k) count from it
+    assert names[7 + len(k) : 7 + len(low)] == [f"g ours {p}" for p in low[len(k):]]
     assert names[7 + len(low)] == "m ours multi-label (3)"
     assert names[8 + len(low)] == "q ours 3 questions (5+3+3)"
     assert [n.removesuffix(" per item").removesuffix(" batched") for n in names[9 + len(low):]] == \
@@ -96,12 +103,12 @@ def test_bench_report_schema(llama_loaded):
             assert row["max_abs_diff"] < 1e-3
     ours = data["rows"][3]
     assert ours["peak_rss_mb"] > 0
-    # (g) and (i) timed interleaved with (d): the speed-up over (a) is (row over d) x (d over a),
+    # (k), (g) and (i) timed interleaved with (d): the speed-up over (a) is (row over d) x (d over a),
     # its seconds d's over (row over d), so that no row timed at another moment enters the ratio.
     for row in data["rows"][7:]:
         if row["name"].startswith("q "):
             continue
-        assert row["vs_d"] > 0 and row["padding"] == (ours["padding"] if row["name"][0] in "gm" else None)
+        assert row["vs_d"] > 0 and row["padding"] == (ours["padding"] if row["name"][0] in "gkm" else None)
         assert row["seconds"] == pytest.approx(ours["seconds"] / row["vs_d"])
         assert row["speedup"] == pytest.approx(row["vs_d"] * ours["speedup"])
     assert all(row["vs_d"] is None for row in data["rows"][:4])
@@ -120,7 +127,7 @@ def test_bench_report_schema(llama_loaded):
     assert data["flops_per_token"] == 2 * LLAMA_NON_EMBEDDING
     for row in report.rows:
         expected = (roofline(report.work_tokens, report.flops_per_token, row.seconds, report.matmul_gflops)
-                    if row.name[0] in "deg" else None)  # g: ours in low precision, against the fp32 rate
+                    if row.name[0] in "degk" else None)  # g: ours in low precision, against the fp32 rate
         assert row.roofline == expected
 
 
@@ -166,7 +173,11 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
     assert "speedup" in result.stdout and "a article per-item loop" in result.stdout
     last = json.loads(lines[-1])
     assert last == json.loads(out.read_text())
-    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * 9  # with (m), (q)
+    k = sum(r["name"].startswith("k ") for r in last["rows"])
+    from slmclassify import load_model
+
+    assert k == (1 if vendor_kernel(load_model(str(llama_dir))) else 0)
+    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * (9 + k)  # (m), (q)
     assert [r["agree"] for r in last["rows"] if r["name"].startswith("i ctranslate2 fp32")] == [6] * CT2
     assert "engine: cpu fp32 (" in result.stdout
 
@@ -223,7 +234,8 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
     with_f = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).stdout.splitlines()[-1])
     names = [r["name"][0] for r in with_f["rows"]]
     peers = 2 if CT2 else 0
-    assert names == list("abcdeee") + ["g"] * (len(names) - 10 - peers) + ["m", "q"] + ["i"] * peers + ["f"]
+    k = 1 if vendor_kernel(llama_loaded) else 0
+    assert names == list("abcdeee") + ["k"] * k + ["g"] * (len(names) - 10 - k - peers) + ["m", "q"] + ["i"] * peers + ["f"]
     assert calls == [str(tmp_path / "model.gguf")]
 
     without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])

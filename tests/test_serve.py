@@ -95,10 +95,11 @@ def assert_same(got: dict, want):
 
 
 def test_concurrent_requests_are_batched_together_and_split_back(llama_loaded):
-    """Requests arriving within max_wait share engine batches; each gets its own texts' results, in order,
-    with the bits of each text scored alone."""
+    """Requests of 16 concurrent clients arriving within max_wait share engine batches; each gets its own
+    texts' results, in order, with the bits of each text scored alone."""
     want, _ = offline(llama_loaded, TEXTS, max_rows=1)
-    requests = [TEXTS[i:i + k] for i, k in ((0, 1), (1, 3), (4, 1), (5, 4), (3, 1), (8, 1), (7, 1), (2, 2))]
+    requests = [TEXTS[i:i + k] for i, k in ((0, 1), (1, 3), (4, 1), (5, 4), (3, 1), (8, 1), (7, 1), (2, 2),
+                                            (6, 2), (0, 4), (4, 2), (1, 1), (3, 5), (8, 1), (5, 1), (0, 9))]
     with running(llama_loaded, max_wait_ms=4000) as (url, _app):
         with ThreadPoolExecutor(len(requests)) as pool:
             answers = list(pool.map(lambda texts: post(url, {"task": "support", "texts": texts}), requests))
