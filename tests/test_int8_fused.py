@@ -286,18 +286,31 @@ print("loaded", flush=True)
 """
 
 
-@pytest.mark.parametrize("damage", ["truncated", "text-bytes-flipped", "another-library"])
-def test_a_damaged_compiled_kernel_is_built_again_not_loaded(tmp_path, damage):
-    """Before: a kernel library truncated to 4 KB died with a bus error, bytes flipped in its code
-    with an illegal instruction or a segmentation fault, another library copied over it with a
-    traceback (undefined symbol), at every later start. Now its SHA-256 is recorded at build and
-    checked before loading (and every symbol when binding): it is built again."""
+@pytest.fixture(scope="module")
+def built_kernels(tmp_path_factory):
+    """A cache folder where a fresh process built the int8 and float32 kernels (once for the module)."""
     import subprocess
     import sys
 
-    first = subprocess.run([sys.executable, "-c", BUILD_KERNELS, str(tmp_path)], capture_output=True, text=True,
+    folder = tmp_path_factory.mktemp("built-kernels")
+    first = subprocess.run([sys.executable, "-c", BUILD_KERNELS, str(folder)], capture_output=True, text=True,
                            timeout=300)
     assert first.returncode == 0 and "built" in first.stdout, first.stderr
+    return folder
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text-bytes-flipped", "another-library"])
+def test_a_damaged_compiled_kernel_is_built_again_not_loaded(tmp_path, damage, built_kernels):
+    """Before: a kernel library truncated to 4 KB died with a bus error, bytes flipped in its code
+    with an illegal instruction or a segmentation fault, another library copied over it with a
+    traceback (undefined symbol), at every later start. Now its SHA-256 is recorded at build and
+    checked before loading (and every symbol when binding): it is built again. (Each damage on its own
+    copy of one build.)"""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(built_kernels, tmp_path, dirs_exist_ok=True)
     (target,) = (tmp_path / "kernels").glob("int8-*.so")
     data = bytearray(target.read_bytes())
     if damage == "truncated":

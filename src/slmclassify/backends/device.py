@@ -102,6 +102,8 @@ class Backend:
             why = ordered_gemm.unavailable() or fp32_kernels.unavailable()
             lead = f"the {kernel} GEMM orders its sums by the call's shape on this CPU"
             return f"{lead}; the ordered GEMM cannot run here: {why}" if why else f"{lead} (asked for by SLMCLASSIFY_FP32_KERNEL)"
+        if kernel.startswith("int8"):  # integer sums, exact in any order; the float passes around them unchecked
+            return f"the {kernel} GEMM is not made batch-invariant (float32's ordered GEMM is)"
         return f"the {kernel} GEMM orders its sums by the call's shape on this CPU (only float32's ordered GEMM does not)"
 
     @property
