@@ -263,3 +263,34 @@ def test_the_probe_times_a_workload_of_mixed_lengths_planned_as_real_items_are()
     for budget in schedule.BUDGETS["cpu"]:
         batches = plan_batches(np.array(lengths), budget, max(schedule.ROW_CAPS))
         assert len(batches) >= 2 and sorted(np.concatenate(batches)) == list(range(len(lengths)))
+
+
+def test_a_foreign_or_edited_cache_entry_is_measured_again_not_a_traceback(tmp_path, llama_dir, one_torch_thread):
+    """Before: the GEMM and schedule entries swapped between their keys (the issue's sweep rotated them
+    between models' keys) gave `KeyError: 'token_budget'`. Now an entry without its fields, of the wrong
+    types, not an object, or a cache file that is not a JSON object, is a miss: measured again and
+    written over."""
+    loaded = load_model(str(llama_dir), device="cpu")
+    clf = Classifier(TASK, model=loaded)
+    assert clf.schedule["cached"] is False
+    stored = _stored(tmp_path)
+    import torch
+
+    gemm_key = f"{choice.machine_key(torch.device('cpu'))}|{choice.model_key(loaded.model.config)}"
+    path = tmp_path / "cache" / "slmclassify" / choice.CACHE_FILE
+    schedule_key = schedule.schedule_key(loaded)
+    assert {gemm_key, schedule_key} <= set(stored)
+    plantings = [{gemm_key: stored[schedule_key], schedule_key: stored[gemm_key]},  # swapped
+                 {gemm_key: "x", schedule_key: [1, 2]},
+                 {gemm_key: {**stored[gemm_key], "gemm": "no-such-kernel"},
+                  schedule_key: {**stored[schedule_key], "token_budget": "1024", "max_rows": True}},
+                 [stored]]
+    for planted in plantings:
+        path.write_text(json.dumps(planted))
+        again = Classifier(TASK, model=load_model(str(llama_dir), device="cpu"))
+        assert again.schedule["cached"] is False and again.loaded.gemm_rates["cached"] is False, planted
+        assert again.loaded.backend.gemm == loaded.backend.gemm
+        assert again.settings.token_budget in schedule.BUDGETS["cpu"] and isinstance(again.settings.max_rows, int)
+        rewritten = _stored(tmp_path)
+        assert rewritten[schedule_key]["token_budget"] == again.settings.token_budget
+        assert set(choice.GEMM_FIELDS) <= set(rewritten[gemm_key])

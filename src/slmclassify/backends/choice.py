@@ -158,12 +158,13 @@ def measure(config, device: torch.device, cache_dir: Path | None, log=None, head
     return entry
 
 
-def cached_or_measured(cache_dir: Path | None, key: str, device: torch.device, measure, usable=None) -> dict:
+def cached_or_measured(cache_dir: Path | None, key: str, device: torch.device, measure, usable=None,
+                       fields: dict[str, type | tuple] | None = None) -> dict:
     """The cached entry under `key` ({..., "cached": True}) or, when there is none usable
-    (`usable()`, default `cached_entry`), `measure()`'s under the measurement lock, kept with the
+    (`usable()`, default `cached_entry` with `fields`), `measure()`'s under the measurement lock, kept with the
     load it was taken under and marked provisional on a busy machine or when its rounds disagree
     (`spread` above `UNSTEADY`)."""
-    usable = usable or (lambda: cached_entry(cache_dir, key))
+    usable = usable or (lambda: cached_entry(cache_dir, key, fields))
     entry = usable()
     if entry is not None:
         return {**entry, "cached": True}
@@ -187,10 +188,14 @@ def _usable(cache_dir: Path | None, key: str, device: torch.device) -> dict | No
     """The cached GEMM measurement, unless it misses a kernel that runs here now (int8-fused,
     int8-maddubs: measured before one existed), has no invariance check (measured by an older version)
     or is provisional and the machine is quiet."""
-    entry = cached_entry(cache_dir, key)
-    stale = entry is not None and (not isinstance(entry.get("invariant"), dict) or (
+    entry = cached_entry(cache_dir, key, GEMM_FIELDS)
+    stale = entry is not None and (entry["gemm"] not in gemm.KERNELS or (
         device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= set(entry.get("rates", {}))))
     return None if stale else entry
+
+
+GEMM_FIELDS = {"gemm": str, "rates": dict, "invariant": dict}
+"""What a cached GEMM measurement has (`cached_entry`); one without is measured again."""
 
 
 def _measure_gemm(config, device: torch.device, head: torch.Tensor | None = None) -> dict:
@@ -230,12 +235,16 @@ _MEASURED_HERE: set[str] = set()
 classifier a long-lived process (the service, a test session) builds."""
 
 
-def cached_entry(cache_dir: Path | None, key: str) -> dict | None:
-    """The cached measurement under `key`, or None when there is none or it is provisional, the
-    machine is quiet now and this process has not measured it yet (so it is measured again)."""
+def cached_entry(cache_dir: Path | None, key: str, fields: dict[str, type | tuple] | None = None) -> dict | None:
+    """The cached measurement under `key`, or None when there is none, it is not a measurement of this
+    kind (not an object, or without one of `fields` {name: type} of that type: an edited file, another
+    kind's entry moved under this key; measured again and written over, never a traceback) or it is
+    provisional, the machine is quiet now and this process has not measured it yet (so it is measured again)."""
     entry = _read(cache_dir).get(key)
-    if entry is None or (_provisional(entry) and key not in _MEASURED_HERE
-                         and machine_load() <= BUSY_LOAD_PER_CORE):
+    if not isinstance(entry, dict) or any(not isinstance(entry.get(name), kind) or isinstance(entry.get(name), bool)
+                                          for name, kind in (fields or {}).items()):
+        return None
+    if _provisional(entry) and key not in _MEASURED_HERE and machine_load() <= BUSY_LOAD_PER_CORE:
         return None
     return entry
 
@@ -378,9 +387,10 @@ def _read(cache_dir: Path | None) -> dict:
     if cache_dir is None:
         return {}
     try:
-        return json.loads((Path(cache_dir) / CACHE_FILE).read_text())
+        cache = json.loads((Path(cache_dir) / CACHE_FILE).read_text())
     except (OSError, ValueError):
         return {}
+    return cache if isinstance(cache, dict) else {}  # another JSON value: nothing cached (written over)
 
 
 def _write(cache_dir: Path | None, cache: dict) -> None:

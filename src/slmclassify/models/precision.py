@@ -28,6 +28,7 @@ import numpy as np
 
 from ..backends.choice import cached_entry, machine_key, model_key, speedup, store_entry
 from ..backends.device import cpu_native
+from ..backends.names import PRECISIONS
 from ..cache import cache_root
 from ..core.encode import valid_unicode
 from ..core.scoring import Scorer
@@ -158,8 +159,8 @@ def decide_auto(bare, device, task, texts: Iterable | None = None, settings=None
     task_hash = hashlib.sha256(repr(task).encode()).hexdigest()[:12]
     key = (f"auto|{machine_key(device)}|{model_key(config)}|task {task_hash}"
            f"|sample {sample.digest(settings.max_text_tokens)}|check {CHECK_VERSION} gate {MIN_AGREEMENT}")
-    decided = cached_entry(cache_root(), key)
-    if decided is not None:
+    decided = cached_entry(cache_root(), key, {"precision": str})
+    if decided is not None and decided["precision"] in PRECISIONS[1:]:  # else foreign or edited: decided again
         return with_precision(bare, decided["precision"], device, auto_decision={**decided, "cached": True})
     fp32 = with_precision(bare, "fp32", device)
     decided, chosen = _decide(fp32, Scorer.build(task, fp32.tokenizer, config, settings), list(sample.texts), log)

@@ -96,7 +96,8 @@ def measured_schedule(loaded, cache_dir: Path | None) -> dict:
     cached, or measured now (and cached) when there is none or it was provisional and the machine is quiet."""
     device = loaded.backend.device
     return choice.cached_or_measured(cache_dir, schedule_key(loaded), device,
-                                     lambda: measure(loaded.engine, loaded.model.config.vocab_size, device))
+                                     lambda: measure(loaded.engine, loaded.model.config.vocab_size, device),
+                                     fields={"token_budget": int, "max_rows": int})
 
 
 def measure(engine, vocab_size: int, device: torch.device) -> dict:
