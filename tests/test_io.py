@@ -328,3 +328,21 @@ def test_parquet_integers_with_nulls_stay_exact_integers(tmp_path, run_main, lla
     else:
         column = pq.read_table(out).column("n")
         assert column.type == pa.int64() and column.to_pylist() == [1, None, 2**53 + 1]
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n", "\n"])
+def test_a_csv_with_any_line_end_reads_the_same_rows(tmp_path, end):
+    """Before: a CSV with CR-only line ends (old Mac files, some exports) stopped with `_csv.Error:
+    new-line character seen in unquoted field` (the header's parse). Every line end reads the same rows,
+    a quoted line break inside a cell kept as it is."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(end.join(["id,text", "1,hello there", '2,"my card\rwas charged"', "3,third", ""]).encode())
+    frame = read_table(str(src), "text")
+    assert frame.to_dict("records") == [{"id": "1", "text": "hello there"},
+                                        {"id": "2", "text": "my card\rwas charged"},
+                                        {"id": "3", "text": "third"}]
+    reader = open_table(str(src), "text")
+    try:
+        assert reader.total_rows == 3
+    finally:
+        reader.close()

@@ -217,7 +217,7 @@ class TableReader:
         text = head.decode("utf-8", "replace").removeprefix("\ufeff")
         if not text.strip() and len(head) < _HEAD:
             raise InputError(f"{self.name}: the file is empty (expected a CSV header row)")
-        first = next(csv.reader(io.StringIO(text.lstrip("\r\n"))), [])
+        first = next(csv.reader(io.StringIO(text.lstrip("\r\n"), newline="")), [])  # any line end: \n, \r\n, \r
         self.columns = first
         self._check_unique_columns()
         if self.path != "-":  # a quick first pass (pyarrow only): the row count, ragged rows, invalid UTF-8
