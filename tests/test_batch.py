@@ -156,3 +156,22 @@ def test_bad_options_are_refused_before_the_model_loads(tmp_path, args, words):
     write_lines(src, [chat_line(0, "hi")])
     result = CliRunner().invoke(cli, ["batch", str(src), "-o", str(tmp_path / "o.jsonl"), *args])
     assert words in str(result.exception), result.output
+
+
+def test_a_line_with_a_lone_surrogate_fails_alone(tmp_path, llama_dir):
+    """Before: a chat message or a completions prompt holding a lone surrogate (valid JSON) stopped the
+    whole file with `TypeError: TextEncodeInput must be ...`, 0 answers written. Now that line is its
+    error, naming the field, and every other line its answer."""
+    lines = [chat_line(0, TICKETS[0]), chat_line(1, "hi \ud800 there"), chat_line(2, TICKETS[1]),
+             {"custom_id": "p", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "m", "prompt": ["ok", "\ud800"], "echo": True, "logprobs": 1, "max_tokens": 0}},
+             chat_line(4, TICKETS[2])]
+    src, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
+    write_lines(src, lines)
+    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--quiet")
+    assert "lines: 5 (3 answered, 2 refused)" in result.output
+    got = answers(out)
+    assert [a["custom_id"] for a in got] == ["req-0", "req-1", "req-2", "p", "req-4"]
+    assert [a["error"] is None for a in got] == [True, False, True, False, True]
+    assert "body.messages[1].content is not valid Unicode (it holds a lone surrogate)" in got[1]["error"]["message"]
+    assert "body.prompt[1] is not valid Unicode" in got[3]["error"]["message"]

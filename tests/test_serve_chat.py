@@ -153,3 +153,32 @@ def test_a_service_without_tasks_answers_chat_and_lists_the_model(llama_loaded):
         top = {e["token"]: e["logprob"] for e in answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]}
         assert np.allclose([top[c] for c in CHOICES], want, atol=1e-4)  # no prefix kept: the head computed again
         assert client.post("/v1/classify", json={"task": "support", "text": "hi"}).status_code == 404
+
+
+def test_a_lone_surrogate_anywhere_in_an_openai_body_is_a_400_naming_the_field(llama_loaded):
+    """Before: a lone surrogate (valid JSON, "\\ud800") in a chat message's content or a completions prompt
+    reached the tokenizer and the service answered 500. Now one check of every string of the body
+    (`core.encode.invalid_text_at`) answers 400 in OpenAI's shape, naming the field; the next request
+    is answered as usual."""
+    import json
+
+    from test_serve import running
+
+    bad = [("/v1/chat/completions", {"model": "support", "messages": chat("hi \ud800"), "guided_choice": CHOICES},
+            "messages[1].content"),
+           ("/v1/chat/completions", {"model": "support", "messages": chat("hi"), "guided_choice": ["billing", "\udc00x"]},
+            "guided_choice[1]"),
+           ("/v1/completions", {"model": "support", "prompt": "a \ud800 b", "echo": True, "max_tokens": 0}, "prompt"),
+           ("/v1/completions", {"model": "support", "prompt": ["fine", "\ud800"], "echo": True, "max_tokens": 0},
+            "prompt[1]")]
+    with running(llama_loaded) as (url, _app):
+        for path, body, field in bad:
+            answer = httpx.post(f"{url}{path}", content=json.dumps(body), timeout=30,
+                                headers={"Content-Type": "application/json"})
+            assert answer.status_code == 400, (path, answer.text)
+            error = answer.json()["error"]
+            assert error["type"] == "invalid_request_error"
+            assert f"{field} is not valid Unicode (it holds a lone surrogate)" in error["message"], error
+        good = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                          json={"model": "support", "messages": chat("refund"), "guided_choice": CHOICES})
+        assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"] in CHOICES

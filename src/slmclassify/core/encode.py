@@ -161,6 +161,27 @@ def valid_unicode(text: str) -> bool:
     return True
 
 
+def invalid_text_at(value, path: str = "") -> str | None:
+    """Where in a JSON value (strings, lists, objects) the first string that does not encode as UTF-8
+    is (`valid_unicode`), as the field's path, e.g. "messages[0].content" or "prompt[2]"; None where every
+    string encodes. One check for every request body the service and `batch` take, before anything
+    reads it: a tokenizer given such a string raises deep inside (a 500, a whole batch file lost)."""
+    if isinstance(value, str):
+        return None if valid_unicode(value) else (path or "the body")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and not valid_unicode(key):
+                return f"a key of {path or 'the body'}"
+            if (found := invalid_text_at(item, where)) is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if (found := invalid_text_at(item, f"{path}[{index}]")) is not None:
+                return found
+    return None
+
+
 def choose_prefix(tokenizer, head: str) -> list[int]:
     """Prefix ids from the shared head text, cut one token early.
 

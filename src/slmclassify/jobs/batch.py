@@ -33,6 +33,7 @@ from ..core.chat_request import chat_choices, chat_completion, chat_messages
 from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
+from ..core.encode import invalid_text_at
 from ..core.prefix_caches import PrefixCaches, check_prefix_cache_mb
 from ..core.task import Task
 from ..errors import InputError
@@ -180,6 +181,8 @@ class _Answerer:
             custom_id = None
             try:
                 custom_id, url, body = _request(raw, start + k)
+                if (where := invalid_text_at(body)) is not None:  # the service's 400 (`serve/chat.py`)
+                    raise InputError(f"body.{where} is not valid Unicode (it holds a lone surrogate); send UTF-8 text")
                 if url == "/v1/completions":  # its own engine rows: its trie is its own
                     answers[k] = self._completed(start + k, custom_id, body)
                     continue

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..core.completions import CompletionAsk, completion_rows, row_logprobs
 from ..core.conversation import ChoicePrompt, ChoiceScorer
-from ..core.encode import EncodedItems
+from ..core.encode import EncodedItems, invalid_text_at
 from ..core.prefix_caches import PrefixCaches
 from ..core.settings import EngineSettings
 from .adapter import BatchWork, EncodedRequest
@@ -32,7 +32,19 @@ class ChatMessage(BaseModel):
     content: str | list[dict] | None = None
 
 
-class ChatRequest(BaseModel):
+class _UnicodeBody(BaseModel):
+    """A request body every string of which is valid Unicode (JSON may spell a lone surrogate, "\\ud800",
+    which no tokenizer takes): otherwise a 400 naming the field (`core.encode.invalid_text_at`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data):
+        if (where := invalid_text_at(data)) is not None:
+            raise ValueError(f"{where} is not valid Unicode (it holds a lone surrogate); send UTF-8 text")
+        return data
+
+
+class ChatRequest(_UnicodeBody):
     """The fields of OpenAI's chat completion request that change the answer (`core/chat_request.py`
     reads them); sampling fields are accepted and ignored: nothing is sampled."""
 
@@ -110,7 +122,7 @@ class ChoiceRunners:
         return runner
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(_UnicodeBody):
     """The fields of OpenAI's completions request that change the answer (`core/completions.py`
     reads them); sampling fields are accepted and ignored."""
 
