@@ -99,7 +99,7 @@ class Backend:
         if self.device.type != "cpu":
             return f"the {self.device.type} GEMMs pick their kernels, and with them each sum's order, by the call's shape"
         if kernel in ("mm", "onednn"):
-            why = ordered_gemm.unavailable() or fp32_kernels.unavailable()
+            why = gemm.ordered_unavailable()
             lead = f"the {kernel} GEMM orders its sums by the call's shape on this CPU"
             return f"{lead}; the ordered GEMM cannot run here: {why}" if why else f"{lead} (asked for by SLMCLASSIFY_FP32_KERNEL)"
         if kernel.startswith("int8"):  # integer sums, exact in any order; the float passes around them unchecked

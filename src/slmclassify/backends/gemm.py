@@ -244,7 +244,7 @@ def kernel_invariance(weights: Sequence[torch.Tensor], head_shape: tuple[int, in
     "lm_head": the same for its output layer (`output_layer`) on `head` [vocab, hidden] or a random
     weight of `head_shape`}, where the ordered GEMM runs here (else {})."""
     device = weights[0].device
-    if device.type != "cpu" or ordered_gemm.load() is None or fp32_passes.load() is None:
+    if device.type != "cpu" or ordered_unavailable() is not None:
         return {}
     ops = [OrderedLinear(w, None, torch.float32) for w in weights]
     out = {"ordered": all(batch_invariant(op, w.shape[0], device) for op, w in zip(ops, weights))}
@@ -257,20 +257,10 @@ def kernel_invariance(weights: Sequence[torch.Tensor], head_shape: tuple[int, in
 
 def output_layer(kernel: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearOp:
     """The output layer's x @ weight.T (+ bias) for its weight [vocab, hidden] (the embeddings' when
-    tied, so no copy): the ordered GEMM on the transposed view where `kernel` is `ordered`, else `F.linear`."""
-    if kernel == "ordered":
-        return OrderedLinear(weight.t(), bias, torch.float32)
-    return _Linear(weight, bias)
-
-
-class _Linear(LinearOp):
-    """`F.linear(x, weight, bias)` for weight [out, in] (the output layer on the vendor kernels)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.weight, self.bias, self.out_features = weight, bias, weight.shape[0]
-
-    def __call__(self, x):
-        return F.linear(x, self.weight, self.bias)
+    tied, so no copy), on the transposed view: the ordered GEMM where `kernel` is `ordered`, else
+    `torch.mm` (the same bits as `F.linear`, which the reference path's `lm_head` calls)."""
+    op = OrderedLinear if kernel == "ordered" else MmLinear
+    return op(weight.t(), bias, torch.float32)
 
 
 def log_softmax(kernel: str, logits: torch.Tensor) -> torch.Tensor:
@@ -346,11 +336,10 @@ class OrderedLinear(LinearOp):
     of `fp32_kernels` (one fixed order per row too)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
-        self.lib, self.passes = ordered_gemm.load(), fp32_passes.load()
-        if self.lib is None or self.passes is None:
-            why = ordered_gemm.unavailable() or fp32_passes.unavailable()
+        if (why := ordered_unavailable()) is not None:
             raise TaskError(f"the ordered float32 GEMM cannot run here: {why}; use the mm kernel "
                             f"(SLMCLASSIFY_FP32_KERNEL=mm), whose scores may differ in their last bits with the batch")
+        self.lib, self.passes = ordered_gemm.load(), fp32_passes.load()
         self.weight, self.out_features = weight, weight.shape[1]
         self.bias = None if bias is None else bias.float().contiguous()
 
@@ -609,8 +598,14 @@ def fp32_kernels(device: torch.device) -> list[str]:
     batch-invariant), and the vendor kernels (faster on some CPUs; used where asked for)."""
     if device.type != "cpu":
         return ["mm"]
-    own = ["ordered"] if ordered_gemm.load() is not None and fp32_passes.load() is not None else []
+    own = ["ordered"] if ordered_unavailable() is None else []
     return own + ["mm"] + (["onednn"] if torch.backends.mkldnn.is_available() else [])
+
+
+def ordered_unavailable() -> str | None:
+    """Why the ordered GEMM cannot run here (its library or the float32 passes it uses do not build),
+    or None where it can: the one answer every caller asks."""
+    return ordered_gemm.unavailable() or fp32_passes.unavailable()
 
 
 def int8_engine() -> str | None:
