@@ -209,7 +209,7 @@ def cli_command():
 def cli_env(tmp_path):
     """The environment of a command a test starts: its own config and cache folders. The cache starts
     with a copy of the C kernels this session compiled (`backends/native.py`: each named by its sources,
-    flags and CPU, its SHA-256 checked before loading), so that the command does not compile them again
+    flags and CPU, its record checked before loading), so that the command does not compile them again
     (~2.6 s of CPU each time); it measures, converts and records everything else itself. A kernel the
     session has not built yet is compiled by the command, as a user's first run would."""
     from slmclassify.cache import cache_root

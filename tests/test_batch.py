@@ -175,3 +175,46 @@ def test_a_line_with_a_lone_surrogate_fails_alone(tmp_path, llama_dir):
     assert [a["error"] is None for a in got] == [True, False, True, False, True]
     assert "body.messages[1].content is not valid Unicode (it holds a lone surrogate)" in got[1]["error"]["message"]
     assert "body.prompt[1] is not valid Unicode" in got[3]["error"]["message"]
+
+
+def test_hostile_lines_fail_alone_among_good_ones(tmp_path, llama_dir, monkeypatch):
+    """Before: a `/v1/classify` body whose `model` is a list or an object stopped the whole file
+    (`TypeError: unhashable type`), 0 answers written. Now every per-line error, and any error the
+    checks did not foresee (planted here), is that line's error object; every other line its answer."""
+    import slmclassify.jobs.batch as job
+
+    real = job.chat_messages
+
+    def planted(body):
+        if body["messages"][-1]["content"] == "plant a bug":
+            raise TypeError("a bug the checks did not foresee")
+        return real(body)
+
+    monkeypatch.setattr(job, "chat_messages", planted)
+    pooled = {"custom_id": "c", "method": "POST", "url": "/v1/classify", "body": {"model": "support", "input": "refund"}}
+    hostile = [{**pooled, "custom_id": "list", "body": {"model": ["support"], "input": "refund"}},
+               {**pooled, "custom_id": "object", "body": {"model": {"name": "support"}, "input": "refund"}},
+               {**pooled, "custom_id": "number", "body": {"model": 3, "input": ["refund"]}},
+               {**pooled, "custom_id": "input", "body": {"model": "support", "input": {"text": "refund"}}},
+               {**chat_line(9, "x"), "custom_id": "messages", "body": {"model": "m", "messages": "hi",
+                                                                        "structured_outputs": {"choice": CHOICES}}},
+               {**chat_line(9, "x"), "custom_id": 7},
+               chat_line(10, "plant a bug")]
+    good = [chat_line(0, TICKETS[0]), pooled, chat_line(1, TICKETS[1])]
+    lines = [good[0], *hostile[:3], good[1], *hostile[3:], good[2]]
+    src, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
+    write_lines(src, lines)
+    task_file = tmp_path / "support.toml"
+    task_file.write_text('labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\n')
+    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--quiet", "--task", f"support={task_file}")
+    assert f"lines: {len(lines)} (3 answered, {len(hostile)} refused)" in result.output
+    got = answers(out)
+    assert [a["custom_id"] for a in got] == [line["custom_id"] if isinstance(line["custom_id"], str) else None
+                                             for line in lines]
+    errors = {a["custom_id"]: a["error"] for a in got}
+    assert [a["error"] is None for a in got] == [line in good for line in lines]
+    assert "model must be a string, the task's name (got list)" in errors["list"]["message"]
+    assert "(got dict)" in errors["object"]["message"] and "(got int)" in errors["number"]["message"]
+    assert "input must be a string or a non-empty list of strings" in errors["input"]["message"]
+    assert errors["req-10"]["code"] == "server_error"
+    assert "TypeError: a bug the checks did not foresee" in errors["req-10"]["message"]

@@ -39,7 +39,7 @@ def embedded():
 def test_embedded_model_is_cached_after_conversion(embedded, monkeypatch):
     cached = [p for p in loading.cache_root().glob("gguf-*") if (p / "model.safetensors").is_file()]
     assert cached, "the converted float32 copy is kept in the cache"
-    monkeypatch.setattr(loading, "_convert_gguf", lambda *a: pytest.fail("converted twice"))
+    monkeypatch.setattr(loading, "_dequantise_checked", lambda *a: pytest.fail("converted twice"))
     again = load_model()
     assert again.model.config.model_type == "llama"
 

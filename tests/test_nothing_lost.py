@@ -207,7 +207,9 @@ def _big_rows_input(path: Path) -> Path:
 @pytest.mark.parametrize("ext", ["csv", "jsonl"])
 def test_resume_refuses_an_input_edited_where_it_was_read(run_main, monkeypatch, tmp_path, llama_dir, ext):
     """Before: an edit past the first MiB, same size, mtime restored, was resumed silently and the
-    output kept the old row's text and label. Now the bytes already read are re-hashed on resume."""
+    output kept the old row's text and label. Now the bytes already read are re-hashed on resume, and
+    the refusal names how many were read: the rows done and the reader's read-ahead (the sweep found
+    "in the 5626653 bytes already read for the 1000 rows done" misleading)."""
     src = _big_rows_input(tmp_path / f"in.{ext}")
     target = tmp_path / "out.csv"
     _interrupted_run(run_main, monkeypatch, src, target, llama_dir)
@@ -220,10 +222,13 @@ def test_resume_refuses_an_input_edited_where_it_was_read(run_main, monkeypatch,
     read = json.loads(Path(f"{target}.progress.json").read_text())["input_read"]["bytes"]
     assert read > at
     code, _, err = run_main(*classify_args(src, target, llama_dir, "--resume"))
+    where = (f"the input file changed; the interrupted run had read all of it ({read:,} bytes: the reader reads "
+             "ahead of the 16 rows done), so it cannot tell whether those rows changed" if read >= len(data) else
+             f"the input file changed in its first {read:,} bytes, which the interrupted run had read (the 16 rows "
+             "done and the rows the reader had read ahead of them)")
     assert one_error(code, err) == (
-        f"slmclassify: error: cannot resume {target}: the input file changed in the {read} bytes already read for "
-        f"the 16 rows done since {target}.partial was started; run with the same input and options, or pass "
-        "--restart to start over")
+        f"slmclassify: error: cannot resume {target}: {where} since {target}.partial was started; run with the "
+        "same input and options, or pass --restart to start over")
 
 
 def test_resume_checks_a_parquet_input_whole(run_main, monkeypatch, tmp_path, llama_dir):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache import scratch_root, scratch_root_of, tool_version, write_root
 from . import gemm, isa
 from .device import DTYPES, Backend, cpu_native
 
@@ -185,12 +186,17 @@ def cached_or_measured(cache_dir: Path | None, key: str, device: torch.device, m
 
 
 def _usable(cache_dir: Path | None, key: str, device: torch.device) -> dict | None:
-    """The cached GEMM measurement, unless it misses a kernel that runs here now (int8-fused,
-    int8-maddubs: measured before one existed), has no invariance check (measured by an older version)
-    or is provisional and the machine is quiet."""
+    """The cached GEMM measurement, unless it is stale here now: its float32 choice cannot run here (it
+    was measured where the ordered GEMM built: a compiler since removed), a kernel that runs here now is
+    missing from its rates (the ordered GEMM, int8-fused, int8-maddubs: measured before one could run),
+    it has no invariance check (measured by an older version), or it is provisional and the machine is quiet."""
     entry = cached_entry(cache_dir, key, GEMM_FIELDS)
-    stale = entry is not None and (entry["gemm"] not in gemm.KERNELS or (
-        device.type == "cpu" and cpu_native("int8") and not set(int8_candidates()) <= set(entry.get("rates", {}))))
+    if entry is None:
+        return None
+    runs = gemm.fp32_kernels(device)
+    if device.type == "cpu" and cpu_native("int8"):
+        runs = runs + int8_candidates()
+    stale = entry["gemm"] not in gemm.fp32_kernels(device) or not set(runs) <= set(entry["rates"])
     return None if stale else entry
 
 
@@ -236,22 +242,25 @@ classifier a long-lived process (the service, a test session) builds."""
 
 
 def cached_entry(cache_dir: Path | None, key: str, fields: dict[str, type | tuple] | None = None) -> dict | None:
-    """The cached measurement under `key`, or None when there is none, it is not a measurement of this
-    kind (not an object, or without one of `fields` {name: type} of that type: an edited file, another
-    kind's entry moved under this key; measured again and written over, never a traceback) or it is
+    """The cached measurement under `key`, or None when there is none, it is not this key's (it records
+    the key and version it was measured for: an entry moved under another key, or written by another
+    version, is measured again), it is not a measurement of this kind (not an object, or without one of
+    `fields` {name: type} of that type: an edited file; measured again and written over, never a
+    traceback) or it is
     provisional, the machine is quiet now and this process has not measured it yet (so it is measured again)."""
     entry = _read(cache_dir).get(key)
-    if not isinstance(entry, dict) or any(not isinstance(entry.get(name), kind) or isinstance(entry.get(name), bool)
+    if not isinstance(entry, dict) or entry.get("key") != key or entry.get("version") != tool_version() or any(not isinstance(entry.get(name), kind) or isinstance(entry.get(name), bool)
                                           for name, kind in (fields or {}).items()):
         return None
     if _provisional(entry) and key not in _MEASURED_HERE and machine_load() <= BUSY_LOAD_PER_CORE:
         return None
-    return entry
+    return {k: v for k, v in entry.items() if k not in ("key", "version")}  # what proves it is the cache's, not the entry's
 
 
 def store_entry(cache_dir: Path | None, key: str, entry: dict) -> None:
     """Keep `entry` under `key` (read again first: another process may have written other keys)."""
     _MEASURED_HERE.add(key)
+    entry = {**entry, "key": key, "version": tool_version()}
     cache = _read(cache_dir)
     cache[key] = entry
     _write(cache_dir, cache)
@@ -337,9 +346,7 @@ def fp32_kernel_of(measured: dict) -> str:
     kernel is for a user who wants its speed where it is faster and accepts that (the engine line says so)."""
     pinned = os.environ.get(FP32_KERNEL_ENV)
     if not pinned:
-        if measured["gemm"] in gemm.INVARIANT_KERNELS and measured["gemm"] not in gemm.fp32_kernels(torch.device("cpu")):
-            return fp32_choice(measured["rates"], torch.device("cpu"))  # measured where it built; not here now
-        return measured["gemm"]
+        return measured["gemm"]  # runs here: a measurement whose choice does not is measured again (`_usable`)
     here = [k for k in FP32_KERNELS if k in measured.get("rates", {})]
     if pinned not in here:
         from ..errors import TaskError
@@ -384,25 +391,39 @@ def _dtype_of(kernel: str) -> torch.dtype:
 
 
 def _read(cache_dir: Path | None) -> dict:
+    """The cached entries of `cache_dir`, and over them those this process kept in its scratch folder
+    (`cache.scratch_root`), where the cache could not be written."""
     if cache_dir is None:
         return {}
-    try:
-        cache = json.loads((Path(cache_dir) / CACHE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return cache if isinstance(cache, dict) else {}  # another JSON value: nothing cached (written over)
+    cache = {}
+    for folder in (Path(cache_dir), scratch_root_of(Path(cache_dir))):
+        try:
+            found = json.loads((folder / CACHE_FILE).read_text()) if folder is not None else {}
+        except (OSError, ValueError):
+            found = {}
+        if isinstance(found, dict):  # another JSON value: nothing cached (written over)
+            cache.update(found)
+    return cache
 
 
 def _write(cache_dir: Path | None, cache: dict) -> None:
-    """Atomic write (several processes may measure at once; the last one wins, all are valid)."""
+    """Atomic write (several processes may measure at once; the last one wins, all are valid); where the
+    cache cannot be written, into this process's scratch folder (one warning, `cache.write_root`)."""
     if cache_dir is None:
         return
-    folder = Path(cache_dir)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".backends-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(cache, fh, indent=1, sort_keys=True)
-        os.replace(tmp, folder / CACHE_FILE)
-    except OSError:
-        pass  # a read-only cache folder only costs a re-measurement next time
+    folder = write_root(Path(cache_dir))
+    for attempt in (0, 1):
+        try:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".backends-")
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(cache, fh, indent=1, sort_keys=True)
+                os.replace(tmp, folder / CACHE_FILE)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            return
+        except OSError as exc:  # e.g. a full disk
+            if attempt or folder == scratch_root_of(Path(cache_dir)):
+                return  # measured again by the next process
+            folder = scratch_root(Path(cache_dir), exc.strerror or str(exc))

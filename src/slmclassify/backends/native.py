@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import re
@@ -88,32 +89,38 @@ class Library:
         digest of compiler, flags and CPU, <sources>: of `sources()`) and loaded, not kept (`load`
         keeps it); `bind(lib)` declares its functions' signatures.
 
-        A compiled library is trusted only as built: its SHA-256 is written beside it
-        (`<name>.so.sha256`) and checked before it is loaded, and `bind` must find every symbol; a
-        library that fails either (truncated, bytes changed, another library copied over it) is built
-        again instead of being loaded (loading one crashed the process: a bus error, an illegal
-        instruction, a segmentation fault)."""
+        A compiled library is trusted only as built: what it was built from and its SHA-256 are written
+        beside it (`<name>.so.json`, `_intact`) and checked before it is loaded, and `bind` must find
+        every symbol; a library that fails either (truncated, bytes changed, another library or build
+        copied over it) is built again instead of being loaded (loading one crashed the process: a bus
+        error, an illegal instruction, a segmentation fault). A cache that cannot be written builds it
+        in this process's scratch folder (`cache.scratch_root`): the same kernel, never a fallback."""
         if os.environ.get(COMPILER_ENV) == "":
             return None, f"disabled ({COMPILER_ENV} is empty)"
         cc = compiler()
         if cc is None:
             return None, f"no C compiler found (install gcc, or name one in {COMPILER_ENV})"
-        if cache_dir is None:
-            from ..cache import cache_root
+        from ..cache import cache_root, scratch_root, write_root
 
-            cache_dir = cache_root()
+        root = Path(cache_root() if cache_dir is None else cache_dir)
         sources = self.sources()
         # -march=native: a library built on another CPU (a home folder shared between machines) may use
         # instructions this one lacks, so the CPU is part of the name
-        setup = hashlib.sha256((" ".join(flags) + cc + cpu_identity()).encode()).hexdigest()[:16]
-        folder = Path(cache_dir) / "kernels"
-        target = folder / f"{self.stem}-{setup}-{_digest(sources)[:16]}.so"
+        setup = hashlib.sha256((" ".join(flags) + cc + cpu_identity()).encode()).hexdigest()
+        name = f"{self.stem}-{setup[:16]}-{_digest(sources)[:16]}.so"
+        target = root / "kernels" / name
+        record = {"setup": setup, "sources": _digest(sources)}
         for attempt in (0, 1):
-            if attempt or not _intact(target):
-                why = _compile(cc, flags, sources, self.source, self.stem, folder, target)
-                if why:
-                    return None, why
-                _remove_stale(folder, self.stem, setup, target)
+            if attempt or not _intact(target):  # built here, or where the cache cannot be written, in the scratch folder
+                target = write_root(root) / "kernels" / name
+                if attempt or not _intact(target):
+                    why = _compile(cc, flags, sources, self.source, self.stem, target, record)
+                    if isinstance(why, OSError):  # e.g. a full disk: built for this process alone
+                        target = scratch_root(root, why.strerror or str(why)) / "kernels" / name
+                        why = _compile(cc, flags, sources, self.source, self.stem, target, record)
+                    if why:
+                        return None, str(why)
+                    _remove_stale(target.parent, self.stem, setup[:16], target)
             with contextlib.suppress(OSError):
                 os.utime(target)  # its mtime says when it was last loaded (`_remove_stale`)
             try:
@@ -122,7 +129,7 @@ class Library:
             except (OSError, AttributeError) as exc:
                 if attempt:
                     return None, f"loading {target} failed: {exc}"
-                continue  # e.g. another library copied over it: built again once
+                continue  # e.g. another library copied over it with its record: built again once
             return lib, None
         return None, f"loading {target} failed"
 
@@ -168,15 +175,19 @@ def _remove_stale(folder: Path, stem: str, setup: str, target: Path) -> None:
             if so.stat().st_mtime < cutoff:
                 so.unlink()
                 _recorded(so).unlink(missing_ok=True)
+                so.with_name(so.name + ".sha256").unlink(missing_ok=True)  # what older versions recorded
 
 
-def _compile(cc: str, flags: list[str], sources: dict[str, bytes], main: str, stem: str, folder: Path,
-             target: Path) -> str | None:
-    """Compile `sources[main]` (its headers beside it) into `target` and record its SHA-256 beside it;
-    why not, or None."""
+def _compile(cc: str, flags: list[str], sources: dict[str, bytes], main: str, stem: str, target: Path,
+             record: dict) -> str | OSError | None:
+    """Compile `sources[main]` (its headers beside it) into `target` and record beside it what it was
+    built from (`record`: setup and sources digests) with its SHA-256 and this version; why not (the
+    compiler's words), the `OSError` of a folder that cannot be written, or None."""
+    from ..cache import tool_version
+
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             for name, data in sources.items():  # #include "x.h" finds the headers next to the source
                 (Path(tmp) / name).write_bytes(data)
             src = Path(tmp) / main
@@ -184,18 +195,23 @@ def _compile(cc: str, flags: list[str], sources: dict[str, bytes], main: str, st
             done = subprocess.run([cc, *flags, "-o", str(built), str(src)], capture_output=True, text=True,
                                   timeout=120)
             if done.returncode != 0:
+                if "No space left" in done.stderr:
+                    return OSError(28, "no space left on device")
                 return f"{cc} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
-            recorded = Path(tmp) / "sha256"
-            recorded.write_text(_sha256(built))
+            recorded = Path(tmp) / "record"
+            recorded.write_text(json.dumps({**record, "sha256": _sha256(built), "version": tool_version()}))
             os.replace(built, target)  # atomic: another process may be compiling the same file
             os.replace(recorded, _recorded(target))
-    except (OSError, subprocess.SubprocessError) as exc:
+    except subprocess.SubprocessError as exc:
         return f"compiling with {cc} failed: {exc}"
+    except OSError as exc:
+        return exc
     return None
 
 
 def _recorded(target: Path) -> Path:
-    return target.with_name(target.name + ".sha256")
+    """What a build records beside it: {"setup", "sources", "sha256", "version"} (JSON)."""
+    return target.with_name(target.name + ".json")
 
 
 def _sha256(path: Path) -> str:
@@ -204,10 +220,17 @@ def _sha256(path: Path) -> str:
 
 
 def _intact(target: Path) -> bool:
-    """Whether the compiled library is byte for byte what was built (its recorded SHA-256)."""
+    """Whether the compiled library is byte for byte what was built here under this name: its record
+    names the setup and sources its file name says (a build swapped in from another name is not),
+    this version, and its SHA-256."""
+    from ..cache import tool_version
+
     try:
-        return _recorded(target).read_text().strip() == _sha256(target)
-    except OSError:
+        record = json.loads(_recorded(target).read_text())
+        stem = target.name.rsplit("-", 2)[0]
+        return (target.name == f"{stem}-{record['setup'][:16]}-{record['sources'][:16]}.so"
+                and record["version"] == tool_version() and record["sha256"] == _sha256(target))
+    except (OSError, ValueError, KeyError, TypeError):
         return False
 
 

@@ -20,6 +20,7 @@ def main() -> None:
     from ..interrupts import NOTHING_WRITTEN, Interrupted, handle_sigterm, terminate_as_interrupt
 
     handle_sigterm()
+    _one_line_cache_warnings()
     try:
         cli.main(standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
@@ -37,6 +38,23 @@ def main() -> None:
     except SlmClassifyError as exc:
         click.echo(f"slmclassify: error: {exc}", err=True)
         sys.exit(2)
+
+
+def _one_line_cache_warnings() -> None:
+    """A cache that cannot be written (`cache.CacheWarning`) is one line on stderr, not Python's two."""
+    import warnings
+
+    from ..cache import CacheWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CacheWarning):
+            click.echo(f"slmclassify: warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 class _Commands(click.Group):

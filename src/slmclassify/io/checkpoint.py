@@ -255,8 +255,12 @@ def input_read_changed(saved: dict, input_path: str) -> str | None:
     """Why the input no longer starts with the bytes already read (as the record saw them), or None."""
     read = saved["input_read"]
     if file_sha256(input_path, read["bytes"]) != read["sha256"]:
-        return (f"the input file changed in the {read['bytes']} bytes already read for the "
-                f"{saved.get('rows_done')} rows done")
+        rows = saved.get("rows_done")
+        if read["bytes"] >= os.path.getsize(input_path):
+            return (f"the input file changed; the interrupted run had read all of it ({read['bytes']:,} bytes: the "
+                    f"reader reads ahead of the {rows} rows done), so it cannot tell whether those rows changed")
+        return (f"the input file changed in its first {read['bytes']:,} bytes, which the interrupted run had read "
+                f"(the {rows} rows done and the rows the reader had read ahead of them)")
     return None
 
 

@@ -44,7 +44,7 @@ from ..io.sink import open_sink
 from ..models.prepare import load_model
 from ..models.schedule import scheduled
 from ..serve.adapter import TaskRunner, pooling_response
-from .resume import same_model, saved_run, writing
+from .resume import same_kernels, same_model, saved_run, writing
 from .table_request import check_resume
 from .meter import MeterFactory, no_meter
 
@@ -130,6 +130,7 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, tasks: dict[str,
     loaded = load_model(model, settings.device, settings.precision, task=next(iter(tasks.values()), None),
                         settings=settings)
     same_model(saved, identity, loaded, checkpoint)
+    same_kernels(saved, identity, loaded, checkpoint)
     created = saved["created"] if saved is not None else identity["created"]
     state = _RunState()
     if saved is not None:
@@ -194,6 +195,9 @@ class _Answerer:
                 asked[k] = custom_id, body, prompt
             except InputError as exc:
                 answers[k] = self._refused(start + k, custom_id, str(exc))
+            except Exception as exc:  # noqa: BLE001 - a line the checks missed fails alone, never the file
+                answers[k] = self._refused(start + k, custom_id, f"cannot be answered ({type(exc).__name__}: {exc}): "
+                                           "a bug in slmclassify, please report it with this line", "server_error")
         groups: dict[tuple, list[int]] = {}
         for k, (_id, _body, prompt) in asked.items():
             groups.setdefault(prompt.key, []).append(k)
@@ -219,6 +223,8 @@ class _Answerer:
     def _pooling(self, body: dict) -> tuple[str, list[str]]:
         """(the task, the texts) of a `/v1/classify` line in vLLM's pooling shape."""
         name, texts = body.get("model"), body.get("input")
+        if not isinstance(name, str):
+            raise InputError(f"model must be a string, the task's name (got {type(name).__name__})")
         if name not in self.runners:
             if len(self.runners) == 1 and name == self.loaded.name:
                 name = next(iter(self.runners))
@@ -269,8 +275,7 @@ class _Answerer:
                 "response": {"status_code": 200, "request_id": _derived(self.created, line), "body": body},
                 "error": None}
 
-    def _refused(self, line: int, custom_id, message: str) -> dict:
-        code = "invalid_request_error"
+    def _refused(self, line: int, custom_id, message: str, code: str = "invalid_request_error") -> dict:
         self.state.refused[code] = self.state.refused.get(code, 0) + 1
         return {"id": f"batch_req_{_derived(self.created, line)}", "custom_id": custom_id, "response": None,
                 "error": {"code": code, "message": f"line {line + 1}: {message}"}}

@@ -32,7 +32,7 @@ from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..models.loading import LoadedModel
 from .meter import Meter, MeterFactory, no_meter
-from .resume import same_model, saved_run, writing
+from .resume import same_kernels, same_model, saved_run, writing
 from .table_request import ClassifyRequest
 from ..io.checkpoint import Checkpoint, digest, input_fingerprint
 from ..io.formats import check_not_input, check_output
@@ -124,11 +124,11 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         if on_loaded is not None:
             on_loaded(classifier)
         same_model(saved, identity, classifier.loaded, checkpoint)
+        same_kernels(saved, identity, classifier.loaded, checkpoint)  # recorded: a resumed run computes with them
     except BaseException:
         reader.close()
         raise
-    # recorded: a resumed run computes with the same kernel (and schedule, where that matters: `_as_recorded`)
-    identity["gemm"] = {"precision": classifier.loaded.backend.precision, "kernel": classifier.loaded.backend.gemm}
+    # recorded: and with the same schedule, where that matters (`_as_recorded`)
     identity["schedule"] = {"token_budget": classifier.settings.token_budget, "max_rows": classifier.settings.max_rows}
 
     # the probes keep the raw scores of every scored sequence (a multi-label task's yes and no branches)
@@ -264,14 +264,16 @@ def _as_recorded(saved: dict | None, classifier: Classifier, task: Task, setting
       int8-onednn, whose rows share a quantisation range, or torch's attention): elsewhere an item's
       scores are the same bits in any batch, and the schedule measured now is used.
 
-    Another precision or model is refused by `resume.same_model`, naming it."""
+    Another precision or model is refused by `resume.same_model`, a recorded kernel that cannot run
+    here now by `resume.same_kernels`, naming them."""
     from ..backends import gemm
     from ..models.engines import with_backend
 
     saved = saved or {}
     recorded, loaded = saved.get("gemm"), classifier.loaded
+    runs = gemm.fp32_kernels(loaded.backend.device) if loaded.backend.precision == "fp32" else gemm.KERNELS
     if (isinstance(recorded, dict) and recorded.get("precision") == loaded.backend.precision
-            and recorded.get("kernel") in gemm.KERNELS and recorded.get("kernel") != loaded.backend.gemm):
+            and recorded.get("kernel") in runs and recorded.get("kernel") != loaded.backend.gemm):
         backend = dataclasses.replace(loaded.backend, gemm=recorded["kernel"])
         classifier = Classifier(task, model=with_backend(loaded, backend), settings=settings)
     schedule = saved.get("schedule")

@@ -59,6 +59,29 @@ def same_model(saved: dict | None, identity: dict, loaded, checkpoint) -> None:
         raise refuse_resume(checkpoint, f"the precision changed ({saved['precision']} → {identity['precision']})")
 
 
+def kernels_of(loaded) -> dict:
+    """What the run computes with, recorded so that a resumed run computes the same bits: the precision,
+    the GEMM kernel and the attention kernel (C on packed rows, or torch's where the C one cannot run)."""
+    engine, backend = loaded.engine, loaded.backend
+    attention = "C" if backend.packs_attention(engine.head_dim) else "torch"
+    return {"precision": backend.precision, "kernel": backend.gemm, "attention": attention}
+
+
+def same_kernels(saved: dict | None, identity: dict, loaded, checkpoint) -> None:
+    """Add the kernels to `identity`; refuse to resume a run whose recorded kernels cannot run now (the
+    C attention kernel or the ordered GEMM no longer builds: a compiler removed, `SLMCLASSIFY_CC` set),
+    since its rows and the new ones would differ in their last bits. A run recorded before the
+    attention kernel was recorded is not refused for it."""
+    identity["gemm"] = now = kernels_of(loaded)
+    recorded = (saved or {}).get("gemm")
+    if not isinstance(recorded, dict) or recorded.get("precision") != now["precision"]:
+        return  # another precision is refused by `same_model`
+    for name, what in (("kernel", "GEMM"), ("attention", "attention kernel")):
+        if recorded.get(name, now[name]) != now[name]:
+            raise refuse_resume(checkpoint, f"the {what} changed ({recorded[name]} → {now[name]}: the "
+                                f"{recorded[name]} one cannot run here now, see the engine line)")
+
+
 def model_fingerprint(loaded) -> str:
     """The model's config, tokenizer size and embedding weights (what makes its scores)."""
     model = loaded.model

