@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 
 from click.testing import CliRunner  # noqa: E402
 
-from slmclassify import Classifier, Task  # noqa: E402
+from slmclassify import Classifier  # noqa: E402
 from slmclassify.cli.main import cli  # noqa: E402
 from slmclassify.errors import InputError, TaskError  # noqa: E402
 from slmclassify.ray import RaySettings, classify_dataset  # noqa: E402
@@ -198,22 +198,21 @@ def _classify_here_and_on_ray(runner: CliRunner, tmp_path, common: list[str], bl
     return on_ray
 
 
-def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path):
+def test_cli_ray_matches_single_process_run(local_ray, llama_dir, tmp_path, monkeypatch):
+    from slmclassify.bench.ray_scaling import ray_figures
+    from slmclassify.jobs import ray_classify
+
     texts = ray_texts(300, seed=3)
     pd.DataFrame({"id": [f"{i:05d}" for i in range(300)], "text": texts}).to_csv(tmp_path / "in.csv", index=False)
     common = ["--model", str(llama_dir), "--labels", ",".join(LABELS), "--quiet"]
     runner = CliRunner()
+    # The Ray bench's child runs the CLI's job and reads every figure it prints from its return value.
+    summaries, job = [], ray_classify.run_ray_classify
+    monkeypatch.setattr(ray_classify, "run_ray_classify", lambda *a, **k: summaries.append(job(*a, **k)) or summaries[-1])
     on_ray = _classify_here_and_on_ray(runner, tmp_path, common, block_rows=64)
     assert "items: 300 (" in on_ray.output and "padding:" in on_ray.output
     assert on_ray.output.count("  actor ") >= 1 and "wrote " in on_ray.output
-    from slmclassify import EngineSettings
-    from slmclassify.bench.ray_scaling import ray_figures
-    from slmclassify.jobs.ray_classify import RayClassifyRequest, run_ray_classify
-
-    # The Ray bench's child runs this job and reads every figure it prints from its return value.
-    request = RayClassifyRequest(str(tmp_path / "in.csv"), str(tmp_path / "job.csv"), progress=False)
-    found = ray_figures(run_ray_classify(request, Task(labels=LABELS), EngineSettings(),
-                                         RaySettings(actors=2, block_rows=64), model=str(llama_dir)))
+    found = ray_figures(summaries[0])
     assert None not in found.values(), found
     assert 0 <= found["ray_init_s"] < found["driver_to_submit_s"], found  # Ray is up already here: 0 s
     assert sum(actor["rows"] for actor in found["actors"]) == 300 and 0 < found["scored_by_model"] <= 300
@@ -423,8 +422,7 @@ def test_the_local_ray_has_no_autoscaler_monitor_nor_log_monitor_nor_api_server(
 
 def test_cli_ray_reads_items_of_several_fields_and_multi_label_like_one_process(local_ray, llama_dir, tmp_path):
     """A template naming columns composes each row from them on the actors too, and a multi-label task's
-    labels column is the joined string in CSV and a list in JSONL and Parquet; all as a single-process
-    run writes them."""
+    labels column is the joined string in CSV and a list in Parquet; all as a single-process run writes them."""
     texts = ray_texts(40, seed=5)
     pd.DataFrame({"id": range(40), "subject": [t[:12] for t in texts], "body": texts}).to_csv(tmp_path / "in.csv",
                                                                                              index=False)
@@ -437,10 +435,9 @@ def test_cli_ray_reads_items_of_several_fields_and_multi_label_like_one_process(
     assert np.allclose(ray[[f"p_{n}" for n in LABELS]].to_numpy(float), one[[f"p_{n}" for n in LABELS]].to_numpy(float),
                        atol=1e-4)
     joined = one["labels"].tolist()
-    for fmt in ("jsonl", "parquet"):
-        out = tmp_path / f"ray.{fmt}"
-        on_ray = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(out), "--ray", "--actors", "2",
-                                     "--block-rows", "16", *common], catch_exceptions=False)
-        assert on_ray.exit_code == 0, on_ray.output
-        frame = pd.read_json(out, lines=True) if fmt == "jsonl" else pd.read_parquet(out)
-        assert [";".join(v) for v in frame["labels"]] == joined, fmt  # lists of the labels, in task order
+    # JSONL keeps the lists as Parquet does (`_write_file` joins them for CSV only): one run of the two
+    out = tmp_path / "ray.parquet"
+    on_ray = runner.invoke(cli, ["classify", str(tmp_path / "in.csv"), "-o", str(out), "--ray", "--actors", "2",
+                                 "--block-rows", "16", *common], catch_exceptions=False)
+    assert on_ray.exit_code == 0, on_ray.output
+    assert [";".join(v) for v in pd.read_parquet(out)["labels"]] == joined  # lists of the labels, in task order
