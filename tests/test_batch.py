@@ -185,10 +185,10 @@ def test_hostile_lines_fail_alone_among_good_ones(tmp_path, llama_dir, monkeypat
 
     real = job.chat_messages
 
-    def planted(body):
+    def planted(body, ask):
         if body["messages"][-1]["content"] == "plant a bug":
             raise TypeError("a bug the checks did not foresee")
-        return real(body)
+        return real(body, ask)
 
     monkeypatch.setattr(job, "chat_messages", planted)
     pooled = {"custom_id": "c", "method": "POST", "url": "/v1/classify", "body": {"model": "support", "input": "refund"}}

@@ -1,12 +1,22 @@
-"""An OpenAI chat completion request whose answer is one of given strings: what it asks (its
-messages and its choices) and the answer in OpenAI's shape. Plain dicts in and out, shared by the
-service (`serve/chat.py`) and batch files (`jobs/batch.py`).
+"""An OpenAI chat completion request whose answer is a choice among given strings, or an object of
+such choices: what it asks (its messages, what is scored) and the answer in OpenAI's shape. Plain
+dicts in and out, shared by the service (`serve/chat.py`) and batch files (`jobs/batch.py`).
 
-The choices come in one of the spellings clients use: vLLM's `structured_outputs: {"choice": [...]}`
-(`guided_choice` before vLLM 0.12, and SGLang's), or OpenAI's `response_format` with a JSON schema
-that is a string `enum`, whose answer is JSON: each string is scored as its JSON string
-(`"billing"`, quotes included). Sampling fields (temperature, top_p, seed, max_tokens, ...) change
-nothing: nothing is sampled.
+The answer is asked for in one of the spellings clients use:
+- a list of strings: vLLM's `structured_outputs: {"choice": [...]}` (`guided_choice` before vLLM
+  0.12, and SGLang's), or `response_format` with a JSON schema that is a string `enum`, answered as
+  its JSON string; each string is scored as given (the quotes are the answer's format), so the
+  three give the same answers;
+- an object of finite choices (`core/schema_questions.py`): `response_format` with an object JSON
+  schema (openai `.parse()`, instructor, LangChain, DSPy), or a tool whose parameters are one, called
+  by `tool_choice` (a named function, or `"required"`/`"auto"` with one tool), answered as the JSON
+  object in `content` or as the tool call's arguments. One property is scored as a list of strings;
+  several as a task of questions (`core/questions.py`), each value after its property's name
+  (`team: billing`), all in the prompt's one pass. Without a system message the conversation gets
+  the system turn a task of those labels or questions renders (`Task.system_turn`), so a request of
+  a ticket alone is answered as offline `classify` answers it.
+
+Sampling fields (temperature, top_p, seed, max_tokens, ...) change nothing: nothing is sampled.
 """
 
 from __future__ import annotations
@@ -14,18 +24,79 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, TaskError
 from .conversation import ChoicePrompt
+from .schema_questions import SchemaQuestion, answer_object, schema_questions
+from .task import Question, Task
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_TOP_LOGPROBS = 20
 
 
-def chat_messages(body: dict) -> list[dict]:
-    """The messages as a chat template takes them: text parts joined, `developer` as `system`."""
+@dataclass(frozen=True)
+class ChatAsk:
+    """What a chat request asks for: the strings scored after its prompt, and how the best ones
+    become the answer."""
+
+    choices: tuple[str, ...] = ()
+    """A choice among strings, each scored as given (empty for an object's questions)."""
+    questions: tuple[SchemaQuestion, ...] = ()
+    """An object's properties, each a choice among its values."""
+    form: str = "text"
+    """How the answer is written: "text" (the choice), "json" (the choice or the object as JSON),
+    "tool" (a call of `tool` with the object as its arguments)."""
+    tool: str | None = None
+    """The function called (form "tool")."""
+
+    @property
+    def asked(self) -> tuple[SchemaQuestion, ...]:
+        """The questions scored: those with more than one value (a `const` is answered as it is)."""
+        return tuple(q for q in self.questions if len(q.values) > 1)
+
+    @property
+    def scored(self) -> tuple[str, ...]:
+        """The strings the label trie scores after the prompt, in score-column order."""
+        if not self.questions:
+            return self.choices
+        asked = self.asked
+        if len(asked) == 1:
+            return asked[0].texts
+        return tuple(f"{q.name}: {text}" for q in asked for text in q.texts)
+
+    def spans(self) -> list[slice]:
+        """The score columns of each choice made: one for a list of strings, one per asked question."""
+        if not self.questions:
+            return [slice(0, len(self.choices))]
+        spans, at = [], 0
+        for q in self.asked:
+            spans.append(slice(at, at + len(q.values)))
+            at += len(q.values)
+        return spans
+
+    def system_turn(self) -> str | None:
+        """The system turn a conversation without one gets: the one a task of these labels (one
+        question) or of these questions renders; None for a list of strings (the conversation as sent)."""
+        asked = self.asked
+        if not asked:
+            return None
+        try:
+            if len(asked) == 1:
+                q = asked[0]
+                return Task(labels=q.texts, **({"instruction": q.question} if q.question else {})).system_turn()
+            return Task(labels=(), questions=tuple(Question(q.name, Task(labels=q.texts), question=q.question)
+                                                   for q in asked)).system_turn()
+        except TaskError as exc:
+            raise InputError(f"the schema cannot be asked without a system message ({exc}); send a system message "
+                             "saying what to answer") from None
+
+
+def chat_messages(body: dict, ask: ChatAsk | None = None) -> list[dict]:
+    """The messages as a chat template takes them: text parts joined, `developer` as `system`; the
+    ask's system turn first where the messages have none."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InputError("messages must be a non-empty list of {\"role\", \"content\"} objects")
@@ -43,14 +114,15 @@ def chat_messages(body: dict) -> list[dict]:
         if content is not None and not isinstance(content, str):
             raise InputError(f"messages[{index}].content must be a string or a list of text parts")
         out.append({"role": "system" if role == "developer" else role, "content": content or ""})
+    system = ask.system_turn() if ask is not None else None
+    if system is not None and not any(m["role"] == "system" for m in out):
+        out.insert(0, {"role": "system", "content": system})
     return out
 
 
-def chat_choices(body: dict) -> tuple[str, ...]:
-    """The strings to score. Raises InputError when the request asks for free text, a stream, several
-    answers, or for what is not a choice among strings."""
-    if body.get("stream"):
-        raise InputError("stream is not supported: the answer is one choice, scored whole; send stream: false")
+def chat_ask(body: dict) -> ChatAsk:
+    """What the request asks for. Raises InputError when it asks for free text, several answers,
+    or for what is not a choice (naming the field)."""
     if body.get("n") not in (None, 1):
         raise InputError(f"n={body.get('n')} is not supported: the answer is the best choice, exactly one")
     top = body.get("top_logprobs")
@@ -61,50 +133,132 @@ def chat_choices(body: dict) -> tuple[str, ...]:
     if structured is not None:
         if not isinstance(structured, dict) or set(structured) != {"choice"}:
             raise InputError("structured_outputs: only {\"choice\": [...]} (a list of strings) is supported")
-        given.append(("structured_outputs.choice", structured["choice"], False))
+        given.append(("structured_outputs.choice", lambda: _strings(structured["choice"], "structured_outputs.choice")))
     if body.get("guided_choice") is not None:
-        given.append(("guided_choice", body["guided_choice"], False))
+        given.append(("guided_choice", lambda: _strings(body["guided_choice"], "guided_choice")))
     response_format = body.get("response_format")
     if response_format is not None and not (isinstance(response_format, dict) and response_format.get("type") == "text"):
-        given.append(("response_format", _schema_enum(response_format), True))
+        given.append(("response_format", lambda: _response_format(response_format)))
+    tools, tool_choice = body.get("tools"), body.get("tool_choice")
+    if tool_choice != "none" and (tools or tool_choice not in (None, "auto")):  # "none": the tools are not called
+        given.append(("tools", lambda: _tool_call(tools, tool_choice)))
     if not given:
         raise InputError("free-text generation is not supported: constrain the answer to a list of strings with "
-                         "structured_outputs: {\"choice\": [...]}, guided_choice, or response_format with a JSON "
-                         "schema {\"type\": \"string\", \"enum\": [...]}")
+                         "structured_outputs: {\"choice\": [...]} or guided_choice, or to an object of choices with "
+                         "response_format (a JSON schema) or a tool whose parameters are one")
     if len(given) > 1:
-        raise InputError(f"the choices are given twice ({given[0][0]} and {given[1][0]}); give one")
-    where, choices, as_json = given[0]
+        raise InputError(f"the answer is constrained twice ({given[0][0]} and {given[1][0]}): which one applies is "
+                         "ambiguous; give one")
+    return given[0][1]()
+
+
+def _strings(choices, where: str) -> ChatAsk:
     if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
         raise InputError(f"{where} must be a list of strings")
-    return tuple(json.dumps(c, ensure_ascii=False) if as_json else c for c in choices)
+    return ChatAsk(choices=tuple(choices))
 
 
-def _schema_enum(response_format) -> list:
-    spec = response_format.get("json_schema") if isinstance(response_format, dict) else None
-    schema = spec.get("schema") if isinstance(spec, dict) and response_format.get("type") == "json_schema" else None
-    if not isinstance(schema, dict) or schema.get("type", "string") != "string" or "enum" not in schema:
-        raise InputError("response_format: only a JSON schema that is a string enum ({\"type\": \"string\", "
-                         "\"enum\": [...]}) is supported: the answer is one of its strings")
-    return schema["enum"]
+def _response_format(response_format) -> ChatAsk:
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        raise InputError("response_format json_object gives no schema, so the answers are not a finite set: send "
+                         "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}} with an object "
+                         "schema of enum properties (what openai .parse(), instructor and LangChain send)")
+    spec = response_format.get("json_schema") if kind == "json_schema" else None
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise InputError("response_format must be {\"type\": \"json_schema\", \"json_schema\": {\"name\", "
+                         "\"schema\"}} (or {\"type\": \"text\"}), got " + json.dumps(response_format)[:80])
+    if schema.get("type") == "string" or ("enum" in schema and "properties" not in schema):
+        if schema.get("type", "string") != "string" or not isinstance(schema.get("enum"), list):
+            raise InputError("response_format.json_schema.schema: a string schema needs an enum of strings")
+        return ChatAsk(choices=_strings(schema["enum"], "response_format.json_schema.schema.enum").choices, form="json")
+    return ChatAsk(questions=schema_questions(schema, "response_format.json_schema.schema"), form="json")
 
 
-def chat_completion(body: dict, prompt: ChoicePrompt, scores: np.ndarray) -> dict:
-    """OpenAI's chat completion for one conversation, from its [choices] whole-choice log-probabilities:
-    the best choice as the message; with `logprobs`, each of the best `top_logprobs` choices' log-probability."""
+def _tool_call(tools, tool_choice) -> ChatAsk:
+    """The tool the request makes the model call, and its parameters' questions."""
+    if not isinstance(tools, list) or not tools:
+        raise InputError("tools must be a non-empty list of {\"type\": \"function\", \"function\": {\"name\", "
+                         "\"parameters\"}}")
+    functions = {}
+    for k, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InputError(f"tools[{k}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                             "\"parameters\"}}")
+        functions[function["name"]] = (k, function)
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type", "function") == "function" \
+            else None
+        if name not in functions:
+            raise InputError(f"tool_choice names the function {name!r}, which is not among the tools "
+                             f"({', '.join(functions)})")
+    elif tool_choice in (None, "auto", "required"):
+        if len(functions) > 1:
+            raise InputError(f"{len(functions)} tools and tool_choice {tool_choice or 'auto'!r}: choosing among "
+                             "several tools is not supported; name the one to call with tool_choice "
+                             "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+        name = next(iter(functions))
+    else:
+        raise InputError(f"tool_choice must be \"auto\", \"required\", \"none\" or {{\"type\": \"function\", "
+                         f"\"function\": {{\"name\": ...}}}}, got {json.dumps(tool_choice)[:60]}")
+    k, function = functions[name]
+    return ChatAsk(questions=schema_questions(function.get("parameters"), f"tools[{k}].function.parameters"),
+                   form="tool", tool=name)
+
+
+def chat_completion(body: dict, prompt: ChoicePrompt, scores: np.ndarray, ask: ChatAsk) -> dict:
+    """OpenAI's chat completion for one conversation, from its [scored] whole-choice log-probabilities:
+    the best choice (of each question) as the message or the tool call; with `logprobs`, one entry
+    per choice made, with each of its best `top_logprobs` choices' log-probability."""
     labels = prompt.trie.labels
-    best = int(np.argmax(scores))
+    spans = ask.spans()
+    best = [span.start + int(np.argmax(scores[span])) for span in spans]
     logprobs = None
     if body.get("logprobs"):
-        top = np.argsort(-scores, kind="stable")[: body.get("top_logprobs") or 0]
-        logprobs = {"content": [{**_entry(labels[best], scores[best]),
-                                 "top_logprobs": [_entry(labels[k], scores[k]) for k in top]}], "refusal": None}
-    completion = len(prompt.trie.sequences[best])
+        entries = []
+        for span, pick in zip(spans, best):
+            top = span.start + np.argsort(-scores[span], kind="stable")[: body.get("top_logprobs") or 0]
+            entries.append({**_entry(labels[pick], scores[pick]),
+                            "top_logprobs": [_entry(labels[k], scores[k]) for k in top]})
+        logprobs = {"content": entries, "refusal": None}
+    message = {"role": "assistant", "content": None, "refusal": None}
+    if not ask.questions:
+        answer = labels[best[0]]
+        message["content"] = json.dumps(answer, ensure_ascii=False) if ask.form == "json" else answer
+    else:
+        picks = iter(pick - span.start for span, pick in zip(spans, best))
+        chosen = answer_object(ask.questions, [next(picks) if len(q.values) > 1 else 0 for q in ask.questions])
+        arguments = json.dumps(chosen, ensure_ascii=False)
+        if ask.form == "tool":
+            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                      "function": {"name": ask.tool, "arguments": arguments}}]
+        else:
+            message["content"] = arguments
+    completion = sum(len(prompt.trie.sequences[k]) for k in best)
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model"), "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": labels[best], "refusal": None},
-                         "logprobs": logprobs, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                         "finish_reason": "tool_calls" if ask.form == "tool" else "stop"}],
             "usage": {"prompt_tokens": len(prompt.prompt_ids), "completion_tokens": completion,
                       "total_tokens": len(prompt.prompt_ids) + completion}}
+
+
+def chat_chunks(completion: dict) -> list[dict]:
+    """A chat completion as the chunks of a stream (`stream: true`): the whole answer in one chunk's
+    delta, then the finish reason, then the usage (which clients read from the last chunk)."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    delta = {"role": "assistant", "content": message["content"]}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
+    return [{**base, "object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}]},
+            {**base, "object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}]},
+            {**base, "object": "chat.completion.chunk", "choices": [], "usage": completion["usage"]}]
 
 
 def _entry(choice: str, logprob: float) -> dict:

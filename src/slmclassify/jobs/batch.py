@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..classifier import Classifier, EngineSettings, item_text
-from ..core.chat_request import chat_choices, chat_completion, chat_messages
+from ..core.chat_request import ChatAsk, chat_ask, chat_completion, chat_messages
 from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
@@ -176,7 +176,7 @@ class _Answerer:
     def window(self, start: int, lines: list[bytes]) -> list[dict]:
         """One answer per line, in order."""
         answers: list[dict | None] = [None] * len(lines)
-        asked: dict[int, tuple[str, dict, ChoicePrompt]] = {}
+        asked: dict[int, tuple[str, dict, ChoicePrompt, ChatAsk]] = {}
         classify: dict[str, list[tuple[int, str, dict, list[str]]]] = {}  # task → its lines of this window
         for k, raw in enumerate(lines):
             custom_id = None
@@ -191,15 +191,19 @@ class _Answerer:
                     name, texts = self._pooling(body)
                     classify.setdefault(name, []).append((k, custom_id, body, texts))
                     continue
-                prompt = choice_prompt(self.loaded.tokenizer, chat_messages(body), chat_choices(body), self.context)
-                asked[k] = custom_id, body, prompt
+                if body.get("stream"):
+                    raise InputError("stream is not supported in a batch file: each line's answer is written whole; "
+                                     "send stream: false")
+                ask = chat_ask(body)
+                prompt = choice_prompt(self.loaded.tokenizer, chat_messages(body, ask), ask.scored, self.context)
+                asked[k] = custom_id, body, prompt, ask
             except InputError as exc:
                 answers[k] = self._refused(start + k, custom_id, str(exc))
             except Exception as exc:  # noqa: BLE001 - a line the checks missed fails alone, never the file
                 answers[k] = self._refused(start + k, custom_id, f"cannot be answered ({type(exc).__name__}: {exc}): "
                                            "a bug in slmclassify, please report it with this line", "server_error")
         groups: dict[tuple, list[int]] = {}
-        for k, (_id, _body, prompt) in asked.items():
+        for k, (_id, _body, prompt, _ask) in asked.items():
             groups.setdefault(prompt.key, []).append(k)
         for key, members in groups.items():
             scorer = self.scorers.get(key)
@@ -217,8 +221,9 @@ class _Answerer:
             self.scorers.clear()
         return answers
 
-    def _answered(self, line: int, custom_id, body: dict, prompt: ChoicePrompt, scores: np.ndarray) -> dict:
-        return self._ok(line, custom_id, chat_completion(body, prompt, scores), "chatcmpl")
+    def _answered(self, line: int, custom_id, body: dict, prompt: ChoicePrompt, ask: ChatAsk,
+                  scores: np.ndarray) -> dict:
+        return self._ok(line, custom_id, chat_completion(body, prompt, scores, ask), "chatcmpl")
 
     def _pooling(self, body: dict) -> tuple[str, list[str]]:
         """(the task, the texts) of a `/v1/classify` line in vLLM's pooling shape."""

@@ -11,6 +11,7 @@ OpenAI's {"error": {"message", "type", ...}} on the OpenAI endpoints, whose clie
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from ..classifier import EngineSettings, item_text
 from ..core.config_check import context_limit
-from ..core.chat_request import chat_choices, chat_completion, chat_messages
+from ..core.chat_request import chat_ask, chat_chunks, chat_completion, chat_messages
 from ..core.completions import completion_ask, completion_choice, completion_response
 from ..core.conversation import choice_prompt
 from ..models.loading import LoadedModel
@@ -335,13 +336,15 @@ def create_app(service: Service):
     context = context_limit(service.loaded.model.config)
 
     @app.post("/v1/chat/completions", summary="OpenAI chat completion whose answer is one of given strings "
-                                              "(structured_outputs.choice, guided_choice or a response_format enum), "
-                                              "each scored whole")
+                                              "(structured_outputs.choice, guided_choice, a response_format enum) or "
+                                              "an object of such choices (a response_format object schema, a tool "
+                                              "call), each scored whole")
     async def chat_completions(body: ChatRequest, request: Request):
         _check_model(body.model)
         asked = body.model_dump()
         try:
-            prompt = choice_prompt(service.loaded.tokenizer, chat_messages(asked), chat_choices(asked), context)
+            ask = chat_ask(asked)
+            prompt = choice_prompt(service.loaded.tokenizer, chat_messages(asked, ask), ask.scored, context)
         except InputError as exc:
             raise OpenAIError(400, str(exc)) from None
         request.state.task, request.state.texts = "chat", 1
@@ -349,7 +352,12 @@ def create_app(service: Service):
         runner = chat_runners.runner(prompt)
         scores = await _wait(Ticket(runner, runner.encode(prompt)), request)
         metrics.items.labels(runner.name, "ok").inc()
-        return chat_completion(asked, prompt, scores[0])
+        completion = chat_completion(asked, prompt, scores[0], ask)
+        if not body.stream:
+            return completion
+        # streaming clients (LangChain and others stream by default): the whole answer in one chunk
+        events = "".join(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n" for chunk in chat_chunks(completion))
+        return Response(events + "data: [DONE]\n\n", media_type="text/event-stream")
 
     @app.post("/v1/completions", summary="OpenAI completion with the prompt's log-probabilities (echo, logprobs, "
                                          "max_tokens 0 or 1): prompts that share a context computed once")

@@ -54,6 +54,8 @@ class ChatRequest(_UnicodeBody):
     structured_outputs: dict | None = None
     guided_choice: list[str] | None = None
     response_format: dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     n: int | None = 1
