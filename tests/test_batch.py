@@ -183,14 +183,14 @@ def test_hostile_lines_fail_alone_among_good_ones(tmp_path, llama_dir, monkeypat
     checks did not foresee (planted here), is that line's error object; every other line its answer."""
     import slmclassify.jobs.batch as job
 
-    real = job.chat_messages
+    real = job.chat_prompt
 
-    def planted(body, ask):
+    def planted(body, *args):
         if body["messages"][-1]["content"] == "plant a bug":
             raise TypeError("a bug the checks did not foresee")
-        return real(body, ask)
+        return real(body, *args)
 
-    monkeypatch.setattr(job, "chat_messages", planted)
+    monkeypatch.setattr(job, "chat_prompt", planted)
     pooled = {"custom_id": "c", "method": "POST", "url": "/v1/classify", "body": {"model": "support", "input": "refund"}}
     hostile = [{**pooled, "custom_id": "list", "body": {"model": ["support"], "input": "refund"}},
                {**pooled, "custom_id": "object", "body": {"model": {"name": "support"}, "input": "refund"}},

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError, TaskError
-from .conversation import ChoicePrompt
+from .conversation import ChoicePrompt, choice_prompt
 from .schema_questions import SchemaQuestion, answer_object, schema_questions
 from .task import Question, Task
 
@@ -94,7 +94,14 @@ class ChatAsk:
                              "saying what to answer") from None
 
 
-def chat_messages(body: dict, ask: ChatAsk | None = None) -> list[dict]:
+def chat_prompt(body: dict, tokenizer, context: int) -> tuple[ChatAsk, ChoicePrompt]:
+    """What the request asks for and its prompt with the trie of what is scored (`choice_prompt`;
+    `context` its limit): the one reading of a chat body, for the service and batch files."""
+    ask = chat_ask(body)
+    return ask, choice_prompt(tokenizer, chat_messages(body, ask), ask.scored, context)
+
+
+def chat_messages(body: dict, ask: ChatAsk) -> list[dict]:
     """The messages as a chat template takes them: text parts joined, `developer` as `system`; the
     ask's system turn first where the messages have none."""
     messages = body.get("messages")
@@ -114,7 +121,7 @@ def chat_messages(body: dict, ask: ChatAsk | None = None) -> list[dict]:
         if content is not None and not isinstance(content, str):
             raise InputError(f"messages[{index}].content must be a string or a list of text parts")
         out.append({"role": "system" if role == "developer" else role, "content": content or ""})
-    system = ask.system_turn() if ask is not None else None
+    system = ask.system_turn()
     if system is not None and not any(m["role"] == "system" for m in out):
         out.insert(0, {"role": "system", "content": system})
     return out

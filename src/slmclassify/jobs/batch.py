@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 
 from ..classifier import Classifier, EngineSettings, item_text
-from ..core.chat_request import ChatAsk, chat_ask, chat_completion, chat_messages
+from ..core.chat_request import ChatAsk, chat_completion, chat_prompt
 from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
-from ..core.conversation import ChoicePrompt, ChoiceScorer, choice_prompt
+from ..core.conversation import ChoicePrompt, ChoiceScorer
 from ..core.encode import invalid_text_at
 from ..core.prefix_caches import PrefixCaches, check_prefix_cache_mb
 from ..core.task import Task
@@ -194,8 +194,7 @@ class _Answerer:
                 if body.get("stream"):
                     raise InputError("stream is not supported in a batch file: each line's answer is written whole; "
                                      "send stream: false")
-                ask = chat_ask(body)
-                prompt = choice_prompt(self.loaded.tokenizer, chat_messages(body, ask), ask.scored, self.context)
+                ask, prompt = chat_prompt(body, self.loaded.tokenizer, self.context)
                 asked[k] = custom_id, body, prompt, ask
             except InputError as exc:
                 answers[k] = self._refused(start + k, custom_id, str(exc))

@@ -27,9 +27,8 @@ from starlette.exceptions import HTTPException
 
 from ..classifier import EngineSettings, item_text
 from ..core.config_check import context_limit
-from ..core.chat_request import chat_ask, chat_chunks, chat_completion, chat_messages
+from ..core.chat_request import chat_chunks, chat_completion, chat_prompt
 from ..core.completions import completion_ask, completion_choice, completion_response
-from ..core.conversation import choice_prompt
 from ..models.loading import LoadedModel
 from ..core.encode import valid_unicode
 from ..errors import InputError
@@ -343,8 +342,7 @@ def create_app(service: Service):
         _check_model(body.model)
         asked = body.model_dump()
         try:
-            ask = chat_ask(asked)
-            prompt = choice_prompt(service.loaded.tokenizer, chat_messages(asked, ask), ask.scored, context)
+            ask, prompt = chat_prompt(asked, service.loaded.tokenizer, context)
         except InputError as exc:
             raise OpenAIError(400, str(exc)) from None
         request.state.task, request.state.texts = "chat", 1
