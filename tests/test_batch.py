@@ -21,6 +21,8 @@ from slmclassify.core.reference import reference_scores
 from slmclassify.interrupts import Interrupted
 from slmclassify.jobs import batch as batch_module
 
+MODEL = "tiny"
+"""The id the lines name the model by (`--served-model-name`)."""
 CHOICES = ["billing", "technical support", "account"]
 TICKETS = ["My card was charged twice.", "The app crashes when I open settings.", "Change my email please.",
            "refund", "login error crash after the update", "Where is my parcel?", "invoice missing", "hello"]
@@ -29,7 +31,7 @@ TICKETS = ["My card was charged twice.", "The app crashes when I open settings."
 def chat_line(k: int, ticket: str, system: str = "Route the ticket to a team.", **body) -> dict:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": ticket}]
     return {"custom_id": f"req-{k}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "any", "messages": messages, "structured_outputs": {"choice": CHOICES},
+            "body": {"model": MODEL, "messages": messages, "structured_outputs": {"choice": CHOICES},
                      "logprobs": True, "top_logprobs": 3, **body}}
 
 
@@ -46,11 +48,12 @@ def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir
             enumerate(TICKETS)]
     bad = ["not json", "", {"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {}},
            {"custom_id": "y", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}},
-           {"method": "POST", "url": "/v1/chat/completions", "body": {}}]
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}},
+           {"method": "POST", "url": "/v1/chat/completions", "body": {}},
+           chat_line(99, "hi", model="smollm2-135m-instruct")]  # not the id this run serves
     ids = llama_loaded.tokenizer("Question: who handles refunds?\nAnswer: billing")["input_ids"]
     scored = {"custom_id": "lm-eval", "method": "POST", "url": "/v1/completions",
-              "body": {"model": "m", "prompt": [ids], "echo": True, "logprobs": 2, "max_tokens": 0}}
+              "body": {"model": MODEL, "prompt": [ids], "echo": True, "logprobs": 2, "max_tokens": 0}}
     pooled = [{"custom_id": f"c-{k}", "method": "POST", "url": "/v1/classify",
                "body": {"model": "support", "input": texts}} for k, texts in enumerate([TICKETS[:3], "refund", [""]])]
     lines = good[:3] + bad[:2] + good[3:6] + [scored, pooled[0]] + bad[2:] + pooled[1:] + good[6:]
@@ -58,10 +61,11 @@ def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir
     write_lines(src, lines)
     task_file = tmp_path / "support.toml"
     task_file.write_text('labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\n')
-    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--window", "4", "--quiet",
+    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--served-model-name", MODEL, "--window", "4", "--quiet",
                     "--task", f"support={task_file}")
     answered = len(good) + 1 + len(pooled)
     assert f"lines: {len(lines)} ({answered} answered, {len(bad)} refused)" in result.output
+    assert f"(id {MODEL})" in result.output
     offline = Classifier(read_task(task_file), model=llama_loaded)
     got = answers(out)
     assert len(got) == len(lines)
@@ -97,6 +101,7 @@ def test_every_line_answered_in_order_equal_to_the_reference(tmp_path, llama_dir
     assert "not a JSON object" in messages[0] and "not a JSON object" in messages[1]
     assert "url '/v1/embeddings'" in messages[2] and "free-text generation" in messages[3]
     assert "custom_id must be a string" in messages[4]
+    assert "the model 'smollm2-135m-instruct' does not exist; GET /v1/models lists 'tiny', 'support'" in messages[5]
     assert len({a["id"] for a in got}) == len(got)
 
 
@@ -106,7 +111,7 @@ def test_interrupted_and_resumed_equals_one_run(tmp_path, llama_dir, monkeypatch
     write_lines(src, lines)
     clock = iter([1_000_000, 1_000_000, 3_000_000, 4_000_000])  # the runs' starts: a resumed run keeps its first's
     monkeypatch.setattr(batch_module, "_now", lambda: next(clock))
-    args = ["--model", str(llama_dir), "--window", "4", "--quiet"]
+    args = ["--model", str(llama_dir), "--served-model-name", MODEL, "--window", "4", "--quiet"]
     invoke("batch", src, "-o", whole, *args)
 
     original, calls = batch_module._Answerer.window, []
@@ -142,9 +147,9 @@ def test_a_changed_input_is_not_resumed(tmp_path, llama_dir, monkeypatch):
 
     with monkeypatch.context() as m:
         m.setattr(batch_module._Answerer, "window", interrupted)
-        CliRunner().invoke(cli, ["batch", str(src), "-o", str(out), "--model", str(llama_dir), "--window", "4"])
+        CliRunner().invoke(cli, ["batch", str(src), "-o", str(out), "--model", str(llama_dir), "--served-model-name", MODEL, "--window", "4"])
     write_lines(src, [chat_line(0, "something else")] + lines[1:])
-    result = CliRunner().invoke(cli, ["batch", str(src), "-o", str(out), "--model", str(llama_dir), "--window", "4",
+    result = CliRunner().invoke(cli, ["batch", str(src), "-o", str(out), "--model", str(llama_dir), "--served-model-name", MODEL, "--window", "4",
                                       "--resume"])
     assert "cannot resume" in str(result.exception) and "input file changed" in str(result.exception)
 
@@ -164,11 +169,11 @@ def test_a_line_with_a_lone_surrogate_fails_alone(tmp_path, llama_dir):
     error, naming the field, and every other line its answer."""
     lines = [chat_line(0, TICKETS[0]), chat_line(1, "hi \ud800 there"), chat_line(2, TICKETS[1]),
              {"custom_id": "p", "method": "POST", "url": "/v1/completions",
-              "body": {"model": "m", "prompt": ["ok", "\ud800"], "echo": True, "logprobs": 1, "max_tokens": 0}},
+              "body": {"model": MODEL, "prompt": ["ok", "\ud800"], "echo": True, "logprobs": 1, "max_tokens": 0}},
              chat_line(4, TICKETS[2])]
     src, out = tmp_path / "requests.jsonl", tmp_path / "answers.jsonl"
     write_lines(src, lines)
-    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--quiet")
+    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--served-model-name", MODEL, "--quiet")
     assert "lines: 5 (3 answered, 2 refused)" in result.output
     got = answers(out)
     assert [a["custom_id"] for a in got] == ["req-0", "req-1", "req-2", "p", "req-4"]
@@ -196,7 +201,7 @@ def test_hostile_lines_fail_alone_among_good_ones(tmp_path, llama_dir, monkeypat
                {**pooled, "custom_id": "object", "body": {"model": {"name": "support"}, "input": "refund"}},
                {**pooled, "custom_id": "number", "body": {"model": 3, "input": ["refund"]}},
                {**pooled, "custom_id": "input", "body": {"model": "support", "input": {"text": "refund"}}},
-               {**chat_line(9, "x"), "custom_id": "messages", "body": {"model": "m", "messages": "hi",
+               {**chat_line(9, "x"), "custom_id": "messages", "body": {"model": MODEL, "messages": "hi",
                                                                         "structured_outputs": {"choice": CHOICES}}},
                {**chat_line(9, "x"), "custom_id": 7},
                chat_line(10, "plant a bug")]
@@ -206,7 +211,7 @@ def test_hostile_lines_fail_alone_among_good_ones(tmp_path, llama_dir, monkeypat
     write_lines(src, lines)
     task_file = tmp_path / "support.toml"
     task_file.write_text('labels = ["billing", "technical", "account"]\nuser_template = "Ticket: {text}"\n')
-    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--quiet", "--task", f"support={task_file}")
+    result = invoke("batch", src, "-o", out, "--model", llama_dir, "--served-model-name", MODEL, "--quiet", "--task", f"support={task_file}")
     assert f"lines: {len(lines)} (3 answered, {len(hostile)} refused)" in result.output
     got = answers(out)
     assert [a["custom_id"] for a in got] == [line["custom_id"] if isinstance(line["custom_id"], str) else None

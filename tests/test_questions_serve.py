@@ -137,7 +137,7 @@ def test_a_batch_files_pooling_line_naming_a_task_of_questions_gets_its_own_erro
     triage_task(tmp_path)
     lines = [{"custom_id": "q", "method": "POST", "url": "/v1/classify", "body": {"model": "triage", "input": "hi"}},
              {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "m", "messages": [{"role": "user", "content": "Sort: refund please"}],
+              "body": {"model": "triage", "messages": [{"role": "user", "content": "Sort: refund please"}],
                        "structured_outputs": {"choice": ["billing", "technical"]}}}]
     write_lines(tmp_path / "in.jsonl", lines)
     result = invoke("batch", tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--model", llama_dir, "--quiet",

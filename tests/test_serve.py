@@ -15,6 +15,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
+from slmclassify.models.loading import model_id  # noqa: E402
 from slmclassify import Classifier, EngineSettings, Task  # noqa: E402
 from slmclassify.serve import ServeSettings  # noqa: E402
 from slmclassify.serve.adapter import TaskRunner  # noqa: E402
@@ -313,9 +314,9 @@ def test_vllm_pooling_shape_answers_like_our_shape(llama_loaded):
     with running(llama_loaded) as (url, _app):
         ours = post(url, {"task": "support", "texts": texts}).json()["results"]
         listed = httpx.get(f"{url}/v1/models", timeout=WAIT).json()
-        assert [m["id"] for m in listed["data"]] == ["support", llama_loaded.name]
+        assert [m["id"] for m in listed["data"]] == ["support", model_id(llama_loaded.name)]
         answers = [httpx.post(f"{url}{path}", json={"model": model, "input": texts}, timeout=WAIT).json()
-                   for path in ("/v1/classify", "/classify") for model in ("support", llama_loaded.name)]
+                   for path in ("/v1/classify", "/classify") for model in ("support", model_id(llama_loaded.name))]
         one = httpx.post(f"{url}/v1/classify", json={"model": "support", "input": texts[0]}, timeout=WAIT).json()
         unknown = httpx.post(f"{url}/v1/classify", json={"model": "other", "input": "hi"}, timeout=WAIT)
         empty = httpx.post(f"{url}/v1/classify", json={"model": "support", "input": []}, timeout=WAIT)

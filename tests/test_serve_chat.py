@@ -11,6 +11,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from slmclassify.models.loading import model_id  # noqa: E402
 from slmclassify.core.config_check import context_limit  # noqa: E402
 from slmclassify.core.conversation import choice_prompt  # noqa: E402
 from slmclassify.core.reference import reference_scores  # noqa: E402
@@ -68,7 +69,7 @@ def test_choices_in_every_spelling_equal_the_reference_and_share_one_prefix(llam
         # response_format with a string enum: the answer is JSON, the enum's strings scored as the choices are
         schema = {"type": "json_schema", "json_schema": {"name": "team", "schema": {"type": "string",
                                                                                      "enum": CHOICES}}}
-        answer = client.chat.completions.create(model=llama_loaded.name, messages=chat(TICKETS[0]),
+        answer = client.chat.completions.create(model=model_id(llama_loaded.name), messages=chat(TICKETS[0]),
                                                 response_format=schema, logprobs=True, top_logprobs=3)
         want = reference(llama_loaded, chat(TICKETS[0]), CHOICES)
         assert answer.choices[0].message.content == f'"{CHOICES[int(np.argmax(want))]}"'
@@ -144,8 +145,8 @@ def test_a_service_without_tasks_answers_chat_and_lists_the_model(llama_loaded):
 
     service = build_service({}, llama_loaded, EngineSettings(), ServeSettings(prefix_cache_mb=0))
     with TestClient(create_app(service)) as client:
-        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [llama_loaded.name]
-        body = {"model": llama_loaded.name, "messages": chat(TICKETS[0]), "guided_choice": CHOICES, "logprobs": True,
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [model_id(llama_loaded.name)]
+        body = {"model": model_id(llama_loaded.name), "messages": chat(TICKETS[0]), "guided_choice": CHOICES, "logprobs": True,
                 "top_logprobs": 3}
         answer = client.post("/v1/chat/completions", json=body).json()
         want = reference(llama_loaded, chat(TICKETS[0]), CHOICES)
@@ -181,3 +182,124 @@ def test_a_lone_surrogate_anywhere_in_an_openai_body_is_a_400_naming_the_field(l
         good = httpx.post(f"{url}/v1/chat/completions", timeout=30,
                           json={"model": "support", "messages": chat("refund"), "guided_choice": CHOICES})
         assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"] in CHOICES
+
+
+@pytest.mark.parametrize("name, want", [
+    ("SmolLM2-135M-Instruct (embedded GGUF)", "smollm2-135m-instruct"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),  # a hub id as given
+    ("/data/My Models/tiny llama", "tiny-llama"),  # a folder's own name, one word
+    ("/data/models/smollm2-135m-instruct-q8_0.gguf", "smollm2-135m-instruct-q8_0"),
+])
+def test_a_model_id_is_one_word(name, want):
+    """Before: GET /v1/models listed "SmolLM2-135M-Instruct (embedded GGUF)", whose spaces broke shell
+    loops, litellm ids and lm-eval's output folders."""
+    assert model_id(name) == want
+
+
+def test_served_model_names_are_the_ids_every_route_takes(llama_loaded):
+    """`--served-model-name` (repeatable): GET /v1/models lists them, chat, completions and vLLM's
+    classify take each, answers name the one asked; another id is a 404 listing them; a name with a
+    space or given twice is refused where the settings are made."""
+    from fastapi.testclient import TestClient
+
+    from slmclassify import EngineSettings
+    from slmclassify.errors import FieldError
+    from slmclassify.serve import ServeSettings
+    from slmclassify.serve.app import create_app
+    from slmclassify.serve.server import build_service
+
+    service = build_service({}, llama_loaded, EngineSettings(), ServeSettings(served_model_names=("tiny", "alias")))
+    with TestClient(create_app(service)) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "alias"]
+        body = {"messages": chat(TICKETS[0]), "guided_choice": CHOICES, "logprobs": True}
+        answers = [client.post("/v1/chat/completions", json={"model": name, **body}).json() for name in ("tiny", "alias")]
+        assert [a["model"] for a in answers] == ["tiny", "alias"]
+        assert answers[0]["choices"] == answers[1]["choices"]
+        done = client.post("/v1/completions", json={"model": "alias", "prompt": "hi", "max_tokens": 1})
+        assert done.status_code == 200, done.text
+        unknown = client.post("/v1/chat/completions", json={"model": model_id(llama_loaded.name), **body})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["message"].endswith("GET /v1/models lists 'tiny', 'alias'")
+    for names, words in [(("a b",), "served_model_name must be a non-empty id without spaces, got 'a b'"),
+                         (("x", "x"), "served_model_name is given twice with the same id: x")]:
+        with pytest.raises(FieldError, match=words):
+            ServeSettings(served_model_names=names)
+
+
+def test_every_error_on_the_openai_routes_is_in_openais_shape(llama_loaded):
+    """Before: the 401 (and the 413) came as {"error": "..."} where the 400s and 404s were OpenAI's
+    {"error": {"message", "type", "param", "code"}}, which the SDK reads into its exception. Ours
+    (/v1/classify, /v1/tasks) keep their own shape."""
+    from test_serve import running
+
+    with running(llama_loaded, api_key="s3cret", max_body_bytes=4000) as (url, _app):
+        wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cres", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            wrong.models.list()
+        assert refused.value.body == {"message": "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                      "type": "authentication_error", "param": None, "code": 401}
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="support", messages=chat("x" * 5000),
+                                           extra_body={"guided_choice": CHOICES})
+        assert refused.value.status_code == 413 and refused.value.type == "invalid_request_error"
+        assert "over the limit of 4000 bytes" in refused.value.body["message"]
+        key = {"authorization": "Bearer s3cret"}
+        for path in ("/tokenize", "/v1/tokenize"):
+            assert httpx.post(f"{url}{path}", json={"prompt": "hi"}, timeout=30).json()["error"]["code"] == 401
+        not_json = httpx.post(f"{url}/v1/chat/completions", content=b'{"model": "\xff"}', timeout=30,
+                              headers={**key, "content-type": "application/json"})
+        assert not_json.status_code == 400 and not_json.json()["error"]["type"] == "invalid_request_error"
+        ours = httpx.post(f"{url}/v1/classify", json={"task": "support", "text": "hi"}, timeout=30)
+        assert ours.status_code == 401 and isinstance(ours.json()["error"], str)
+
+
+def test_tokenizer_endpoints_as_vllm_has_them(llama_loaded):
+    """POST /tokenize, /detokenize and GET /tokenizer_info (each also under /v1/), with the bodies
+    lm-eval 0.4.13's RemoteTokenizer sends (`lm_eval/utils.py`: {"prompt", "add_special_tokens":
+    false}, {"tokens"}, and the info's eos/bos/pad tokens and chat template): a conversation's
+    tokens are those a chat completion of it is scored after."""
+    from fastapi.testclient import TestClient
+
+    from slmclassify import EngineSettings
+    from slmclassify.serve import ServeSettings
+    from slmclassify.serve.app import create_app
+    from slmclassify.serve.server import build_service
+
+    tokenizer = llama_loaded.tokenizer
+    context = context_limit(llama_loaded.model.config)
+    service = build_service({}, llama_loaded, EngineSettings(), ServeSettings(served_model_names=("tiny",)))
+    with TestClient(create_app(service)) as client:
+        for root in ("", "/v1"):
+            info = client.get(f"{root}/tokenizer_info").json()
+            assert info["eos_token"] == tokenizer.eos_token and info["pad_token"] == tokenizer.pad_token
+            assert info["chat_template"] == tokenizer.chat_template and info["model_max_length"] == context
+            plain = client.post(f"{root}/tokenize", json={"prompt": TICKETS[0], "add_special_tokens": False}).json()
+            want = tokenizer(TICKETS[0], add_special_tokens=False)["input_ids"]
+            assert plain == {"count": len(want), "max_model_len": context, "tokens": want, "token_strs": None}
+            back = client.post(f"{root}/detokenize", json={"tokens": want}).json()
+            assert back == {"prompt": TICKETS[0]}
+        named = client.post("/tokenize", json={"model": "tiny", "prompt": "hi", "return_token_strs": True}).json()
+        assert named["token_strs"] == tokenizer.convert_ids_to_tokens(named["tokens"])
+        conversation = client.post("/tokenize", json={"messages": chat(TICKETS[1])}).json()
+        prompt = choice_prompt(tokenizer, chat(TICKETS[1]), tuple(CHOICES), context)
+        assert conversation["tokens"] == list(prompt.prompt_ids)
+        for path, body, words in [("/tokenize", {"prompt": "a", "messages": chat("b")}, "exactly one of prompt"),
+                                  ("/detokenize", {"tokens": [10**9]}, "outside the vocabulary"),
+                                  ("/tokenize", {"model": "gpt-4o", "prompt": "a"}, "does not exist")]:
+            refused = client.post(path, json=body)
+            assert refused.status_code in (400, 404) and words in refused.json()["error"]["message"], refused.text
+
+
+def test_the_tokenizer_command_writes_a_folder_clients_load(tmp_path, llama_dir, llama_loaded):
+    """`slmclassify tokenizer -o FOLDER`: the tokenizer the service uses, as files transformers (and
+    lm-eval's tokenizer=FOLDER) load; before, the only copy was the GGUF conversion's hashed cache folder."""
+    from transformers import AutoTokenizer
+
+    from helpers import invoke
+
+    result = invoke("tokenizer", "--model", llama_dir, "-o", tmp_path / "tok")
+    assert result.stdout.strip() == str(tmp_path / "tok")
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert loaded(TICKETS[0])["input_ids"] == llama_loaded.tokenizer(TICKETS[0])["input_ids"]
+    assert loaded.chat_template == llama_loaded.tokenizer.chat_template

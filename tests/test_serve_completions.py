@@ -82,6 +82,8 @@ def test_what_completions_cannot_answer_is_refused(llama_loaded):
     with running(llama_loaded) as (url, _app):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         for kw, words in [({"max_tokens": 5}, "free-text generation is not"), ({"max_tokens": 0}, "asks for nothing"),
+                          ({"echo": True}, "max_tokens is not given, and the API's default (up to 16 generated "
+                                           "tokens) is free text"),
                           ({"max_tokens": 0, "echo": True, "n": 2}, "n and best_of must be 1"),
                           ({"max_tokens": 0, "echo": True, "prompt": [10**9]}, "outside the vocabulary"),
                           ({"max_tokens": 0, "echo": True, "prompt": ""}, "prompt[0] is empty")]:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .options import ModelOptions, bundle, device_options, max_rows_option, model_option, token_budget_option
+from .options import (ModelOptions, bundle, device_options, max_rows_option, model_option, served_model_name_option,
+                      token_budget_option)
 from .progress import Progress
 
 if TYPE_CHECKING:  # the job imports torch: the CLI (and a --ray driver) imports it only to run it
@@ -38,6 +39,7 @@ batch_options = bundle("run", BatchOptions.from_flags, [
     click.option("--prefix-cache-mb", type=float, default=256.0, show_default=True,
                  help="Memory for the cached heads of the conversations (their shared system turn and earlier "
                       "turns); the least recently used are dropped beyond it."),
+    served_model_name_option(),
     click.option("--task", "task_specs", multiple=True, metavar="NAME=FILE",
                  help="A task for /v1/classify lines whose model is NAME, from a TOML task file (repeat for several)."),
     click.option("--resume", is_flag=True, help="Continue the unfinished run kept in OUTPUT.partial."),
@@ -65,7 +67,7 @@ def batch(run: BatchOptions, opts: ModelOptions):
                         meter=lambda rows, size, done: Progress(rows, size, enabled=not run.quiet, done=done))
     refused = sum(summary.refused.values())
     resumed = f", resumed at line {summary.resumed_at + 1}" if summary.resumed_at else ""
-    click.echo(f"model: {summary.model}", err=True)
+    click.echo(f"model: {summary.model} (id {', '.join(summary.model_ids)})", err=True)
     click.echo(f"lines: {summary.lines} ({summary.answered} answered, {refused} refused{resumed}); "
                f"{summary.items_per_s:.1f} answers/s", err=True)
     computed, reused = summary.head_tokens["computed"], summary.head_tokens["reused"]

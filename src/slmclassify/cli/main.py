@@ -1,7 +1,7 @@
 """The `slmclassify` command group and its entry point. Library errors become one-line messages
 and exit code 2; an error about a library field names the flag that set it (`options.flag_of`).
 The commands live in one module per group: classify (classify, verify), batch, evaluate (evaluate,
-fit), bench (bench, sweep, loadtest), serve, label."""
+fit), bench (bench, sweep, loadtest), serve (serve, tokenizer), label."""
 
 from __future__ import annotations
 
@@ -80,5 +80,5 @@ def cli(ctx: click.Context) -> None:
 
 
 for _command in (classify.classify, classify.verify, batch.batch, evaluate.evaluate, evaluate.fit, bench.bench,
-                 bench.sweep, bench.loadtest, serve.serve, label.label):
+                 bench.sweep, bench.loadtest, serve.serve, serve.tokenizer, label.label):
     cli.add_command(_command)

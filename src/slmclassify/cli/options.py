@@ -160,6 +160,13 @@ def model_option():
     return click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M).")
 
 
+def served_model_name_option():
+    return click.option("--served-model-name", "served_model_names", multiple=True, metavar="ID",
+                        help="An id requests name the model by (repeat for aliases; the first is listed first). "
+                             "Default: the model's own id (smollm2-135m-instruct for the embedded model, a "
+                             "folder's or .gguf file's name, a hub id as given).")
+
+
 def token_budget_option(help="Max rows × padded tokens per batch."):
     return click.option("--token-budget", type=int, help=help)
 

@@ -11,7 +11,7 @@ from ..core.task import Task
 from ..jobs.sources import named_tasks
 from ..errors import TaskError
 from .options import (ModelOptions, bundle, hidden_alias, max_rows_option, max_tokens_option, merged,
-                      token_budget_option)
+                      model_option, served_model_name_option, token_budget_option)
 from . import startup
 
 
@@ -37,6 +37,7 @@ class ServeOptions:
     prefix_cache_mb: float
     api_key: str | None
     insecure: bool
+    served_model_names: tuple[str, ...] = ()
 
     @property
     def open_beyond_loopback(self) -> bool:
@@ -56,7 +57,7 @@ class ServeOptions:
             max_wait_ms=DEFAULT_MAX_WAIT_MS if self.max_wait_ms is None else self.max_wait_ms,
             max_texts=self.max_texts, max_body_bytes=self.max_body_bytes, max_queue_items=self.max_queue,
             request_timeout_s=self.request_timeout, prefix_cache_mb=self.prefix_cache_mb,
-            api_key=self.api_key or None)
+            api_key=self.api_key or None, served_model_names=self.served_model_names)
 
     def engine(self):
         """The engine settings, under classify's flags (the old names merged in)."""
@@ -70,7 +71,8 @@ serve_options = bundle("run", ServeOptions, [
     click.option("--task", "task_specs", multiple=True, metavar="NAME=FILE",
                  help="A task to serve under NAME, from a TOML task file (repeat for several). Without one, "
                       "the service answers chat completions with choices only."),
-    click.option("--model", help="HF model id, local folder or .gguf file (default: embedded SmolLM2-135M)."),
+    model_option(),
+    served_model_name_option(),
     click.option("--host", default="127.0.0.1", show_default=True),
     click.option("--port", type=int, default=8080, show_default=True, help="0 picks a free port (logged)."),
     click.option("--max-wait-ms", type=float, default=None, help="Longest the idle engine waits for requests to join "
@@ -128,3 +130,18 @@ def loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a host name: it may resolve to any interface
+
+
+@click.command()
+@model_option()
+@click.option("-o", "--output", required=True, metavar="FOLDER",
+              help="Where to write the tokenizer files (created if missing).")
+def tokenizer(model: str | None, output: str):
+    """Write the model's tokenizer (with its chat template) to a folder, for clients that tokenize
+    themselves (lm-eval's tokenizer=FOLDER, transformers' AutoTokenizer); the service also answers
+    /tokenize and /tokenizer_info."""
+    from ..models.loading import write_tokenizer
+
+    folder, name = write_tokenizer(model, output)
+    click.echo(f"wrote the tokenizer of {name} to {folder}", err=True)
+    click.echo(str(folder))

@@ -94,6 +94,17 @@ class ChatAsk:
                              "saying what to answer") from None
 
 
+def unknown_model(name, names: tuple[str, ...], tasks) -> str | None:
+    """Why a request's `model` names nothing served (None: it names the model by one of its ids, or
+    a task): the one check of the service and batch files."""
+    if isinstance(name, str) and (name in names or name in tasks):
+        return None
+    listed = ", ".join(repr(m) for m in [*names, *tasks])
+    if not isinstance(name, str):
+        return f"model must be a string, one of {listed} (got {type(name).__name__})"
+    return f"the model {name!r} does not exist; GET /v1/models lists {listed}"
+
+
 def chat_prompt(body: dict, tokenizer, context: int) -> tuple[ChatAsk, ChoicePrompt]:
     """What the request asks for and its prompt with the trie of what is scored (`choice_prompt`;
     `context` its limit): the one reading of a chat body, for the service and batch files."""

@@ -63,7 +63,11 @@ def completion_ask(body: dict, tokenizer, context: int) -> CompletionAsk:
     if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
         raise InputError("n and best_of must be 1: the answer is the prompt's log-probabilities and at most one "
                          "greedy token")
-    max_tokens = body.get("max_tokens", 16)
+    if body.get("max_tokens") is None:  # the API's default is 16 tokens of free text: answering 1 would cut it
+        raise InputError("max_tokens is not given, and the API's default (up to 16 generated tokens) is free text, "
+                         "which is not supported: send max_tokens: 0 with echo: true for the prompt's "
+                         "log-probabilities, or max_tokens: 1 for the likeliest next token")
+    max_tokens = body["max_tokens"]
     if max_tokens not in (0, 1) or isinstance(max_tokens, bool):
         raise InputError(f"max_tokens={max_tokens!r}: only 0 (the prompt's log-probabilities, with echo) and 1 (one "
                          "more token) are supported; free-text generation is not")

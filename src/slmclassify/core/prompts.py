@@ -71,13 +71,22 @@ class PromptRenderer:
         return render_chat(self.tokenizer, self.messages(item))
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
+def render_chat(tokenizer, messages: list[dict], *, generation_prompt: bool = True,
+                continue_final: bool = False) -> str:
     """The prompt the model's chat template renders for `messages`, ending with the generation prompt
-    (`PLAIN_TEMPLATE` for a tokenizer without one).
+    (`PLAIN_TEMPLATE` for a tokenizer without one); `generation_prompt` False or `continue_final`
+    (the last message left open) as vLLM's /tokenize takes them.
 
     enable_thinking=False: templates with a thinking mode (Qwen3, SmolLM3) render the answer right
     after an empty think block, and answers are scored after exactly that text; templates without
     one ignore the variable."""
-    template = None if getattr(tokenizer, "chat_template", None) else PLAIN_TEMPLATE
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=template, enable_thinking=False)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                         continue_final_message=continue_final,
+                                         chat_template=None if getattr(tokenizer, "chat_template", None)
+                                         else PLAIN_TEMPLATE, enable_thinking=False)
+
+
+def chat_template(tokenizer) -> str:
+    """The template conversations are rendered with: the tokenizer's own, or `PLAIN_TEMPLATE` where
+    it has none (also for clients that render conversations themselves: GET /tokenizer_info)."""
+    return getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE

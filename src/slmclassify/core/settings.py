@@ -81,3 +81,15 @@ def check_precision(precision: str | None) -> str | None:
         raise FieldError("precision", "{field} must be one of {choices}, got {value!r}",
                          choices=', '.join(PRECISIONS), value=precision)
     return precision
+
+
+def check_served_names(names: tuple[str, ...]) -> None:
+    """`--served-model-name`: ids clients name the model by (the first is the one listed first),
+    each one word."""
+    for name in names:
+        if not name or any(c.isspace() for c in name):
+            raise FieldError("served_model_name", "{field} must be a non-empty id without spaces, got {value}",
+                             value=repr(name))
+    if len(set(names)) != len(names):
+        raise FieldError("served_model_name", "{field} is given twice with the same id: {value}",
+                         value=", ".join(sorted({n for n in names if names.count(n) > 1})))

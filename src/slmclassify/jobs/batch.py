@@ -29,18 +29,20 @@ import numpy as np
 import pandas as pd
 
 from ..classifier import Classifier, EngineSettings, item_text
-from ..core.chat_request import ChatAsk, chat_completion, chat_prompt
+from ..core.chat_request import ChatAsk, chat_completion, chat_prompt, unknown_model
 from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer
 from ..core.encode import invalid_text_at
 from ..core.prefix_caches import PrefixCaches, check_prefix_cache_mb
+from ..core.settings import check_served_names
 from ..core.task import Task
 from ..errors import InputError
 from ..io.checkpoint import Checkpoint, digest, input_fingerprint
 from ..io.formats import check_not_input
 from ..io.lock import OutputLock
 from ..io.sink import open_sink
+from ..models.loading import model_id
 from ..models.prepare import load_model
 from ..models.schedule import scheduled
 from ..serve.adapter import TaskRunner, pooling_response
@@ -64,10 +66,14 @@ class BatchRequest:
     """Memory for the cached heads of the conversations (least recently used dropped beyond it)."""
     resume: bool = False
     restart: bool = False
+    served_model_names: tuple[str, ...] = ()
+    """The ids request lines name the model by (none: the model's own id, `models.loading.model_id`),
+    as `serve --served-model-name` takes them."""
 
     def __post_init__(self) -> None:
         check_resume(self.resume, self.restart)
         check_prefix_cache_mb(self.prefix_cache_mb)
+        check_served_names(self.served_model_names)
         if self.input_path == "-" or self.output_path == "-":
             raise InputError("batch reads a file and writes a file (not - for stdin or stdout): it is resumable")
 
@@ -77,6 +83,8 @@ class BatchSummary:
     """What a finished batch run did."""
 
     model: str
+    model_ids: tuple[str, ...]
+    """The ids its request lines could name it by."""
     lines: int
     answered: int
     """Lines answered with status 200."""
@@ -123,6 +131,7 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, tasks: dict[str,
     except OSError as exc:
         raise InputError(f"cannot read {request.input_path}: {exc.strerror}") from None
     shown = {"window": settings.window, "token_budget": settings.token_budget, "max_rows": settings.max_rows}
+    shown["served_model_names"] = list(request.served_model_names)  # which lines' model is known
     identity = {"input": fingerprint, "settings": digest([repr(settings), shown]), "settings_shown": shown,
                 "task": digest(repr(sorted(tasks.items()))), "task_shown": {"tasks": sorted(tasks)},
                 "created": _now()}
@@ -140,7 +149,8 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, tasks: dict[str,
         settings = dataclasses.replace(settings, **saved["schedule"])
     identity["schedule"] = {"token_budget": settings.token_budget, "max_rows": settings.max_rows}
     runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=settings)) for name, task in tasks.items()}
-    answer = _Answerer(loaded, settings, request.prefix_cache_mb, state, created, runners)
+    names = request.served_model_names or (model_id(loaded.name),)
+    answer = _Answerer(loaded, names, settings, request.prefix_cache_mb, state, created, runners)
     lines = _Lines(request.input_path, skip=state.rows)
     sink = open_sink(request.output_path, checkpoint, "jsonl", COLUMNS, saved, True, identity, "strict")
     bar = meter(None, lines.size, state.rows)
@@ -152,7 +162,7 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, tasks: dict[str,
             state.rows += len(window)
             sink.write(frame, state, lines.read_digest())
             bar.update(len(window), lines.bytes_read)
-    return BatchSummary(model=loaded.name, lines=state.rows, answered=state.answered, refused=dict(state.refused),
+    return BatchSummary(model=loaded.name, model_ids=names, lines=state.rows, answered=state.answered, refused=dict(state.refused),
                         items_per_s=state.answered / state.seconds if state.seconds else 0.0,
                         head_tokens=dict(state.head_tokens), resumed_at=state.resumed_at,
                         output=request.output_path)
@@ -161,9 +171,9 @@ def _run_batch(request: BatchRequest, settings: EngineSettings, tasks: dict[str,
 class _Answerer:
     """Answers one window of request lines: parse, group the chat lines by key, score each group."""
 
-    def __init__(self, loaded, settings: EngineSettings, prefix_cache_mb: float, state: _RunState, created: int,
-                 runners: dict[str, TaskRunner]):
-        self.loaded, self.settings, self.state, self.created = loaded, settings, state, created
+    def __init__(self, loaded, names: tuple[str, ...], settings: EngineSettings, prefix_cache_mb: float,
+                 state: _RunState, created: int, runners: dict[str, TaskRunner]):
+        self.loaded, self.names, self.settings, self.state, self.created = loaded, names, settings, state, created
         self.runners = runners
         self.context = context_limit(loaded.model.config)
         self.caches = PrefixCaches(loaded.engine, int(prefix_cache_mb * 2**20), self._observe)
@@ -184,6 +194,9 @@ class _Answerer:
                 custom_id, url, body = _request(raw, start + k)
                 if (where := invalid_text_at(body)) is not None:  # the service's 400 (`serve/chat.py`)
                     raise InputError(f"body.{where} is not valid Unicode (it holds a lone surrogate); send UTF-8 text")
+                if url != "/v1/classify" and (unknown := unknown_model(body.get("model"), self.names,
+                                                                       self.runners)) is not None:
+                    raise InputError(unknown)  # the service's 404
                 if url == "/v1/completions":  # its own engine rows: its trie is its own
                     answers[k] = self._completed(start + k, custom_id, body)
                     continue
@@ -230,7 +243,7 @@ class _Answerer:
         if not isinstance(name, str):
             raise InputError(f"model must be a string, the task's name (got {type(name).__name__})")
         if name not in self.runners:
-            if len(self.runners) == 1 and name == self.loaded.name:
+            if len(self.runners) == 1 and name in self.names:
                 name = next(iter(self.runners))
             else:
                 raise InputError(f"model {name!r} names no task; give tasks with --task NAME=FILE.toml"

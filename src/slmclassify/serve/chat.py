@@ -62,6 +62,26 @@ class ChatRequest(_UnicodeBody):
     stream: bool | None = False
 
 
+class TokenizeRequest(_UnicodeBody):
+    """vLLM's /tokenize: a `prompt`, or `messages` rendered as a chat completion renders them
+    (`core/tokenize_request.py`)."""
+
+    model_config = ConfigDict(extra="allow")  # chat_template, tools, ...: accepted, not used
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool | None = None
+    """Default: true for a prompt, false for messages (the chat template writes them), as in vLLM."""
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
 def prefix_caches(engine, prefix_cache_mb: float, metrics) -> PrefixCaches:
     """The service's prefix caches, counted in /metrics: lookups by result, head tokens computed on
     a miss (those read from the cache are counted per request by `ChoiceRunner.score`)."""
@@ -133,7 +153,8 @@ class CompletionRequest(_UnicodeBody):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    max_tokens: int | None = 16
+    max_tokens: int | None = Field(default=None, description="0 (with echo) or 1; not given is refused: the API's "
+                                                             "default is 16 tokens of free text.")
     n: int | None = 1
     stream: bool | None = False
 

@@ -17,7 +17,17 @@ from ..web.guard import bearer, header, matches, send_error
 
 access_log = logging.getLogger("slmclassify.access")
 
-KNOWN_PATHS = ("/v1/classify", "/v1/tasks", "/healthz", "/readyz", "/metrics", "/docs", "/openapi.json")
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize",
+                "/tokenizer_info", "/v1/tokenize", "/v1/detokenize", "/v1/tokenizer_info")
+"""The routes whose clients (OpenAI's SDK, LangChain, lm-eval, vLLM's) read errors in OpenAI's shape."""
+KNOWN_PATHS = ("/v1/classify", "/v1/tasks", "/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", *OPENAI_PATHS)
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 413: "invalid_request_error", 503: "service_unavailable_error", 504: "timeout_error"}
+
+
+def openai_error(status: int, message: str, param: str | None = None) -> dict:
+    """OpenAI's error object, {"message", "type", "param", "code"} (the value of "error")."""
+    return {"message": message, "type": _OPENAI_TYPES.get(status, "api_error"), "param": param, "code": status}
 
 
 class Guard:
@@ -48,8 +58,8 @@ class Guard:
         try:
             checked = self.api_key is not None and scope["path"] not in self.open_paths
             if checked and not matches(bearer(scope), self.api_key):
-                await send_error(send_logged, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                 [(b"www-authenticate", b"Bearer")])
+                await self._error(scope, send_logged, 401, "missing or wrong API key: send 'Authorization: Bearer "
+                                  "<key>'", [(b"www-authenticate", b"Bearer")])
                 return
             body = await self._read_body(scope, receive, send_logged)
             if body is None:
@@ -68,13 +78,19 @@ class Guard:
                 **{k: state[k] for k in ("task", "texts") if k in state},
             }))
 
+    @staticmethod
+    async def _error(scope, send, status: int, message: str, headers=()) -> None:
+        """An error answered before the app, in the shape the route's clients read."""
+        error = openai_error(status, message) if scope["path"] in OPENAI_PATHS else None
+        await send_error(send, status, message, headers, error=error)
+
     async def _read_body(self, scope, receive, send) -> bytes | None:
         """The whole body, or None after answering 413 (or when the client left)."""
         declared = header(scope, b"content-length")
         too_large = (f"request body over the limit of {self.max_body_bytes} bytes "
                      "(--max-body-bytes); send fewer or shorter texts per request")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await send_error(send, 413, too_large)
+            await self._error(scope, send, 413, too_large)
             return None
         chunks, size = [], 0
         while True:
@@ -84,7 +100,7 @@ class Guard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await send_error(send, 413, too_large)
+                await self._error(scope, send, 413, too_large)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -15,7 +15,7 @@ import time
 
 from ..classifier import Classifier, EngineSettings
 from ..errors import TaskError
-from ..models.loading import LoadedModel
+from ..models.loading import LoadedModel, model_id
 from ..models.prepare import load_model
 from ..models.schedule import scheduled
 from ..core.task import Task
@@ -38,7 +38,8 @@ def build_service(tasks: dict[str, Task], model: str | LoadedModel | None, engin
     runners = {name: TaskRunner(name, Classifier(task, model=loaded, settings=engine)) for name, task in tasks.items()}
     # chat requests are batched as the tasks are (their measured schedule), or by the defaults without one
     chat = next(iter(runners.values())).classifier.settings if runners else scheduled(engine, loaded)[0]
-    return Service(runners=runners, settings=settings, model_name=loaded.name, loaded=loaded, chat_settings=chat)
+    names = settings.served_model_names or (model_id(loaded.name),)
+    return Service(runners=runners, settings=settings, model_names=names, loaded=loaded, chat_settings=chat)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -79,7 +80,7 @@ def serve(service, host: str, port: int) -> None:
     server = make_server(create_app(service), service.settings)
     actual = sock.getsockname()[1]
     log.info(json.dumps({"ts": _now(), "event": "listening", "url": f"http://{host}:{actual}",
-                         "model": service.model_name, "tasks": sorted(service.runners),
+                         "model": service.model_name, "model_path": service.loaded.name, "tasks": sorted(service.runners),
                          "max_wait_ms": service.settings.max_wait_ms}))
     server.run(sockets=[sock])
     log.info(json.dumps({"ts": _now(), "event": "stopped"}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.prefix_caches import check_prefix_cache_mb
+from ..core.settings import check_served_names
 from ..errors import FieldError, TaskError
 
 DEFAULT_MAX_WAIT_MS = 50.0
@@ -29,6 +30,9 @@ class ServeSettings:
     """When set, every endpoint but /healthz needs `Authorization: Bearer <key>`."""
     prefix_cache_mb: float = 256.0
     """Memory for the prefix caches of chat requests' heads (least recently used dropped; 0: none kept)."""
+    served_model_names: tuple[str, ...] = ()
+    """The ids requests name the model by, the first listed first (none: the model's own id,
+    `models.loading.model_id`)."""
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
@@ -37,6 +41,7 @@ class ServeSettings:
             if getattr(self, name) < 1:
                 raise FieldError(name, "{field} must be positive, got {value}", value=getattr(self, name))
         check_prefix_cache_mb(self.prefix_cache_mb)
+        check_served_names(self.served_model_names)
         if not self.request_timeout_s > 0:
             raise FieldError("request_timeout_s", "{field} must be positive, got {value}", value=self.request_timeout_s)
         if self.api_key is not None and not self.api_key.strip():

@@ -40,9 +40,10 @@ def matches(given: str | None, token: bytes) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), token)
 
 
-async def send_error(send, status: int, message: str, headers=()) -> None:
-    """A JSON error response: {"error": message}, with `headers` after the content headers."""
-    body = json.dumps({"error": message}).encode()
+async def send_error(send, status: int, message: str, headers=(), *, error=None) -> None:
+    """A JSON error response: {"error": message} (or {"error": error} where the route's clients read
+    another shape), with `headers` after the content headers."""
+    body = json.dumps({"error": message if error is None else error}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *headers]})
