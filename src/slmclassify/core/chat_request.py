@@ -9,8 +9,9 @@ The answer is asked for in one of the spellings clients use:
   three give the same answers;
 - an object of finite choices (`core/schema_questions.py`): `response_format` with an object JSON
   schema (openai `.parse()`, instructor, LangChain, DSPy), or a tool whose parameters are one, called
-  by `tool_choice` (a named function, or `"required"`/`"auto"` with one tool), answered as the JSON
-  object in `content` or as the tool call's arguments. One property is scored as a list of strings;
+  by `tool_choice` (a named function, or `"required"`/`"auto"` with one tool; with several, which
+  one is one more question), answered as the JSON object in `content` or as the tool call's
+  arguments. `"auto"` is taken as `"required"`: the answer is always a call, never free text. One property is scored as a list of strings;
   several as a task of questions (`core/questions.py`), each value after its property's name
   (`team: billing`), all in the prompt's one pass. Without a system message the conversation gets
   the system turn a task of those labels or questions renders (`Task.system_turn`), so a request of
@@ -50,7 +51,11 @@ class ChatAsk:
     """How the answer is written: "text" (the choice), "json" (the choice or the object as JSON),
     "tool" (a call of `tool` with the object as its arguments)."""
     tool: str | None = None
-    """The function called (form "tool")."""
+    """The function called (form "tool"), or None when the model chooses it among `tools`."""
+    tools: tuple[str, ...] = ()
+    """The functions the model chooses among (`tool_choice` "auto"/"required" with several tools):
+    the first question is which (its values the names), each other's path begins with its function's
+    name, and only the chosen function's answers are its arguments."""
 
     @property
     def asked(self) -> tuple[SchemaQuestion, ...]:
@@ -205,6 +210,8 @@ def _tool_call(tools, tool_choice) -> ChatAsk:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InputError(f"tools[{k}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
                              "\"parameters\"}}")
+        if function["name"] in functions:
+            raise InputError(f"tools[{k}] names the function {function['name']!r} again; give each tool once")
         functions[function["name"]] = (k, function)
     if isinstance(tool_choice, dict):
         name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type", "function") == "function" \
@@ -212,11 +219,9 @@ def _tool_call(tools, tool_choice) -> ChatAsk:
         if name not in functions:
             raise InputError(f"tool_choice names the function {name!r}, which is not among the tools "
                              f"({', '.join(functions)})")
-    elif tool_choice in (None, "auto", "required"):
+    elif tool_choice in (None, "auto", "required"):  # "auto" as "required": the answer is a call, never text
         if len(functions) > 1:
-            raise InputError(f"{len(functions)} tools and tool_choice {tool_choice or 'auto'!r}: choosing among "
-                             "several tools is not supported; name the one to call with tool_choice "
-                             "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+            return _tool_choice(functions)
         name = next(iter(functions))
     else:
         raise InputError(f"tool_choice must be \"auto\", \"required\", \"none\" or {{\"type\": \"function\", "
@@ -224,6 +229,22 @@ def _tool_call(tools, tool_choice) -> ChatAsk:
     k, function = functions[name]
     return ChatAsk(questions=schema_questions(function.get("parameters"), f"tools[{k}].function.parameters"),
                    form="tool", tool=name)
+
+
+def _tool_choice(functions: dict) -> ChatAsk:
+    """Several tools, the model to choose: which function is one more question, asked first (its
+    answer a name, asked with each function's description), then every function's parameters, all
+    in the one pass; a function without parameters is called with {}."""
+    told = "; ".join(f"{name}: {' '.join(f.get('description', '').split())}" if f.get("description") else name
+                     for name, (_k, f) in functions.items())
+    questions = [SchemaQuestion(("tool",), tuple(functions), f"Which function to call ({told})")]
+    for name, (k, function) in functions.items():
+        parameters = function.get("parameters")
+        if parameters is None or isinstance(parameters, dict) and not parameters.get("properties"):
+            continue
+        own = schema_questions(parameters, f"tools[{k}].function.parameters")
+        questions.extend(SchemaQuestion((name, *q.path), q.values, q.question) for q in own)
+    return ChatAsk(questions=tuple(questions), form="tool", tools=tuple(functions))
 
 
 def chat_completion(body: dict, prompt: ChoicePrompt, scores: np.ndarray, ask: ChatAsk) -> dict:
@@ -246,12 +267,18 @@ def chat_completion(body: dict, prompt: ChoicePrompt, scores: np.ndarray, ask: C
         answer = labels[best[0]]
         message["content"] = json.dumps(answer, ensure_ascii=False) if ask.form == "json" else answer
     else:
-        picks = iter(pick - span.start for span, pick in zip(spans, best))
-        chosen = answer_object(ask.questions, [next(picks) if len(q.values) > 1 else 0 for q in ask.questions])
-        arguments = json.dumps(chosen, ensure_ascii=False)
+        made = iter(pick - span.start for span, pick in zip(spans, best))
+        picks = [next(made) if len(q.values) > 1 else 0 for q in ask.questions]
+        questions, tool = ask.questions, ask.tool
+        if ask.tools:  # the chosen function's own answers, without its name before their paths
+            tool = questions[0].values[picks[0]]
+            own = [(SchemaQuestion(q.path[1:], q.values, q.question), pick)
+                   for q, pick in zip(questions[1:], picks[1:]) if q.path[0] == tool]
+            questions, picks = tuple(q for q, _ in own), [pick for _, pick in own]
+        arguments = json.dumps(answer_object(questions, picks), ensure_ascii=False)
         if ask.form == "tool":
             message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                      "function": {"name": ask.tool, "arguments": arguments}}]
+                                      "function": {"name": tool, "arguments": arguments}}]
         else:
             message["content"] = arguments
     completion = sum(len(prompt.trie.sequences[k]) for k in best)

@@ -41,8 +41,9 @@ class SchemaQuestion:
 
     @property
     def name(self) -> str:
-        """The question's name: the property's, its parents' joined with dots when nested."""
-        return ".".join(self.path)
+        """The question's name: the property's, after its parents' joined by _ when nested (a
+        question name of a task, `core/task.py`: what the system turn asks and the branches say)."""
+        return "_".join(self.path)
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -69,6 +70,11 @@ def schema_questions(schema, where: str) -> tuple[SchemaQuestion, ...]:
     questions = _object(schema, (), where, defs, depth=0)
     if not questions:
         raise InputError(f"{where} has no properties to answer: give an object with at least one property")
+    names = [q.name for q in questions]
+    for q in questions:
+        if names.count(q.name) > 1:
+            raise InputError(f"{where}: two properties are both asked as {q.name!r} (a nested property's name is its "
+                             "parents' and its own joined by _); rename one")
     return questions
 
 
