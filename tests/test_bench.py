@@ -71,7 +71,7 @@ def test_bench_report_schema(llama_loaded):
     names = [r["name"] for r in data["rows"]]
     vendor = vendor_kernel(llama_loaded)  # (k): d on the fastest vendor float32 GEMM, where d runs the ordered one
     k = [f"k ours fp32 {vendor}"] if vendor else []
-    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 9 + len(k + low) + len(peers)
+    assert names[0].startswith("a ") and names[3].startswith("d ") and len(names) == 10 + len(k + low) + len(peers)
     assert names[7 : 7 + len(k)] == k
     if k:
         row = data["rows"][7]
@@ -82,9 +82,10 @@ def test_bench_report_schema(llama_loaded):
     assert names[7 + len(k) : 7 + len(low)] == [f"g ours {p}" for p in low[len(k):]]
     assert names[7 + len(low)] == "m ours multi-label (3)"
     assert names[8 + len(low)] == "q ours 3 questions (5+3+3)"
-    assert [n.removesuffix(" per item").removesuffix(" batched") for n in names[9 + len(low):]] == \
+    assert names[9 + len(low)] == "s ours 3-field schema (5+3+3)"
+    assert [n.removesuffix(" per item").removesuffix(" batched") for n in names[10 + len(low):]] == \
            [f"i ctranslate2 {p}" for p in peers]  # each precision's faster mode
-    assert all(n.endswith((" per item", " batched")) for n in names[9 + len(low):])
+    assert all(n.endswith((" per item", " batched")) for n in names[10 + len(low):])
     q = data["rows"][8 + len(low)]
     # its own figures: whole runs interleaved with one question's and three single-question runs'
     assert q["agree"] == 12 and q["max_abs_diff"] < 1e-3 and q["vs_d"] is None
@@ -93,6 +94,11 @@ def test_bench_report_schema(llama_loaded):
         assert len(rounds) == 3 and q["ratios"][key] > 0
         assert f"{q['ratios'][key]:.2f}x" in q["description"]
         assert f"(rounds {min(rounds):.2f}-{max(rounds):.2f})" in q["description"]
+    # (s): the three fields as a Pydantic schema through the service's path, as offline classify answers them
+    structured = data["rows"][9 + len(low)]
+    assert structured["agree"] == 12 and structured["max_abs_diff"] < 1e-4 and structured["vs_d"] is None
+    assert len(structured["ratios"]["cost_vs_one_rounds"]) == 3 and structured["ratios"]["cost_vs_one"] > 0
+    assert f"{structured['ratios']['cost_vs_one']:.2f}x a one-field" in structured["description"]
     assert data["engine"].startswith("cpu fp32 (")
     for row in data["rows"]:
         assert set(row) >= {"name", "seconds", "items_per_s", "tokens_per_s", "padding", "speedup",
@@ -106,7 +112,7 @@ def test_bench_report_schema(llama_loaded):
     # (k), (g) and (i) timed interleaved with (d): the speed-up over (a) is (row over d) x (d over a),
     # its seconds d's over (row over d), so that no row timed at another moment enters the ratio.
     for row in data["rows"][7:]:
-        if row["name"].startswith("q "):
+        if row["name"].startswith(("q ", "s ")):
             continue
         assert row["vs_d"] > 0 and row["padding"] == (ours["padding"] if row["name"][0] in "gkm" else None)
         assert row["seconds"] == pytest.approx(ours["seconds"] / row["vs_d"])
@@ -177,7 +183,7 @@ def test_bench_cli_prints_table_then_json(llama_dir, tmp_path):
     from slmclassify import load_model
 
     assert k == (1 if vendor_kernel(load_model(str(llama_dir))) else 0)
-    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * (9 + k)  # (m), (q)
+    assert [r["agree"] for r in last["rows"] if not r["name"].startswith(("g ", "i "))] == [6] * (10 + k)  # (m), (q), (s)
     assert [r["agree"] for r in last["rows"] if r["name"].startswith("i ctranslate2 fp32")] == [6] * CT2
     assert "engine: cpu fp32 (" in result.stdout
 
@@ -235,7 +241,9 @@ def test_bench_cli_llama_cpp_row_and_opt_out(llama_dir, llama_loaded, tmp_path, 
     names = [r["name"][0] for r in with_f["rows"]]
     peers = 2 if CT2 else 0
     k = 1 if vendor_kernel(llama_loaded) else 0
-    assert names == list("abcdeee") + ["k"] * k + ["g"] * (len(names) - 10 - k - peers) + ["m", "q"] + ["i"] * peers + ["f"]
+    s = names.count("s")  # (s) is left out where no ticket's conversation fits the tiny model's context
+    assert names == (list("abcdeee") + ["k"] * k + ["g"] * (len(names) - 10 - k - peers - s) + ["m", "q"] + ["s"] * s
+                     + ["i"] * peers + ["f"])
     assert calls == [str(tmp_path / "model.gguf")]
 
     without_f = json.loads(CliRunner().invoke(cli, [*args, "--no-llama-cpp"], catch_exceptions=False).stdout.splitlines()[-1])

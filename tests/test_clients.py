@@ -23,15 +23,16 @@ from test_structured_outputs import OFFLINE, TEAMS, TICKETS, Ticket, Triage, _as
 DSPY_BODIES = json.loads((Path(__file__).parent / "data" / "dspy_json_adapter_bodies.json").read_text())
 
 
-def offline_answers(loaded, task: Task, texts) -> list[dict]:
-    """Per text: {property: (label, margin over the runner-up)} of offline classify."""
+def offline_answers(loaded, task: Task, texts, field: str = "label") -> list[dict]:
+    """Per text: {property: (label, margin over the runner-up)} of offline classify (a task of
+    labels answers the one property `field`)."""
     def one(label, scores):
         top = sorted(scores.values())
         return label, top[-1] - top[-2]
 
     results = Classifier(task, model=loaded).classify(list(texts))
     if not task.questions:
-        return [{"label": one(r.label, r.scores)} for r in results]
+        return [{field: one(r.label, r.scores)} for r in results]
     return [{name: one(a.label, a.scores) for name, a in r.answers.items()} for r in results]
 
 
@@ -116,12 +117,13 @@ def _instructor_json_system(model) -> str:
     import httpx
 
     seen = []
+    valid = {name: prop["enum"][0] for name, prop in model.model_json_schema()["properties"].items()}
 
     def answer(request):
         seen.append(json.loads(request.content))
         return httpx.Response(200, json={"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                                          "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                                             "role": "assistant", "content": json.dumps({"label": TEAMS[0]})}}]})
+                                             "role": "assistant", "content": json.dumps(valid)}}]})
 
     client = instructor.from_openai(openai.OpenAI(base_url="http://recorded/v1", api_key="unused", max_retries=0,
                                                   http_client=httpx.Client(transport=httpx.MockTransport(answer))),

@@ -310,6 +310,7 @@ def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: Engin
     _other_precisions_rows(inputs, rows, report, clf, d)
     _multilabel_row(inputs, report, clf, d)
     _questions_row(inputs, report)
+    _structured_row(inputs, report, log)
     _ctranslate2_rows(inputs, rows, report, clf, d, log, with_ctranslate2)
     if inputs.device.type == "cuda":
         _plain_transformers_rows(inputs, rows)
@@ -506,6 +507,32 @@ def _questions_row(inputs: _Inputs, report: BenchReport) -> None:
                                                    "faster_than_three_rounds")})
     row.speedup = report.rows[0].seconds / row.seconds
     row.agree, row.max_abs_diff = figures["agree"], figures["max_abs_diff"]
+    report.rows.append(row)
+
+
+def _structured_row(inputs: _Inputs, report: BenchReport, log) -> None:
+    """Row (s): the same three fields asked as a Pydantic model's JSON schema (openai `.parse()`),
+    through the service's path per request body, whole runs interleaved with one field's
+    (`bench/structured.py`)."""
+    from .structured import FIELDS, structured_row
+
+    figures = structured_row(inputs.loaded, inputs.texts, inputs.settings, inputs.device)
+    if figures is None:
+        log("  s 3-field schema: skipped (no item's conversation fits the model's context)")
+        return
+    sizes = "+".join(str(len(v)) for v in FIELDS.values())
+    rounds = figures["cost_vs_one_rounds"]
+    row = BenchRow(f"s ours 3-field schema ({sizes})",
+                   f"a Pydantic model of team, priority, sentiment as response_format (openai .parse()), each body "
+                   f"read and answered as the service does: {figures['cost_vs_one']:.2f}x a one-field model's "
+                   f"seconds (rounds {min(rounds):.2f}-{max(rounds):.2f}); whole runs interleaved; agree and max|Δ| "
+                   "against offline classify of the task of questions"
+                   + (f"; {len(inputs.texts) - figures['answered']} items over the model's context left out (a 400)"
+                      if figures["answered"] < len(inputs.texts) else ""), figures["seconds"], len(inputs.texts),
+                   report.rows[0].prompt_tokens, padding=figures["padding"],
+                   ratios={k: figures[k] for k in ("cost_vs_one", "cost_vs_one_rounds")})
+    row.speedup = report.rows[0].seconds / row.seconds
+    row.agree, row.max_abs_diff = figures["agree"], figures["max_abs_diff"]  # of the answered items
     report.rows.append(row)
 
 
