@@ -103,9 +103,13 @@ def test_every_client_answers_as_offline_classify_on_the_embedded_model(embedded
             client.chat.completions.create(model="support", messages=user(t),
                                            extra_body={"guided_choice": list(TEAMS)}).choices[0]))
     assert all(a.message.content == json.dumps(g.message.content) for a, g in pairs)  # 40/40
+    offline = {}  # one offline run per task: parse and LangChain's calls of one model ask the same
     for (call, model), answers in got.items():
         prompt = {"system": _instructor_json_system(model)} if call == "instructor JSON" else {}
-        assert_same(answers, offline_answers(embedded, offline_task(model, **prompt), TICKETS, field="team"))
+        key = (model, prompt.get("system"))
+        if key not in offline:
+            offline[key] = offline_answers(embedded, offline_task(model, **prompt), TICKETS, field="team")
+        assert_same(answers, offline[key])
     body = dspy_body("Triage-declared", "{text}")
     dspy_task = Task(labels=(), mode="full", system=body["messages"][0]["content"],
                      user_template=body["messages"][1]["content"], questions=(

@@ -17,11 +17,10 @@ import numpy as np
 
 from ..backends.sync import sync_of
 from ..classifier import Classifier
-from ..core.chat_request import chat_completion, chat_prompt
+from ..core.chat_request import chat_ask, chat_completion, chat_prompt
 from ..core.config_check import context_limit
 from ..core.conversation import ChoiceScorer
 from ..core.prefix_caches import PrefixCaches
-from ..core.task import Question, Task
 from ..errors import InputError
 from ..models.schedule import scheduled
 from ..timing import Side, interleave
@@ -37,14 +36,6 @@ def schema(fields: tuple[str, ...]) -> dict:
     properties = {name: {"type": "string", "enum": list(FIELDS[name]), "title": name.title()} for name in fields}
     return {"type": "json_schema", "json_schema": {"name": "Ticket", "strict": True, "schema": {
         "type": "object", "properties": properties, "required": list(fields), "additionalProperties": False}}}
-
-
-def offline_task(fields: tuple[str, ...]) -> Task:
-    """The task the schema makes (`chat_request.ChatAsk.system_turn`), for offline `classify`."""
-    if len(fields) == 1:
-        return Task(labels=FIELDS[fields[0]], mode="full", calibrate=False)
-    return Task(labels=(), mode="full", questions=tuple(Question(name, Task(labels=FIELDS[name], calibrate=False))
-                                                        for name in fields))
 
 
 def structured_row(loaded, texts: list[str], settings, device) -> dict | None:
@@ -79,8 +70,7 @@ def structured_row(loaded, texts: list[str], settings, device) -> dict | None:
     timings = interleave([Side("three", answer(three)), Side("one", answer(one))], rounds=ROUNDS, warmup=1,
                          sync=sync_of(device))
     scored, completions = timings.last("three")[0]
-    task = offline_task(three)
-    offline = Classifier(task, model=loaded, settings=settings)
+    offline = Classifier(chat_ask(bodies[three][0]).task(), model=loaded, settings=settings)
     results = offline.classify([TEMPLATE.format(text=t) for t in fits])
     reference = offline.score(offline.encode([TEMPLATE.format(text=t) for t in fits])).scores
     agree = sum(json.loads(c["choices"][0]["message"]["content"]) == {q: r.answers[q].label for q in three}

@@ -82,18 +82,26 @@ class ChatAsk:
             at += len(q.values)
         return spans
 
-    def system_turn(self) -> str | None:
-        """The system turn a conversation without one gets: the one a task of these labels (one
-        question) or of these questions renders; None for a list of strings (the conversation as sent)."""
+    def task(self, **prompt) -> Task:
+        """The offline task this ask is answered as (its asked questions; none for a list of strings):
+        one question a task of its values, several a task of questions, each scored in full and not
+        calibrated as a conversation is; `prompt`: the Task's prompt fields (`system`,
+        `user_template`, ...) where the conversation gives them. TaskError when the values make no task."""
         asked = self.asked
-        if not asked:
+        if len(asked) == 1:
+            q = asked[0]
+            return Task(labels=q.texts, mode="full", calibrate=False,
+                        **{**({"instruction": q.question} if q.question else {}), **prompt})
+        return Task(labels=(), mode="full", questions=tuple(
+            Question(q.name, Task(labels=q.texts, calibrate=False), question=q.question) for q in asked), **prompt)
+
+    def system_turn(self) -> str | None:
+        """The system turn a conversation without one gets: the one its task (`task`) renders; None
+        for a list of strings (the conversation as sent)."""
+        if not self.asked:
             return None
         try:
-            if len(asked) == 1:
-                q = asked[0]
-                return Task(labels=q.texts, **({"instruction": q.question} if q.question else {})).system_turn()
-            return Task(labels=(), questions=tuple(Question(q.name, Task(labels=q.texts), question=q.question)
-                                                   for q in asked)).system_turn()
+            return self.task().system_turn()
         except TaskError as exc:
             raise InputError(f"the schema cannot be asked without a system message ({exc}); send a system message "
                              "saying what to answer") from None
