@@ -85,6 +85,9 @@ class Task:
     """The label set, in the order of the output's `p_<label>` columns."""
     descriptions: tuple[str, ...] = ()
     """Optional one-line description per label ('' for none); empty means no descriptions."""
+    label_examples: tuple[tuple[str, ...], ...] = ()
+    """Optional example texts per label for the people labelling (the page's guidelines); never in
+    the prompt, so they change no score (empty: none)."""
     instruction: str = DEFAULT_INSTRUCTION
     """The first line of the system turn."""
     examples: tuple[Example, ...] = ()
@@ -129,6 +132,7 @@ class Task:
         labels = tuple(self.labels)
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "descriptions", tuple(self.descriptions))
+        object.__setattr__(self, "label_examples", tuple(tuple(str(t) for t in texts) for texts in self.label_examples))
         object.__setattr__(self, "examples", tuple(self.examples))
         object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
         object.__setattr__(self, "questions", tuple(self.questions))
@@ -153,6 +157,9 @@ class Task:
             raise TaskError(
                 f"{len(self.descriptions)} descriptions for {len(labels)} labels; give one per label"
             )
+        if self.label_examples and len(self.label_examples) != len(labels):
+            raise TaskError(f"example texts for {len(self.label_examples)} labels, the task has {len(labels)}; give "
+                            "one list per label (empty for none)")
         for ex in self.examples:
             if ex.label not in seen:
                 raise TaskError(f"example {ex.text[:40]!r} has label {ex.label!r}, which is not in the label set")
@@ -297,17 +304,23 @@ class Task:
         raw_labels = data.get("labels")
         if not isinstance(raw_labels, list):
             raise TaskError(f"{source}: 'labels' must be a list of names or of {{name, description}} tables")
-        labels, descriptions = [], []
+        labels, descriptions, label_examples = [], [], []
         for item in raw_labels:
             if isinstance(item, dict):
-                _check_keys(item, ("name", "description"), source, "label table ")
+                _check_keys(item, ("name", "description", "examples"), source, "label table ")
                 if "name" not in item:
                     raise TaskError(f"{source}: a label table needs a 'name': {item}")
+                shown = item.get("examples", [])
+                if not isinstance(shown, list) or not all(isinstance(t, str) for t in shown):
+                    raise TaskError(f"{source}: label {item['name']!r}: 'examples' must be a list of texts (shown to "
+                                    f"the people labelling), got {shown!r}")
                 labels.append(str(item["name"]))
                 descriptions.append(str(item.get("description", "")))
+                label_examples.append(tuple(shown))
             else:
                 labels.append(str(item))
                 descriptions.append("")
+                label_examples.append(())
         examples = []
         for ex in data.get("examples", []):
             if not isinstance(ex, dict) or "text" not in ex or "label" not in ex:
@@ -321,6 +334,7 @@ class Task:
         kwargs.update(
             labels=tuple(labels),
             descriptions=tuple(descriptions) if any(descriptions) else (),
+            label_examples=tuple(label_examples) if any(label_examples) else (),
             examples=tuple(examples),
         )
         return cls(**kwargs)

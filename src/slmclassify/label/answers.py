@@ -10,6 +10,11 @@ none applies); the store keeps a label's name, or a JSON list of names. In a tas
 answer is a tuple of each question's answer, in the task's order; the store keeps a JSON object,
 {question: label name, or list of names} (the store's schema is unchanged: a store of a one-question
 task holds what it held before).
+
+With a team (`team.py`) each person's latest answer to an item is kept (`answered`: annotators',
+`reviewed`: a reviewer's), and the item's answer the head learns from, the counts and the exports
+read (`given`) is its consensus: the reviewer's, else the majority once it has the answers it needs,
+else none (`consensus`). Without one, the one person's answers are `given`, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from ..core.task import Task
 from ..errors import TaskError
 from . import refit
 from .store import LabelStore
+from .team import Consensus, Team, consensus
 
 HISTORY = 12
 """Answers and skips the page lists, newest first."""
@@ -95,10 +101,13 @@ class Answers:
     questions: tuple = ()
     """A task of questions' questions (none: a task of one question)."""
 
-    def __init__(self, store: LabelStore, task: Task, index: dict[int, int], hashes: list[str], source: str):
+    def __init__(self, store: LabelStore, task: Task, index: dict[int, int], hashes: list[str], source: str,
+                 team: Team | None = None):
         """Refuses a store whose rows are not this pool's texts, or whose labels are not the task's.
-        `index`: input row → pool position; `hashes`: each pool item's text hash; `source`: the input's name."""
+        `index`: input row → pool position; `hashes`: each pool item's text hash; `source`: the input's
+        name; `team`: who answers (None: one person)."""
         self.store, self.task, self.labels, self.multi = store, task, task.labels, task.multi_label
+        self.team = team or Team.alone("-")
         self.questions = task.questions
         self.parts = [QuestionAnswers(self, k, q) for k, q in enumerate(task.questions)]
         # a task of questions: each question's first column among all questions' labels side by side
@@ -108,23 +117,82 @@ class Answers:
             if row not in index or hashes[index[row]] != h:
                 raise TaskError(f"row {row} of {source} is not the text that was answered in {store.path}; "
                                 "use the input the store was started with, or another store")
-        for row, (label, _, _) in store.latest().items():
+        for (row, _who), (label, _, _) in store.everyone().items():
             if label is not None and self.decode(label) is None:
                 raise TaskError(f"{store.path} holds label {label!r} for row {row}, which is not in the task's "
                                 f"labels {self._wanted()}")
         self.reload()
 
     def reload(self) -> None:
-        """Read the answers, kinds, skips, versions and history back from the store (lock held)."""
-        latest = {self.index[row]: event for row, event in self.store.latest().items()}  # pos → (label, kind, seq)
-        # pos → label index, or (multi-label) tuple of label indices
-        self.given: dict[int, int | tuple[int, ...]] = {p: self.decode(lab) for p, (lab, _, _) in latest.items()
-                                                        if lab is not None}
-        # pool position → why it was offered (`Pick.kind`), for the estimate
-        self.kinds: dict[int, str] = {p: kind for p, (lab, kind, _) in latest.items() if lab is not None}
-        self.skips: set[int] = {p for p, (lab, _, _) in latest.items() if lab is None}
-        self.recent = sorted(latest, key=lambda p: latest[p][2], reverse=True)[:HISTORY]  # newest first
-        self.versions = {self.index[row]: v for row, v in self.store.versions().items()}  # pos → version
+        """Read the answers, consensus, kinds, skips, versions and histories back from the store (lock held)."""
+        events = {(self.index[row], who): event for (row, who), event in self.store.everyone().items()}
+        reviewers = set(self.team.reviewers)
+        # pos → {annotator: answer}; an answer is a label index, or (multi-label) a tuple of label indices
+        self.answered: dict[int, dict[str, object]] = {}
+        self.reviewed: dict[int, tuple[str, object]] = {}  # pos → (reviewer, answer): the latest reviewer's
+        first: dict[int, tuple[int, str]] = {}  # pos → (seq, kind) of its earliest live annotator answer
+        skipped_by: dict[int, set[str]] = {}
+        for (p, who), (lab, kind, seq) in sorted(events.items(), key=lambda e: e[1][2]):
+            if lab is None:
+                skipped_by.setdefault(p, set()).add(who)
+            elif who in reviewers:
+                self.reviewed[p] = (who, self.decode(lab))
+            else:
+                self.answered.setdefault(p, {})[who] = self.decode(lab)
+                first.setdefault(p, (seq, kind))
+        order = sorted(first, key=lambda p: first[p][0])
+        self.needs: dict[int, int] = self.team.needs(order)  # pos → the annotators' answers it needs
+        self.consensus: dict[int, Consensus] = {
+            p: consensus(list(self.answered.get(p, {}).values()), self.needs.get(p, 1),
+                         self.reviewed[p][1] if p in self.reviewed else None)
+            for p in {*self.answered, *self.reviewed}}
+        self.given: dict[int, int | tuple[int, ...]] = {p: c.gold for p, c in self.consensus.items()
+                                                        if c.gold is not None}
+        # pool position → why it was offered (`Pick.kind`, its first answer's), for the estimate
+        self.offered: dict[int, str] = {p: kind for p, (_seq, kind) in first.items()}  # every answered item's
+        self.kinds: dict[int, str] = {p: self.offered.get(p, "chosen") for p in self.given}
+        self.skips_of: dict[str, set[int]] = {}
+        for p, people in skipped_by.items():
+            for who in people:
+                self.skips_of.setdefault(who, set()).add(p)
+        # skipped by someone and answered by nobody: offered to no one again
+        self.skips: set[int] = {p for p in skipped_by if p not in self.answered and p not in self.reviewed}
+        self._recent: dict[str, list[int]] = {}  # who → their positions, newest event first
+        for (p, who), (_lab, _kind, seq) in sorted(events.items(), key=lambda e: -e[1][2]):
+            self._recent.setdefault(who, []).append(p)
+        self.versions = {(self.index[row], who): v for (row, who), v in self.store.versions().items()}
+
+    def recent(self, who: str = "") -> list[int]:
+        """`who`'s latest answered or skipped positions, newest first (the page's history)."""
+        return self._recent.get(who, [])[:HISTORY]
+
+    def own(self, pos: int, who: str = ""):
+        """`who`'s own answer to `pos` (a reviewer's decision for a reviewer), or None."""
+        if who in self.team.reviewers:
+            by, value = self.reviewed.get(pos, (None, None))
+            return value if by == who else None
+        if not self.team.is_team:
+            return self.given.get(pos)
+        return self.answered.get(pos, {}).get(who)
+
+    def version(self, pos: int, who: str = "") -> int:
+        return self.versions.get((pos, who), 0)
+
+    def disputed(self) -> list[int]:
+        """Positions whose annotators disagree and no reviewer has decided, in the order first answered."""
+        return [p for p in self.needs if p in self.consensus and self.consensus[p].disputed]
+
+    def waiting(self, who: str) -> list[int]:
+        """Positions of the overlap share that still need answers and `who` has neither answered nor
+        skipped, in the order first answered (handed out before new items)."""
+        skipped = self.skips_of.get(who, set())
+        return [p for p, need in self.needs.items()
+                if len(self.answered.get(p, {})) < need and who not in self.answered.get(p, {})
+                and p not in skipped and p not in self.reviewed]
+
+    def touched(self) -> set[int]:
+        """Positions with an answer from anyone (kept from new picks, scored first at start)."""
+        return {*self.answered, *self.reviewed}
 
     def fair(self, pos) -> np.ndarray:
         """[m] bool: which of the answers at pool positions `pos` were random picks (an honest estimate's)."""

@@ -1,8 +1,11 @@
 """The labelling page's web app: one HTML page and a small JSON API over a `LabelSession`.
 
-Routes (every one behind the token, see `TokenGuard`):
+Routes (every one behind a token, see `TokenGuard`; each call is made as the member the token is,
+`team.py`, "" without a team):
   GET  /             the page (page.html, plain HTML + inline JS/CSS)
-  GET  /api/state    the session's state (current item, counts, estimates) + where export/fit write
+  GET  /api/state    the session's state for this member (their current item and history, the
+                     counts, estimates, guidelines, the team's progress) + where export/fit write
+  GET  /api/agreement  the agreement between annotators (`agreement.py`), JSON
   POST /api/answer   {"row": int, "label": str}  (Enter on the page sends the guess it shows: a
                                                  refit may have changed the session's guess since;
                                                  multi-label: "label": [str, ...], the labels toggled on;
@@ -11,8 +14,12 @@ Routes (every one behind the token, see `TokenGuard`):
   POST /api/undo     {}
   POST /api/export   {}                         writes the fixed export path given at start
   POST /api/fit      {}                         writes the fixed head path given at start
+  GET  /api/suspects  the answered items whose gold an out-of-fold head finds least likely
 
-Invariants: no request reaches a handler without the token; no request names a file (bodies are
+Invariants: no request reaches a handler without a member's token (403 otherwise); an annotator's
+calls never return another person's answers (their item, history and skipped rows are their own;
+agreement is counts over items; the suspects, which show the gold, and Export and Fit, which write
+everyone's answers, are the reviewers' where the team has any); no request names a file (bodies are
 closed models, `extra="forbid"`, and the only paths written are the two fixed at start); item texts
 reach the page as JSON and are shown with textContent, never as HTML. Handlers call the session
 in a worker thread, so a slow write or fit never stalls the page's other requests.
@@ -24,16 +31,17 @@ import asyncio
 from importlib import resources
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from ..errors import SlmClassifyError, TaskError
-from ..web.guard import bearer, header, matches, query_value, send_error
+from ..web.guard import bearer, header, query_value, send_error
 from .answers import InvalidAnswer
 from .store import StaleAnswer
+from .team import Member, Team
 
 # The page loads nothing from elsewhere and may not be framed: its scripts and styles are inline.
 PAGE_HEADERS = {
@@ -74,29 +82,33 @@ class Empty(BaseModel):
 
 
 class TokenGuard:
-    """ASGI middleware: every HTTP request needs the token, as `?token=` (how the page is opened),
-    `Authorization: Bearer TOKEN` or `X-Label-Token: TOKEN` (how the page's script calls the API).
-    401 when no token is given, 403 when a wrong one is; compared in constant time (`web/guard.py`)."""
+    """ASGI middleware: every HTTP request needs a member's token, as `?token=` (how the page is
+    opened), `Authorization: Bearer TOKEN` or `X-Label-Token: TOKEN` (how the page's script calls
+    the API); 403 when none or a wrong one is given, each compared in constant time. The request
+    goes on as that member (`scope["state"]["member"]`). `team`: a `Team`, or the one token of a
+    session without one."""
 
-    def __init__(self, app, token: str):
-        if not token:
-            raise TaskError("the labelling page needs a non-empty token (--api-key), or none for a random one")
-        self.app = app
-        self.token = token.encode()
+    def __init__(self, app, team: Team | str):
+        if isinstance(team, str):
+            if not team:
+                raise TaskError("the labelling page needs a non-empty token (--api-key), or none for a random one")
+            team = Team.alone(team)
+        self.app, self.team = app, team
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             return await self.app(scope, receive, send)
         send = _with_page_headers(send)  # every answer, the refusals and the API's JSON included
         given = self._given(scope)
-        if not matches(given, self.token):
+        member = self.team.member_of(given)
+        if member is None:
             if scope["type"] == "websocket":
                 return await send({"type": "websocket.close", "code": 1008})
             if given is None:
-                return await send_error(send, 401, "this page needs its token: open the URL that `slmclassify label` "
+                return await send_error(send, 403, "this page needs its token: open the URL that `slmclassify label` "
                                                    "printed")
             return await send_error(send, 403, "wrong token: open the URL that `slmclassify label` printed")
-        await self.app(scope, receive, send)
+        await self.app({**scope, "state": {**scope.get("state", {}), "member": member}}, receive, send)
 
     @staticmethod
     def _given(scope) -> str | None:
@@ -128,12 +140,15 @@ def page_html() -> str:
     return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
 
-def create_app(session, token: str, *, export_path: str | Path, fit_path: str | Path):
-    """The ASGI app for `session` (a started `LabelSession`), guarded by `token`.
+def create_app(session, token: str | None, *, export_path: str | Path, fit_path: str | Path):
+    """The ASGI app for `session` (a started `LabelSession`), guarded by its team's tokens, or by
+    `token` for a session without a team.
 
     `export_path` and `fit_path` are the only files the page can write (its Export and Fit
     buttons), fixed here by the caller; the session itself is closed by the caller."""
     export_path, fit_path = Path(export_path), Path(fit_path)
+    team = getattr(session, "team", None) or token or ""
+    reviewers = team.reviewers if isinstance(team, Team) else ()
     page = page_html()
     app = FastAPI(title="slmclassify label", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -155,51 +170,70 @@ def create_app(session, token: str, *, export_path: str | Path, fit_path: str | 
     async def _invalid_answer(_request, exc: InvalidAnswer):  # the request's fault, not a conflict
         return JSONResponse({"error": str(exc)}, status_code=422)
 
-    def state() -> dict:
+    def member(request: Request) -> Member:
+        return request.state.member
+
+    def reviewer(who: Member = Depends(member)) -> Member:
+        """The member, where the call is the reviewers' (a team with reviewers): 403 for an annotator."""
+        if reviewers and who.role != "reviewer":
+            raise HTTPException(403, "this is the reviewers' (it shows or writes everyone's answers): ask "
+                                     f"{', '.join(reviewers)}")
+        return who
+
+    def state(who: Member) -> dict:
         ready = session.ready()
-        body = session.state() if ready else {}
+        body = session.state(who.name) if ready else {}
         return {**body, "ready": ready, "export_path": str(export_path), "fit_path": str(fit_path)}
 
-    async def act(call, *args) -> dict:
-        await asyncio.to_thread(call, *args)
-        return await asyncio.to_thread(state)
+    async def act(who: Member, call, *args, **kwargs) -> dict:
+        await asyncio.to_thread(call, *args, who=who.name, **kwargs)
+        return await asyncio.to_thread(state, who)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index():
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
     @app.get("/api/state")
-    async def get_state():
-        return await asyncio.to_thread(state)
+    async def get_state(who: Member = Depends(member)):
+        return await asyncio.to_thread(state, who)
 
     @app.exception_handler(StaleAnswer)
-    async def _stale(_request, exc: StaleAnswer):
-        return JSONResponse({"error": str(exc), "state": await asyncio.to_thread(state)}, status_code=409)
+    async def _stale(request: Request, exc: StaleAnswer):
+        return JSONResponse({"error": str(exc), "state": await asyncio.to_thread(state, request.state.member)},
+                            status_code=409)
 
     @app.post("/api/answer")
-    async def answer(body: Answer):
-        return await act(session.answer, body.row, body.label, body.version)
+    async def answer(body: Answer, who: Member = Depends(member)):
+        return await act(who, session.answer, body.row, body.label, body.version)
 
     @app.post("/api/skip")
-    async def skip(body: Versioned):
-        return await act(session.skip, body.row, body.version)
+    async def skip(body: Versioned, who: Member = Depends(member)):
+        return await act(who, session.skip, body.row, body.version)
 
     @app.post("/api/show")
-    async def show(body: Row):
-        return await act(session.show, body.row)
+    async def show(body: Row, who: Member = Depends(member)):
+        return await act(who, session.show, body.row)
 
     @app.post("/api/undo")
-    async def undo(_body: Empty):
-        return await act(session.undo)
+    async def undo(_body: Empty, who: Member = Depends(member)):
+        return await act(who, session.undo)
+
+    @app.get("/api/agreement")
+    async def agreement(_who: Member = Depends(member)):
+        return await asyncio.to_thread(session.agreement)
+
+    @app.get("/api/suspects")
+    async def suspects(_who: Member = Depends(reviewer)):
+        return await asyncio.to_thread(session.suspects)
 
     @app.post("/api/export")
-    async def export(_body: Empty):
+    async def export(_body: Empty, _who: Member = Depends(reviewer)):
         rows = await asyncio.to_thread(session.export, export_path)
         return {"written": str(export_path), "rows": rows}
 
     @app.post("/api/fit")
-    async def fit(_body: Empty):
+    async def fit(_body: Empty, _who: Member = Depends(reviewer)):
         await asyncio.to_thread(session.fit, fit_path)
         return {"written": str(fit_path)}
 
-    return TokenGuard(app, token)
+    return TokenGuard(app, team)

@@ -1,17 +1,21 @@
-"""What a labelling session writes: the answered rows with a `gold` column, and the head fitted on
+"""What a labelling session writes: the answered rows with a `gold` column (or, for a team's work,
+every answer as a `datasets` Parquet or a Label Studio import, `exports.py`), and the head fitted on
 the answers, saved where `classify --head` reads it.
 
-Both work on a snapshot the session takes under its lock, so they write without holding it.
+All work on a snapshot the session takes under its lock, so they write without holding it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ..core.task import Task
-from ..errors import TaskError
+from ..errors import FieldError, TaskError
 from ..head.model import Head, task_record
 from . import refit
 
@@ -32,6 +36,84 @@ def write_gold(frame, gold: dict[int, str | tuple[str, ...]], path: str | Path,
             out[column] = [gold[r][k] for r in rows]
     write_table(out.reset_index(drop=True), str(path))
     return len(rows)
+
+
+EXPORT_FORMATS = ("csv", "parquet", "label-studio")
+
+
+def export_format(path: str | Path, fmt: str | None) -> str:
+    """What an export to `path` writes (`fmt`, else from the extension): "table" (fmt "csv": the rows
+    with a gold column, in the table format of the path's extension), "parquet" (the `datasets`
+    file; a .parquet path's default) or "label-studio" (asked for; a .json path)."""
+    suffix = Path(path).suffix.lower()
+    if fmt is None:
+        fmt = {".parquet": "parquet"}.get(suffix, "csv")
+    if fmt not in EXPORT_FORMATS:
+        raise FieldError("format", "{field} must be one of {value}, got " + repr(fmt), value=", ".join(EXPORT_FORMATS))
+    if fmt == "label-studio" and suffix != ".json":
+        raise FieldError("format", "{field} label-studio writes a JSON file: give an export path ending in .json")
+    if fmt == "parquet" and suffix != ".parquet":
+        raise FieldError("format", "{field} parquet writes a Parquet file: give an export path ending in .parquet")
+    return "table" if fmt == "csv" else fmt
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A session's answers by pool position, copied under its lock."""
+
+    answered: dict
+    """pos → {annotator: answer}."""
+    reviewed: dict
+    """pos → (reviewer, answer)."""
+    given: dict
+    """pos → the consensus answer."""
+
+
+def labelled_items(snapshot: Snapshot, pool, frame, labels: tuple[str, ...], text_column: str) -> list:
+    """Every answered or reviewed item of a single-label task as `exports.LabelledItem`, in input order."""
+    from .exports import LabelledItem
+
+    positions = sorted({*snapshot.answered, *snapshot.reviewed}, key=lambda p: int(pool.rows[p]))
+    rows = [int(pool.rows[p]) for p in positions]
+    others = [c for c in frame.columns if c != text_column]
+    extra = json.loads(frame.iloc[rows][others].to_json(orient="records")) if others and rows else [{}] * len(rows)
+    items = []
+    for p, row, more in zip(positions, rows, extra):
+        reviewer, reviewed = snapshot.reviewed.get(p, (None, None))
+        items.append(LabelledItem(row=row, text=pool.texts[p], extra=more,
+                                  answers={who: labels[v] for who, v in snapshot.answered.get(p, {}).items()},
+                                  reviewer=reviewer, reviewed=None if reviewed is None else labels[reviewed],
+                                  gold=labels[snapshot.given[p]] if p in snapshot.given else None))
+    return items
+
+
+def write_export(items: list, labels: tuple[str, ...], annotators: tuple[str, ...], path: str | Path, fmt: str,
+                 text_column: str) -> int:
+    """Write `items` as `fmt` ("parquet" or "label-studio", `exports.py`); the number written."""
+    from . import exports
+
+    if fmt == "parquet":
+        return exports.write_parquet(items, labels, annotators, path, text_column=text_column)
+    return exports.write_label_studio(items, labels, path, text_column=text_column)
+
+
+def readouts(task: Task) -> list[tuple[str, tuple[str, ...], Callable]]:
+    """Each single choice an answer makes, for agreement: (its name, its labels, answer → label index):
+    the task's labels; each question's; each label of a multi-label task or question as no / yes."""
+    def yes_no(name: str, labels, pick) -> list:
+        return [(f"{name}{label}", ("no", "yes"), lambda v, i=i: int(i in pick(v))) for i, label in enumerate(labels)]
+
+    if not task.questions:
+        if task.multi_label:
+            return yes_no("", task.labels, lambda v: v)
+        return [("", task.labels, lambda v: v)]
+    out = []
+    for k, q in enumerate(task.questions):
+        if q.multi_label:
+            out += yes_no(f"{q.name}: ", q.labels, lambda v, k=k: v[k])
+        else:
+            out.append((q.name, q.labels, lambda v, k=k: v[k]))
+    return out
 
 
 def fit_head(path: str | Path, X: np.ndarray, y: np.ndarray, *, task: Task, taps, seed: int,

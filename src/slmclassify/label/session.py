@@ -1,5 +1,5 @@
-"""A labelling session: one person labels one input for one task, one item at a time, while a head
-learns from the answers and says how much of the rest it could label. `LabelSession` loads the
+"""A labelling session: one person, or a team (`team.py`), labels one input for one task, one item at
+a time, while a head learns from the answers and says how much of the rest it could label. `LabelSession` loads the
 model and the input, opens the store, and coordinates the parts that do the work:
 
     pool      the seeded sample of the input, its scores and hidden states, and the scorer thread
@@ -36,6 +36,12 @@ estimate and automatic share; the top-level `accuracy` is the least of the quest
 `auto_share` the share of items every question's head is sure enough of. Export writes a
 `gold_NAME` column per question; `fit` refuses (`slmclassify fit` fits a head per question).
 
+A team: every call names who makes it (`who`, the member the page's token is; "" without a team).
+Each person has their own current item, history, skipped rows and undo; an item of the overlap share
+is handed to further annotators before any new item (never to more at once than it needs, never
+with another's answer shown), a reviewer is handed the disputed items with every annotator's answer,
+and what the head, the counts and the exports learn from is each item's consensus (`Answers.given`).
+
 The page (`app.py`) polls `ready()` and `state()` and sends `answer`, `accept`, `skip`, `show`,
 `undo`, `export` and `fit`; scripts and tests use `wait_ready(timeout)` instead of polling, and
 `close()` when done. `state()` has each item's `version` (what an answer names, see `LabelStore`),
@@ -65,8 +71,9 @@ from .answers import Answers
 from .pool import Pool, Scorer, read_input
 from .refitter import Refitter
 from .store import LabelStore
-from .strategy import Picker, PoolView, label_counts
+from .strategy import Pick, Picker, PoolView, label_counts
 from .sync import Sync
+from .team import Team, TeamSpec
 
 DEFAULT_TARGET_ACCURACY = 0.9
 """The accuracy the automatic share is shown at unless the caller names another: a share at the
@@ -98,6 +105,10 @@ class LabelRequest:
     threshold, whatever accuracy that gives."""
     random_share: float = 0.3
     """The share of picks made at random (`Picker`)."""
+    team: TeamSpec = TeamSpec()
+    """Who labels (no annotators: one person; a store started with a team keeps it)."""
+    guidelines: str = ""
+    """Longer guidelines the page shows beside each item (the task's label descriptions always are)."""
 
     def __post_init__(self) -> None:
         if self.sample < 1:
@@ -132,8 +143,10 @@ class LabelSession:
                        "sample": sample, "seed": seed}
         store = LabelStore.open(request.store_path, fingerprint)
         try:
+            team = _team(store, request.team)
             session = cls(input_path, frame, texts_all, clf, store, sample=sample, seed=seed, priority=priority,
-                          target_accuracy=request.target_accuracy, random_share=request.random_share, ids=ids)
+                          target_accuracy=request.target_accuracy, random_share=request.random_share, ids=ids,
+                          team=team, guidelines=request.guidelines)
             session._start_threads(request.first_slice)
         except BaseException:
             store.close()
@@ -141,25 +154,26 @@ class LabelSession:
         return session
 
     def __init__(self, input_path, frame, texts_all, clf: Classifier, store: LabelStore, *, sample, seed,
-                 priority, target_accuracy, random_share, ids=None):
+                 priority, target_accuracy, random_share, ids=None, team: Team | None = None, guidelines: str = ""):
         """The parts, checked against the store; no thread runs until `start` starts them."""
         self.input_path, self.frame, self.clf, self.store = input_path, frame, clf, store
+        self.team, self.guidelines = team, guidelines
         self.task, self.labels, self.multi = clf.task, clf.task.labels, clf.task.multi_label
         self.seed, self.target_accuracy = seed, target_accuracy
         config = clf.loaded.model.config
         taps = loop_taps(config.num_hidden_layers)
         self.pool = Pool(texts_all, self.task, sample=sample, seed=seed, taps=taps,
                          width=len(taps) * config.hidden_size, ids=ids, priority=priority)
-        self.answers = Answers(store, self.task, self.pool.index, self.pool.hashes, input_path)
+        self.answers = Answers(store, self.task, self.pool.index, self.pool.hashes, input_path, team)
         self.columns = self.pool.labels  # the labels; a task of questions: `question: label` of every question
         self.picker = Picker(len(self.columns), seed, random_share=random_share)
         self._sync = Sync()
         self.refitter = Refitter(self.pool, self.answers, self._sync, seed=seed, target_accuracy=target_accuracy)
-        self._current: tuple[int, str, str] | None = None  # (pool position, reason, kind)
+        self._current: dict[str, tuple[int, str, str] | None] = {}  # who → (pool position, reason, kind)
 
     def _start_threads(self, first_slice: int) -> None:
         """Start the scorer (answered rows first, then `first_slice` more) and the refitter."""
-        self.scorer = Scorer(self.pool, self.clf, self._sync, answered=self.answers.given, first_slice=first_slice,
+        self.scorer = Scorer(self.pool, self.clf, self._sync, answered=self.answers.touched(), first_slice=first_slice,
                              published=self._scored)
         self._threads = (self._sync.thread(self.scorer.run, "label-scorer"),
                          self._sync.thread(self.refitter.run, "label-refit"))
@@ -192,18 +206,19 @@ class LabelSession:
         """(items of the first slice scored so far, its size)."""
         return self.scorer.progress()
 
-    def state(self) -> dict:
-        """Everything the page shows, JSON-able."""
+    def state(self, who: str = "") -> dict:
+        """Everything `who`'s page shows, JSON-able."""
         self._sync.raise_error()
         pool, answers, refitter = self.pool, self.answers, self.refitter
         with self._sync.lock:
+            current = self._current_of(who)
             counts = label_counts(answers.columns(), len(self.columns))
             questions = self._questions(counts) if self.task.questions else None
             ests = refitter.estimates
             est = None if None in ests else min(ests, key=lambda e: e.mean)  # a task of questions: the least
             share = pool.auto_share(refitter.thresholds if questions else refitter.threshold, answers.given)
             return {
-                "ready": self._sync.ready.is_set(), "item": view.item(pool, answers, self._current, counts),
+                "ready": self._sync.ready.is_set(), "item": view.item(pool, answers, current, counts, who),
                 "labels": list(self.labels), "multi_label": self.multi, "questions": questions,
                 "counts": {lab: int(c) for lab, c in zip(self.columns, counts)},
                 "labelled": len(answers.given), "skipped": len(answers.skips), "pool": len(pool),
@@ -212,10 +227,38 @@ class LabelSession:
                 "fair_answers": answers.fair_count(), "fair_needed": refit.MIN_FAIR,
                 "auto_share": share, "auto_threshold": None if questions else refitter.threshold,
                 "target_accuracy": self.target_accuracy,
-                "fitting": refitter.fitting, "done": self._current is None and bool(pool.visited.all()),
-                "history": view.history(pool, answers), "skipped_rows": view.skipped(pool, answers),
-                "advice": view.advice(est, counts),
+                "fitting": refitter.fitting, "done": current is None and bool(pool.visited.all()),
+                "history": view.history(pool, answers, who), "skipped_rows": view.skipped(pool, answers, who),
+                "advice": view.advice(est, counts), "me": self._me(who), "team": self._team_state(),
+                "guidelines": self._guidelines(),
             }
+
+    def _me(self, who: str) -> dict:
+        role = "reviewer" if self.team is not None and who in self.team.reviewers else "annotator"
+        return {"name": who, "role": role}
+
+    def _team_state(self) -> dict | None:
+        """The team's progress (lock held): None without a team."""
+        if self.team is None:
+            return None
+        answers, spec = self.answers, self.team.spec
+        statuses = [c.status for c in answers.consensus.values()]
+        return {"annotators": list(self.team.annotators), "reviewers": list(self.team.reviewers),
+                "overlap": spec.overlap, "overlap_share": spec.share,
+                "overlap_items": sum(1 for need in answers.needs.values() if need > 1),
+                "waiting": sum(1 for p, need in answers.needs.items() if len(answers.answered.get(p, {})) < need),
+                "disputed": len(answers.disputed()), "ties": statuses.count("tie"),
+                "reviewed": statuses.count("reviewed")}
+
+    def _guidelines(self) -> dict:
+        """The task's label descriptions (and examples) and the longer guidelines, for the page."""
+        questions = self.task.questions or ()
+        tasks = [(q.name, q.task) for q in questions] or [("", self.task)]
+        return {"text": self.guidelines, "labels": [
+            {"question": name, "label": label, "description": desc, "examples": list(examples)}
+            for name, task in tasks
+            for label, desc, examples in zip(task.labels, task.descriptions or ("",) * len(task.labels),
+                                             task.label_examples or ((),) * len(task.labels))]}
 
     def _questions(self, counts: np.ndarray) -> list[dict]:
         """Each question of a task of questions as the page shows it (lock held): its labels, counts,
@@ -232,21 +275,22 @@ class LabelSession:
 
     # Each change is written to the store first, then read back from it (`Answers.reload`).
 
-    def answer(self, row: int, label: str | list[str], version: int | None = None) -> None:
-        """Record `label` for input row `row` (durable on return) and move on if it was the current item;
-        in a multi-label task `label` is the list of labels that apply (maybe empty); in a task of
-        questions {question: its label, or list of labels}, every question.
+    def answer(self, row: int, label: str | list[str], version: int | None = None, who: str = "") -> None:
+        """Record `who`'s `label` for input row `row` (durable on return) and move them on if it was
+        their current item; in a multi-label task `label` is the list of labels that apply (maybe
+        empty); in a task of questions {question: its label, or list of labels}, every question.
         `version`: the row's version the page showed (`state()["item"]["version"]`); `StaleAnswer`
         when the row was answered, skipped or undone since."""
         pos = self.pool.position(row)
         stored = self.answers.encode(label)
         with self._sync.lock:
-            kind = self._current[2] if self._current is not None and self._current[0] == pos else "chosen"
-            self.store.answer(int(row), self.pool.hashes[pos], stored, kind, version)
+            current = self._current_of(who)
+            kind = current[2] if current is not None and current[0] == pos else "chosen"
+            self.store.answer(int(row), self.pool.hashes[pos], stored, kind, version, who)
             self.answers.reload()
-            self._moved(pos)
+            self._moved(pos, who)
 
-    def accept(self, row: int) -> str | list[str] | dict:
+    def accept(self, row: int, who: str = "") -> str | list[str] | dict:
         """Answer `row` with the current guess; returns that label (multi-label: that list of labels;
         a task of questions: {question: its guess})."""
         pos = self.pool.position(row)
@@ -254,47 +298,107 @@ class LabelSession:
             label, _ = self.pool.guess(pos)
         if label is None:
             raise TaskError(f"row {row} is not scored yet, so there is no guess to accept")
-        self.answer(row, label)
+        self.answer(row, label, who=who)
         return label
 
-    def skip(self, row: int, version: int | None = None) -> None:
-        """Skip `row` (not offered again; durable on return); `version` as for `answer`."""
+    def skip(self, row: int, version: int | None = None, who: str = "") -> None:
+        """`who` skips `row` (not offered to them again; durable on return); `version` as for `answer`."""
         pos = self.pool.position(row)
         with self._sync.lock:
-            self.store.skip(int(row), self.pool.hashes[pos], version)
+            self.store.skip(int(row), self.pool.hashes[pos], version, who)
             self.answers.reload()
-            self._moved(pos)
+            self._moved(pos, who)
 
-    def show(self, row: int) -> None:
-        """Make `row` the current item (from the history or the skipped list): answering it then
-        changes its answer, or gives one to a skipped row."""
+    def show(self, row: int, who: str = "") -> None:
+        """Make `row` `who`'s current item (from their history or skipped list): answering it then
+        changes their answer, or gives one to a skipped row."""
         pos = self.pool.position(row)
         with self._sync.lock:
             kind = self.answers.kinds.get(pos) or "chosen"  # a random pick answered again still counts as one
-            self._current = (pos, "chosen from the history", kind)
+            self._current[who] = (pos, "chosen from the history", kind)
             self._sync.bump()
 
-    def undo(self) -> int | None:
-        """Take back the latest answer or skip; that row becomes the current item. Its row, or None."""
+    def undo(self, who: str = "") -> int | None:
+        """Take back `who`'s latest answer or skip; that row becomes their current item. Its row, or None."""
         with self._sync.lock:
-            row = self.store.undo()
+            row = self.store.undo(who)
             if row is None:
                 return None
             pos = self.pool.index[row]
             kind = self.answers.kinds.get(pos) or "undo"  # a random pick answered again still counts as one
             self.answers.reload()
-            self._current = (pos, "brought back by undo", kind)
+            self._current[who] = (pos, "brought back by undo", kind)
             self._sync.bump()
             return row
 
-    def export(self, path: str) -> int:
-        """Write the input rows that have an answer, in input order, with a `gold` column (replacing
-        one the input has; a task of questions: a `gold_NAME` column per question); returns the number
-        of rows written."""
+    def export(self, path: str | Path, fmt: str | None = None) -> int:
+        """Write the answered input rows, in input order; returns the number written. `fmt` (else from
+        the extension): "csv" (or a .csv/.jsonl path) the rows that have a gold, with a `gold` column
+        (replacing one the input has; a task of questions: a `gold_NAME` column per question);
+        "parquet" every answered row with the gold, each annotator's answer and the reviewer's as
+        `datasets` ClassLabel features (`exports.write_parquet`); "label-studio" a Label Studio
+        import file, one annotation per answer (`exports.write_label_studio`). The last two are for
+        a single-label task."""
+        fmt = outputs.export_format(path, fmt)
         with self._sync.lock:
             gold = {int(self.pool.rows[pos]): self.answers.gold(value) for pos, value in self.answers.given.items()}
-        columns = tuple(f"gold_{q.name}" for q in self.task.questions) or ("gold",)
-        return outputs.write_gold(self.frame, gold, path, columns)
+            snapshot = outputs.Snapshot(answered={p: dict(v) for p, v in self.answers.answered.items()},
+                                        reviewed=dict(self.answers.reviewed), given=dict(self.answers.given))
+        if fmt == "table":
+            columns = tuple(f"gold_{q.name}" for q in self.task.questions) or ("gold",)
+            return outputs.write_gold(self.frame, gold, path, columns)
+        if self.task.questions or self.multi:
+            raise TaskError(f"the {fmt} export is of a single-label task; for this one export a CSV (each answer "
+                            "in its gold column)")
+        items = outputs.labelled_items(snapshot, self.pool, self.frame, self.labels, self._text_column())
+        return outputs.write_export(items, self.labels, self._annotators(snapshot), path, fmt, self._text_column())
+
+    def _text_column(self) -> str:
+        return self.store.fingerprint["input"]["text_column"]
+
+    def _annotators(self, snapshot) -> tuple[str, ...]:
+        """The annotators in the team's order, then anyone else who answered (a store's earlier person)."""
+        named = self.team.annotators if self.team is not None else ()
+        others = sorted({who for v in snapshot.answered.values() for who in v} - set(named))
+        return (*named, *others)
+
+    def agreement(self, bootstrap: int = 1000) -> dict:
+        """The agreement between annotators on the items two or more answered (`agreement.py`), per
+        readout: the task's labels, each question's, a multi-label task's labels each as yes/no."""
+        from .agreement import agreement
+
+        with self._sync.lock:
+            answered = {p: dict(v) for p, v in self.answers.answered.items() if len(v) >= 2}
+        names = self._annotators(outputs.Snapshot(answered=answered, reviewed={}, given={}))
+        names = tuple(n for n in names if any(n in v for v in answered.values()))
+        items = sorted(answered)
+        reports = []
+        for question, labels, read in outputs.readouts(self.task):
+            table = np.full((len(items), len(names)), -1, np.int64)  # [items, annotators] label index, -1: none
+            for i, p in enumerate(items):
+                for who, value in answered[p].items():
+                    table[i, names.index(who)] = read(value)
+            reports.append({"question": question, **agreement(table, labels, names, bootstrap=bootstrap, seed=self.seed)})
+        return {"items": len(items), "annotators": list(names), "questions": reports}
+
+    def suspects(self, n: int = 20) -> dict:
+        """The `n` answered items whose gold a head fitted out of fold finds least likely
+        (`suspects.py`), with that probability and the head's label (a single-label task)."""
+        from .suspects import suspects
+
+        if self.task.questions or self.multi:
+            raise TaskError("suspected label errors are found for a single-label task; export the rows and check "
+                            "each question's with a head of its own")
+        with self._sync.lock:
+            pos = self.pool.scored_among(sorted(self.answers.given))
+            y = np.array([self.answers.given[p] for p in pos], dtype=np.int64)
+            X = self.pool.features[pos].astype(np.float64)
+            status = {int(p): self.answers.consensus[int(p)].status for p in pos}
+        found = suspects(X, y, len(self.labels), n=n, seed=self.seed)
+        return {"items": len(pos), "suspects": [
+            {**self.pool.snippet(int(pos[s.index])), "gold": self.labels[s.given], "probability": s.probability,
+             "predicted": self.labels[s.predicted], "predicted_probability": s.predicted_probability,
+             "status": status[int(pos[s.index])]} for s in found]}
 
     def fit(self, path: str) -> Head:
         """Fit a head on the answers so far (C by cross-validation when every label has 2 or more)
@@ -324,28 +428,91 @@ class LabelSession:
 
     # ----- picking the current item (lock held)
 
-    def _moved(self, pos: int) -> None:
-        """After an answer or skip of `pos`: the refitter's cue, and the next item if it was the current one."""
+    def _current_of(self, who: str) -> tuple[int, str, str] | None:
+        """`who`'s current item, picked when they have none (lock held): a reviewer's queue or the
+        overlap items may have filled since, and more items may be scored."""
+        if self._current.get(who) is None:
+            self._next(who)
+        return self._current[who]
+
+    def _moved(self, pos: int, who: str) -> None:
+        """After `who`'s answer or skip of `pos`: the refitter's cue, and their next item if it was their
+        current one; anyone else holding `pos` who may no longer answer it moves on too."""
         self._sync.bump()
-        if self._current is None or self._current[0] == pos:
-            self._next()
+        for person, current in list(self._current.items()):
+            if person == who:
+                if current is None or current[0] == pos:
+                    self._next(who)
+            elif current is not None and current[0] == pos and not self._may_hold(pos, person):
+                self._next(person)
+
+    def _may_hold(self, pos: int, who: str) -> bool:
+        """Whether `pos` may stay `who`'s current item: an annotator's while it needs more answers
+        than it has, a reviewer's while it is disputed (a row they chose themselves always)."""
+        reason = self._current[who][1]
+        if reason in ("chosen from the history", "brought back by undo"):
+            return True
+        answers = self.answers
+        if self.team is not None and who in self.team.reviewers:
+            return pos in answers.disputed()
+        return pos not in answers.given and len(answers.answered.get(pos, {})) < answers.needs.get(pos, 1) \
+            or pos not in answers.touched()
 
     def _scored(self) -> None:
-        """After the scorer published a slice: clusters, the first item, the refitter's cue, ready."""
+        """After the scorer published a slice: clusters, each person's first item, the refitter's cue, ready."""
         self.picker.clusters.update(self.pool.features, self.pool.scored)
-        if self._current is None:
-            self._next()
+        for who in self._people():
+            if self._current.get(who) is None:
+                self._next(who)
         self._sync.bump()
-        if self._current is not None or self.pool.visited.all():  # something to show, or nothing ever
+        if any(c is not None for c in self._current.values()) or self.pool.visited.all():  # something to show
             self._sync.ready.set()
 
-    def _next(self) -> None:
-        pool = self.pool
+    def _people(self) -> tuple[str, ...]:
+        return ("",) if self.team is None else tuple(m.name for m in self.team.members)
+
+    def _next(self, who: str) -> None:
+        """Pick `who`'s next item: a reviewer's the first disputed item no other reviewer holds; an
+        annotator's the first overlap item waiting for their answer that is not held by as many as it
+        still needs, else the picker's among the items nobody has answered, skipped or holds."""
+        pool, answers = self.pool, self.answers
         if not pool.scored.any():
-            self._current = None
+            self._current[who] = None
             return
+        held = {}  # pos → how many others hold it
+        for person, current in self._current.items():
+            if person != who and current is not None:
+                held[current[0]] = held.get(current[0], 0) + 1
+        if self.team is not None and who in self.team.reviewers:
+            queue = [p for p in answers.disputed() if p not in held and pool.scored[p]]
+            self._current[who] = None if not queue else (
+                queue[0], "the annotators disagree: your answer is final", answers.kinds.get(queue[0], "review"))
+            return
+        for p in answers.waiting(who):
+            if pool.scored[p] and len(answers.answered.get(p, {})) + held.get(p, 0) < answers.needs[p]:
+                kind = answers.offered.get(p, "chosen")
+                self._current[who] = (p, f"answered by {answers.needs[p]} annotators, for the agreement between them",
+                                      kind)
+                return
         seen = PoolView(zero_shot=pool.zero_shot, features=pool.features, scored=pool.scored,
                         head=pool.picker_probs(), labels=self.columns, priority=pool.priority, multi_label=self.multi,
                         questions=pool.spans)
-        pick = self.picker.pick(seen, self.answers.columns(), self.answers.skips)
-        self._current = None if pick is None else (pick.row, pick.detail or pick.reason, pick.kind)
+        labelled = answers.columns()
+        # the picker's seed counts the excluded rows: those of a one-person session are its skips, as always
+        excluded = (answers.skips | answers.skips_of.get(who, set()) | answers.touched() | set(held)) - set(labelled)
+        pick: Pick | None = self.picker.pick(seen, labelled, excluded)
+        self._current[who] = None if pick is None else (pick.row, pick.detail or pick.reason, pick.kind)
+
+
+def _team(store: LabelStore, spec: TeamSpec) -> Team | None:
+    """The session's team: the one asked for (each name the store already knows keeps its token),
+    kept in the store; else the one the store was started with; None: one person."""
+    kept = store.team()
+    if spec.annotators:
+        team = Team.of(spec, kept.get("members", {}))
+        store.save_team({"members": team.kept(), **spec.as_dict()})
+        return team
+    if kept:
+        return Team.of(TeamSpec(tuple(kept["annotators"]), tuple(kept["reviewers"]), kept["overlap"],
+                                kept["overlap_share"]), kept["members"])
+    return None

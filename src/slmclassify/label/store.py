@@ -5,9 +5,12 @@ it returns, so killing the process (`kill -9`) at any point loses no answer that
 the store records the fingerprint it was created for (task, model, input, sample) and refuses to
 be opened for another, naming the keys that differ; answers are kept as an append-only list of
 events (answer, skip), and undo marks the latest live event as undone in one statement, so an undo
-of a changed answer brings back the one before it. Each row has a version (`row_version`: it
-changes with every answer, skip or undo of the row); an answer or skip that names the version it
-was made on is refused with `StaleAnswer` when the row changed since (another tab or person).
+of a changed answer brings back the one before it. Every event records who gave it (`who`: a team
+member's name, "" for the session without a team, `team.py`); what one person's answers are, their
+undo and their row versions are theirs alone. Each row has a version per person (`row_version`: it
+changes with every answer, skip or undo of that person's on the row); an answer or skip that names
+the version it was made on is refused with `StaleAnswer` when it changed since (another tab).
+A store of schema 1 (before teams) is upgraded in place on open: its events are the person "".
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from ..errors import InputError, TaskError
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 class StaleAnswer(TaskError):
@@ -57,8 +60,15 @@ class LabelStore:
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             conn.execute("CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
                          "row INTEGER NOT NULL, text_hash TEXT NOT NULL, label TEXT, kind TEXT NOT NULL DEFAULT '', "
-                         "undone INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL)")
+                         "undone INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL, who TEXT NOT NULL DEFAULT '')")
             stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            if stored.get("schema") == "1":  # before teams: every event is the one person's ("")
+                with conn:
+                    conn.execute("BEGIN IMMEDIATE")
+                    if "who" not in {row[1] for row in conn.execute("PRAGMA table_info(events)")}:
+                        conn.execute("ALTER TABLE events ADD COLUMN who TEXT NOT NULL DEFAULT ''")
+                    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA),))
+                stored["schema"] = str(SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise InputError(f"{path} is not a label store ({exc}); give another --store path") from None
         wanted = json.loads(json.dumps(fingerprint))  # tuples → lists, as they come back from JSON
@@ -80,22 +90,35 @@ class LabelStore:
                                 "sample, or another --store path")
         return cls(conn, path, wanted)
 
-    def answer(self, row: int, text_hash: str, label: str, kind: str = "", version: int | None = None) -> None:
-        """Record `label` for `row` (replacing an earlier answer or skip of that row); `kind`: why
-        the row was offered (`Pick.kind`), which decides whether it counts in the accuracy estimate;
+    def answer(self, row: int, text_hash: str, label: str, kind: str = "", version: int | None = None,
+               who: str = "") -> None:
+        """Record `who`'s `label` for `row` (replacing their earlier answer or skip of that row); `kind`:
+        why the row was offered (`Pick.kind`), which decides whether it counts in the accuracy estimate;
         `version`: the row's version the answer was made on (`StaleAnswer` if it changed since)."""
         if not isinstance(label, str) or not label:
             raise TaskError(f"an answer needs a label name, got {label!r}")
-        self._append(row, text_hash, label, kind, version)
+        self._append(row, text_hash, label, kind, version, who)
 
-    def skip(self, row: int, text_hash: str, version: int | None = None) -> None:
-        """Record that `row` was skipped (it is not offered again, and has no label)."""
-        self._append(row, text_hash, None, version=version)
+    def skip(self, row: int, text_hash: str, version: int | None = None, who: str = "") -> None:
+        """Record that `who` skipped `row` (it is not offered to them again, and has no label of theirs)."""
+        self._append(row, text_hash, None, version=version, who=who)
 
-    def row_version(self, row: int) -> int:
-        """The row's version: events recorded for it plus undos of them (0: never answered)."""
+    def row_version(self, row: int, who: str = "") -> int:
+        """`who`'s version of the row: their events for it plus undos of them (0: never answered)."""
         with self._lock:
-            return self._version_of(int(row))
+            return self._version_of(int(row), who)
+
+    def team(self) -> dict:
+        """The team kept by `save_team` ({name: {"role", "token"}}; empty: none)."""
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = 'team'").fetchone()
+        return json.loads(row[0]) if row else {}
+
+    def save_team(self, members: dict) -> None:
+        """Keep the team's names, roles and tokens, so that each person's address stays the same."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('team', ?)", (json.dumps(members, sort_keys=True),))
 
     def save_page_address(self, port: int, token: str) -> None:
         """Keep the page's port and token, so that the next start serves the same URL."""
@@ -120,47 +143,49 @@ class LabelStore:
         except (sqlite3.DatabaseError, KeyError, ValueError):
             return None
 
-    def versions(self) -> dict[int, int]:
-        """{row: `row_version`} of every row with an event."""
+    def versions(self) -> dict[tuple[int, str], int]:
+        """{(row, who): `row_version`} of every row and person with an event."""
         with self._lock:
-            rows = self._conn.execute("SELECT row, COUNT(*) + COALESCE(SUM(undone), 0) FROM events GROUP BY row").fetchall()
-        return {int(row): int(v) for row, v in rows}
+            rows = self._conn.execute("SELECT row, who, COUNT(*) + COALESCE(SUM(undone), 0) FROM events "
+                                      "GROUP BY row, who").fetchall()
+        return {(int(row), who): int(v) for row, who, v in rows}
 
-    def _version_of(self, row: int) -> int:
-        count, undone = self._conn.execute("SELECT COUNT(*), COALESCE(SUM(undone), 0) FROM events WHERE row = ?",
-                                           (row,)).fetchone()
+    def _version_of(self, row: int, who: str = "") -> int:
+        count, undone = self._conn.execute("SELECT COUNT(*), COALESCE(SUM(undone), 0) FROM events WHERE row = ? "
+                                           "AND who = ?", (row, who)).fetchone()
         return int(count) + int(undone)
 
-    def undo(self) -> int | None:
-        """Remove the latest answer or skip still in force; its row, or None when there is none."""
+    def undo(self, who: str = "") -> int | None:
+        """Remove `who`'s latest answer or skip still in force; its row, or None when there is none."""
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            last = self._conn.execute("SELECT seq, row FROM events WHERE undone = 0 ORDER BY seq DESC LIMIT 1").fetchone()
+            last = self._conn.execute("SELECT seq, row FROM events WHERE undone = 0 AND who = ? ORDER BY seq DESC "
+                                      "LIMIT 1", (who,)).fetchone()
             if last is None:
                 return None
             self._conn.execute("UPDATE events SET undone = 1 WHERE seq = ?", (last[0],))
             return int(last[1])
 
-    def latest(self) -> dict[int, tuple[str | None, str, int]]:
-        """{row: (label or None for a skip, kind, seq)} of each row's latest live event, in one query:
-        what the answers, skips, kinds and the page's history are read from."""
+    def everyone(self) -> dict[tuple[int, str], tuple[str | None, str, int]]:
+        """{(row, who): (label or None for a skip, kind, seq)} of each row's latest live event of each
+        person, in one query: what the answers, skips, kinds and the pages' histories are read from."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT e.row, e.label, e.kind, e.seq FROM events e JOIN (SELECT row, MAX(seq) AS seq FROM events "
-                "WHERE undone = 0 GROUP BY row) last ON e.seq = last.seq").fetchall()
-        return {int(row): (label, kind, int(seq)) for row, label, kind, seq in rows}
+                "SELECT e.row, e.who, e.label, e.kind, e.seq FROM events e JOIN (SELECT MAX(seq) AS seq FROM events "
+                "WHERE undone = 0 GROUP BY row, who) last ON e.seq = last.seq").fetchall()
+        return {(int(row), who): (label, kind, int(seq)) for row, who, label, kind, seq in rows}
 
-    def answers(self) -> dict[int, str]:
-        """{row: label} of the rows whose latest live event is an answer."""
-        return {row: label for row, (label, _, _) in self.latest().items() if label is not None}
+    def latest(self, who: str = "") -> dict[int, tuple[str | None, str, int]]:
+        """{row: (label or None for a skip, kind, seq)} of `who`'s latest live event of each row."""
+        return {row: event for (row, person), event in self.everyone().items() if person == who}
 
-    def skipped(self) -> set[int]:
-        """Rows whose latest live event is a skip."""
-        return {row for row, (label, _, _) in self.latest().items() if label is None}
+    def answers(self, who: str = "") -> dict[int, str]:
+        """{row: label} of the rows whose latest live event of `who`'s is an answer."""
+        return {row: label for row, (label, _, _) in self.latest(who).items() if label is not None}
 
-    def kinds(self) -> dict[int, str]:
-        """{row: kind} of the rows whose latest live event is an answer."""
-        return {row: kind for row, (label, kind, _) in self.latest().items() if label is not None}
+    def skipped(self, who: str = "") -> set[int]:
+        """Rows whose latest live event of `who`'s is a skip."""
+        return {row for row, (label, _, _) in self.latest(who).items() if label is None}
 
     def hashes(self) -> dict[int, str]:
         """{row: text hash} of every row with a live event (to check the input has not changed)."""
@@ -172,14 +197,15 @@ class LabelStore:
         with self._lock:
             self._conn.close()
 
-    def _append(self, row: int, text_hash: str, label: str | None, kind: str = "", version: int | None = None) -> None:
+    def _append(self, row: int, text_hash: str, label: str | None, kind: str = "", version: int | None = None,
+                who: str = "") -> None:
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
-            if version is not None and self._version_of(int(row)) != int(version):
+            if version is not None and self._version_of(int(row), who) != int(version):
                 raise StaleAnswer(f"row {row} was answered, skipped or undone elsewhere (another tab or person) since "
                                   "this page showed it; the page now shows its current state")
-            self._conn.execute("INSERT INTO events (row, text_hash, label, kind, at) VALUES (?, ?, ?, ?, ?)",
-                               (int(row), str(text_hash), label, str(kind), time.time()))
+            self._conn.execute("INSERT INTO events (row, text_hash, label, kind, at, who) VALUES (?, ?, ?, ?, ?, ?)",
+                               (int(row), str(text_hash), label, str(kind), time.time(), str(who)))
 
 
 

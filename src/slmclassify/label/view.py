@@ -16,8 +16,10 @@ ENOUGH_PER_LABEL = 50
 """Answers per label after which the page says that labelling more pays little."""
 
 
-def item(pool: Pool, answers: Answers, current: tuple[int, str, str] | None, counts: np.ndarray) -> dict | None:
-    """The current item (`current`: pool position, reason, kind) as the page shows it; None when none."""
+def item(pool: Pool, answers: Answers, current: tuple[int, str, str] | None, counts: np.ndarray,
+         who: str = "") -> dict | None:
+    """`who`'s current item (`current`: pool position, reason, kind) as their page shows it; None when
+    none. A reviewer's has every annotator's answer (`team_answers`); an annotator's no one else's."""
     if current is None:
         return None
     pos, detail, kind = current
@@ -27,7 +29,9 @@ def item(pool: Pool, answers: Answers, current: tuple[int, str, str] | None, cou
     shown = {"row": int(pool.rows[pos]), "id": None if pool.ids is None else pool.ids[pos],
              "text": pool.texts[pos], "guess": label,
              "confidence": confidence, "reason": reason,
-             "version": answers.versions.get(pos, 0)}
+             "version": answers.version(pos, who)}
+    if who in answers.team.reviewers:
+        shown["team_answers"] = {name: answers.shown(value) for name, value in answers.answered.get(pos, {}).items()}
     if pool.multi:  # each label's P(yes), shown on its button
         shown["probabilities"] = _probabilities(pool.labels, probs)
     if pool.parts:  # a task of questions: each question's guess, its confidence, and its labels' probabilities
@@ -43,15 +47,15 @@ def _probabilities(labels, probs: np.ndarray) -> dict | None:
     return None if np.isnan(probs).any() else {lab: float(p) for lab, p in zip(labels, probs)}
 
 
-def history(pool: Pool, answers: Answers) -> list[dict]:
-    """The latest answers and skips, newest first."""
-    return [{**pool.snippet(p), "label": answers.shown(answers.given[p]) if p in answers.given else None}
-            for p in answers.recent]
+def history(pool: Pool, answers: Answers, who: str = "") -> list[dict]:
+    """`who`'s latest answers and skips, newest first, with their own answers."""
+    return [{**pool.snippet(p), "label": None if (own := answers.own(p, who)) is None else answers.shown(own)}
+            for p in answers.recent(who)]
 
 
-def skipped(pool: Pool, answers: Answers, n: int = 50) -> list[dict]:
-    """The first `n` skipped items, in pool order."""
-    return [pool.snippet(pos) for pos in sorted(answers.skips)[:n]]
+def skipped(pool: Pool, answers: Answers, who: str = "", n: int = 50) -> list[dict]:
+    """The first `n` items `who` skipped, in pool order."""
+    return [pool.snippet(pos) for pos in sorted(answers.skips_of.get(who, ()))[:n]]
 
 
 def advice(est, counts: np.ndarray) -> str | None:
