@@ -172,6 +172,9 @@ def test_agreement_and_exports_of_a_teams_answers(team_session, tmp_path):
     assert report["questions"][0]["overall"] == want["overall"]
     ties = sum(1 for r in both if given[r]["alice"] != given[r]["bob"])
     assert ties and report["questions"][0]["overall"]["raw"]["value"] == pytest.approx(1 - ties / len(both))
+    found = session.suspects(3)
+    assert found["items"] == len(session.answers.given) and len(found["suspects"]) == 3
+    assert {"row", "text", "gold", "probability", "predicted", "status"} <= found["suspects"][0].keys()
     datasets = pytest.importorskip("datasets")
     parquet = tmp_path / "team.parquet"
     assert session.export(parquet) == len(given)  # every answered item, ties included (label -1)
@@ -207,3 +210,87 @@ def test_the_team_is_kept_in_the_store(tmp_path, llama_dir, one_torch_thread):
         assert again.team.kept() == tokens and again.team.reviewers == ("dana",)
     finally:
         again.close()
+
+
+TEAM_ROUTES = [("GET", "/", None), ("GET", "/api/state", None), ("GET", "/api/agreement", None),
+               ("GET", "/api/suspects", None), ("POST", "/api/answer", {"row": 0, "label": "billing"}),
+               ("POST", "/api/skip", {"row": 0}), ("POST", "/api/show", {"row": 0}), ("POST", "/api/undo", {}),
+               ("POST", "/api/export", {}), ("POST", "/api/fit", {}), ("GET", "/no-such-page", None)]
+
+
+def test_every_route_every_role_and_no_annotator_reads_anothers_answers(team_session, tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from slmclassify.label.app import create_app
+
+    session, gold, data = team_session
+    tokens = {name: kept["token"] for name, kept in session.team.kept().items()}
+    app = create_app(session, None, export_path=tmp_path / "out.parquet", fit_path=tmp_path / "head.npz")
+    with TestClient(app) as client:
+        def as_(who):
+            return {"Authorization": f"Bearer {tokens[who]}"}
+
+        for method, path, body in TEAM_ROUTES:
+            assert client.request(method, path, json=body).status_code == 403, path
+            for token in tokens.values():
+                for wrong in (token[:-1], token + "x", token.upper()):
+                    refused = client.request(method, path, json=body, headers={"Authorization": f"Bearer {wrong}"})
+                    assert refused.status_code == 403, (path, refused.text)
+        assert session.store.everyone() == {}  # nothing reached the session
+        # alice answers; bob, through every route he has, sees nothing of it
+        item = client.get("/api/state", headers=as_("alice")).json()["item"]
+        secret = _other(gold[item["text"]])
+        client.post("/api/answer", json={"row": item["row"], "label": secret, "version": item["version"]},
+                    headers=as_("alice"))
+        for method, path, body in [("GET", "/api/state", None), ("POST", "/api/show", {"row": item["row"]}),
+                                   ("GET", "/api/agreement", None), ("POST", "/api/undo", {})]:
+            answer = client.request(method, path, json=body, headers=as_("bob")).json()
+            if path == "/api/agreement":  # counts over items two or more answered: none yet
+                assert answer["items"] == 0
+            else:
+                assert answer["history"] == [] and "team_answers" not in (answer["item"] or {})
+        for path in ("/api/suspects", "/api/export", "/api/fit"):
+            method = "GET" if path == "/api/suspects" else "POST"
+            refused = client.request(method, path, json=None if method == "GET" else {}, headers=as_("bob"))
+            assert refused.status_code == 403 and "reviewers'" in refused.json()["error"], path
+        # bob (who showed it) disagrees with alice: the reviewer reads both answers
+        mine = client.get("/api/state", headers=as_("bob")).json()["item"]
+        assert mine["row"] == item["row"]
+        client.post("/api/answer", json={"row": item["row"], "label": gold[item["text"]], "version": mine["version"]},
+                    headers=as_("bob"))
+        review = client.get("/api/state", headers=as_("dana")).json()["item"]
+        assert review["row"] == item["row"] and review["team_answers"] == {"alice": secret, "bob": gold[item["text"]]}
+        assert client.get("/api/suspects", headers=as_("dana")).status_code in (200, 409)  # too few answers: 409
+        written = client.post("/api/export", json={}, headers=as_("dana")).json()
+        assert written == {"written": str(tmp_path / "out.parquet"), "rows": 1}
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--annotators", "alice,bob", "--api-key", "k"], "--api-key is the one token of a page without a team"),
+    (["--format", "parquet"], "--format is the format of --export"),
+    (["--suspects", "0"], "--suspects must be a positive number"),
+    (["--annotators", "alice,alice"], "--annotators: alice is named twice"),
+    (["--annotators", "alice", "--overlap", "2"], "--overlap 2 needs that many annotators"),
+    (["--export", "x.csv", "--format", "label-studio"], "--format label-studio writes a JSON file"),
+])
+def test_the_team_flags_are_checked_before_anything_loads(tmp_path, run_main, flags, words):
+    data = tmp_path / "tickets.csv"
+    tickets(data)
+    (tmp_path / "s.sqlite").touch()
+    code, out, err = run_main("label", data, "--labels", "billing,technical", "--store", tmp_path / "s.sqlite", *flags)
+    assert code != 0 and words in err, err
+
+
+def test_a_labels_examples_are_for_people_and_change_no_prompt(tmp_path):
+    """The `examples` of a `[[labels]]` table are shown as guidelines; the prompt and the task's
+    hash (what stores and heads are checked against) are those of the task without them."""
+    from slmclassify.head.model import task_hash
+
+    plain = Task.from_dict({"labels": [{"name": "billing", "description": "money"}, {"name": "technical"}]})
+    shown = Task.from_dict({"labels": [{"name": "billing", "description": "money", "examples": ["charged twice"]},
+                                       {"name": "technical"}]})
+    assert shown.label_examples == (("charged twice",), ())
+    assert shown.system_turn() == plain.system_turn() and task_hash(shown) == task_hash(plain)
+    with pytest.raises(TaskError, match="'examples' must be a list of texts"):
+        Task.from_dict({"labels": [{"name": "billing", "examples": "charged twice"}, {"name": "technical"}]})

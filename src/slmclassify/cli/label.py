@@ -50,6 +50,10 @@ class LabelOptions:
                             "their own address (kept in the store)")
         if fmt and not export_path:
             raise TaskError("--format is the format of --export: give --export PATH too")
+        if export_path:
+            from ..label.outputs import export_format
+
+            export_format(export_path, fmt)  # a format the path cannot hold is refused before the model loads
         if suspects is not None and suspects < 1:
             raise TaskError(f"--suspects must be a positive number of items, got {suspects}")
         text = _read_text(guidelines, "--guidelines") if guidelines else ""
