@@ -1,6 +1,6 @@
 """The client libraries against `serve` with the embedded SmolLM2-135M model, on the first 40 demo
-tickets (examples/tickets.csv), 8 requests at a time: openai `.parse()`, instructor (TOOLS, JSON),
-LangChain (json_schema, function_calling) and DSPy's JSONAdapter body return the Pydantic object
+tickets (examples/tickets.csv), 8 requests at a time: openai `.parse()`, instructor (TOOLS, JSON,
+JSON_SCHEMA), LangChain (json_schema, function_calling, json_mode) and DSPy's JSONAdapter body return the Pydantic object
 offline `classify` gives, one field and three (team, priority, sentiment); a string enum answers as
 guided_choice on 40/40. (Every mode on the tiny model: tests/test_clients.py.)"""
 
@@ -78,6 +78,8 @@ def test_every_client_answers_as_offline_classify_on_the_embedded_model(embedded
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         tools = instructor.from_openai(client, mode=instructor.Mode.TOOLS)
         json_mode = instructor.from_openai(client, mode=instructor.Mode.JSON)
+        json_schema = instructor.from_openai(client, mode=instructor.Mode.JSON_SCHEMA)
+        system = f"Reply in JSON: {json.dumps(Team.model_json_schema())}"  # a json_mode user's own prompt
         chat = langchain_openai.ChatOpenAI(model="support", base_url=f"{url}/v1", api_key="unused", max_retries=0)
         got = {
             ("parse", Team): answered(lambda t: _as_json(Team, client.chat.completions.parse(
@@ -88,6 +90,10 @@ def test_every_client_answers_as_offline_classify_on_the_embedded_model(embedded
                 model="support", response_model=Triage, messages=user(t), max_retries=0))),
             ("instructor JSON", Team): answered(lambda t: _as_json(Team, json_mode.chat.completions.create(
                 model="support", response_model=Team, messages=user(t), max_retries=0))),
+            ("instructor JSON_SCHEMA", Triage): answered(lambda t: _as_json(Triage, json_schema.chat.completions.create(
+                model="support", response_model=Triage, messages=user(t), max_retries=0))),
+            ("langchain json_mode", Team): answered(lambda t: _as_json(Team, chat.with_structured_output(
+                Team, method="json_mode").invoke([("system", system), ("user", t)]))),
             ("langchain json_schema", Triage): answered(lambda t: _as_json(Triage, chat.with_structured_output(
                 Triage).invoke([("user", t)]))),
             ("langchain function_calling", Team): answered(lambda t: _as_json(Team, chat.with_structured_output(
@@ -105,7 +111,8 @@ def test_every_client_answers_as_offline_classify_on_the_embedded_model(embedded
     assert all(a.message.content == json.dumps(g.message.content) for a, g in pairs)  # 40/40
     offline = {}  # one offline run per task: parse and LangChain's calls of one model ask the same
     for (call, model), answers in got.items():
-        prompt = {"system": _instructor_json_system(model)} if call == "instructor JSON" else {}
+        prompt = ({"system": _instructor_json_system(model)} if call == "instructor JSON"
+                  else {"system": system} if call == "langchain json_mode" else {})
         key = (model, prompt.get("system"))
         if key not in offline:
             offline[key] = offline_answers(embedded, offline_task(model, **prompt), TICKETS, field="team")

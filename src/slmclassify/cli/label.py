@@ -161,7 +161,8 @@ def _print_agreement(report: dict, path: Path) -> None:
 
     from ..label.agreement import lines
 
-    click.echo(f"agreement on {report['items']} items answered by 2 or more of {', '.join(report['annotators']) or 'nobody'}")
+    names = ", ".join(report["annotators"]) or "nobody"
+    click.echo(f"agreement on {report['items']} items answered by 2 or more of {names}")
     for part in report["questions"]:
         if part["question"]:
             click.echo(f"-- {part['question']}")

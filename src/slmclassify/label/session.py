@@ -378,7 +378,8 @@ class LabelSession:
             for i, p in enumerate(items):
                 for who, value in answered[p].items():
                     table[i, names.index(who)] = read(value)
-            reports.append({"question": question, **agreement(table, labels, names, bootstrap=bootstrap, seed=self.seed)})
+            report = agreement(table, labels, names, bootstrap=bootstrap, seed=self.seed)
+            reports.append({"question": question, **report})
         return {"items": len(items), "annotators": list(names), "questions": reports}
 
     def suspects(self, n: int = 20) -> dict:
