@@ -2,7 +2,7 @@
 log-probabilities (echo, logprobs 1, max_tokens 0), side by side in one run (issue 55):
 
   shared     each question is one request of its 4 prompts (context + continuation): the context
-             runs once, the continuations as branches (`core/completions.py`)
+             runs once, the continuations as branches (`wire/completions.py`)
   separate   each prompt is a request of its own: the context runs 4 times
 
 Contexts are the article's tickets in the article's prompt; continuations the 3 labels and "other".
@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from slmclassify.core.article_tickets import article_tickets
-from slmclassify.core.completions import completion_ask, completion_rows, row_logprobs
+from slmclassify.wire.completions import completion_ask, completion_rows, row_logprobs
 
 CONTINUATIONS = (" billing", " technical", " account", " other")
 

@@ -4,9 +4,9 @@
     (imports inside functions count too: a lazy import is still a dependency);
 (b) no import cycle among slmclassify modules (each module its own strongly connected component;
     lazy imports inside functions count: a cycle broken only by laziness is still a cycle);
-(c) the layers, top to bottom: cli > bench > jobs > serve | ray | label > head > classifier > models >
-    core > backends | io | web > errors | cache | interrupts | timing. A package only imports packages
-    below it (lazily inside a function too); siblings of a layer do not import each other.
+(c) the layers, top to bottom: cli > bench > jobs > serve | ray | label > wire > head > classifier >
+    models > core > backends | io | web > errors | cache | interrupts | timing. A package only imports
+    packages below it (lazily inside a function too); siblings of a layer do not import each other.
 
 Each failure prints the offending imports with file lines, or the chain of imports.
 """
@@ -25,6 +25,7 @@ LAYERS = (
     ("bench",),
     ("jobs",),
     ("serve", "ray", "label"),
+    ("wire",),
     ("head",),
     ("classifier",),
     ("models",),
@@ -165,8 +166,8 @@ def test_layers_only_import_downwards():
                     report.append("    " + " -> ".join(full))
                     for importer, imported in zip(full, full[1:]):
                         report += ["        " + line for line in _lines(importer, imported)]
-    assert not illegal, "imports against the layers (cli > bench > jobs > serve|ray|label > head > classifier > models " \
-                        "> core > backends|io > errors|cache|interrupts|timing):\n" + "\n".join(report)
+    assert not illegal, "imports against the layers (cli > bench > jobs > serve|ray|label > wire > head > classifier " \
+                        "> models > core > backends|io > errors|cache|interrupts|timing):\n" + "\n".join(report)
 
 
 PREPARATION = f"{PACKAGE}.models.prepare"

@@ -20,7 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 from pydantic import BaseModel, Field  # noqa: E402
 
 from slmclassify import Classifier, Task  # noqa: E402
-from slmclassify.core.schema_questions import schema_questions  # noqa: E402
+from slmclassify.wire.schema_questions import schema_questions  # noqa: E402
 from slmclassify.core.task import Question  # noqa: E402
 from slmclassify.errors import InputError  # noqa: E402
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backends.sync import sync_of
 from ..classifier import Classifier
-from ..core.chat_request import chat_ask, chat_completion, chat_prompt
+from ..wire.chat_request import chat_ask, chat_completion, chat_prompt
 from ..core.config_check import context_limit
 from ..core.conversation import ChoiceScorer
 from ..core.prefix_caches import PrefixCaches

@@ -8,8 +8,8 @@ order, resumably.
         OUTPUT.partial → fsync → progress record → … → rename to OUTPUT
 
 A request line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {...}}`,
-the body a chat completion with choices (`core/chat_request.py`), or `"url": "/v1/completions"` with
-a completion asking for the prompt's log-probabilities (`core/completions.py`), or
+the body a chat completion with choices (`wire/chat_request.py`), or `"url": "/v1/completions"` with
+a completion asking for the prompt's log-probabilities (`wire/completions.py`), or
 `"url": "/v1/classify"` in vLLM's pooling shape for a task given to the job, answered as the service
 answers them (a task's lines of a window are scored together). An answer line is the Batch API's
 `{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}`, or for
@@ -29,8 +29,6 @@ import numpy as np
 import pandas as pd
 
 from ..classifier import Classifier, EngineSettings, item_text
-from ..core.chat_request import ChatAsk, chat_completion, chat_prompt, unknown_model
-from ..core.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from ..core.config_check import context_limit
 from ..core.conversation import ChoicePrompt, ChoiceScorer
 from ..core.encode import invalid_text_at
@@ -46,6 +44,8 @@ from ..models.loading import model_id
 from ..models.prepare import load_model
 from ..models.schedule import scheduled
 from ..serve.adapter import TaskRunner, pooling_response
+from ..wire.chat_request import ChatAsk, chat_completion, chat_prompt, unknown_model
+from ..wire.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
 from .resume import same_kernels, same_model, saved_run, writing
 from .table_request import check_resume
 from .meter import MeterFactory, no_meter

@@ -1,6 +1,7 @@
 """A labelling session: one person, or a team (`team.py`), labels one input for one task, one item at
-a time, while a head learns from the answers and says how much of the rest it could label. `LabelSession` loads the
-model and the input, opens the store, and coordinates the parts that do the work:
+a time, while a head learns from the answers and says how much of the rest it could label.
+`LabelSession` loads the model and the input, opens the store, and coordinates the parts that do
+the work:
 
     pool      the seeded sample of the input, its scores and hidden states, and the scorer thread
     answers   the answers, kinds, skips and history as the `LabelStore` holds them

@@ -28,12 +28,12 @@ from starlette.exceptions import HTTPException
 
 from ..classifier import EngineSettings, item_text
 from ..core.config_check import context_limit
-from ..core.chat_request import chat_chunks, chat_completion, chat_prompt, unknown_model
-from ..core.completions import completion_ask, completion_choice, completion_response
-from ..core.tokenize_request import detokenize_answer, tokenize_answer, tokenizer_info
-from ..models.loading import LoadedModel
 from ..core.encode import valid_unicode
 from ..errors import InputError
+from ..models.loading import LoadedModel
+from ..wire.chat_request import chat_chunks, chat_completion, chat_prompt, unknown_model
+from ..wire.completions import completion_ask, completion_choice, completion_response
+from ..wire.tokenize_request import detokenize_answer, tokenize_answer, tokenizer_info
 from .adapter import TaskRunner, pooling_response, result_json
 from .chat import (ChatRequest, ChoiceRunners, CompletionRequest, CompletionRunner, DetokenizeRequest, TokenizeRequest,
                    prefix_caches)

@@ -1,7 +1,7 @@
 """OpenAI's chat completions with choices, and completions with the prompt's log-probabilities, in
 the service: the requests as FastAPI validates and documents them, and the scheduler's runners.
 
-What a request asks and its answer are `core/chat_request.py`'s; its prompt, head and trie
+What a request asks and its answer are `wire/chat_request.py`'s; its prompt, head and trie
 `core/conversation.py`'s. Requests of one head and choices share one runner, so the scheduler
 batches them together like one task's texts, and one cached prefix, held in a bounded LRU
 (`core/prefix_caches.py`, `--prefix-cache-mb`) that only the engine's worker thread touches.
@@ -14,11 +14,11 @@ from collections import OrderedDict
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..core.completions import CompletionAsk, completion_rows, row_logprobs
 from ..core.conversation import ChoicePrompt, ChoiceScorer
 from ..core.encode import EncodedItems, invalid_text_at
 from ..core.prefix_caches import PrefixCaches
 from ..core.settings import EngineSettings
+from ..wire.completions import CompletionAsk, completion_rows, row_logprobs
 from .adapter import BatchWork, EncodedRequest
 
 RUNNERS_KEPT = 256
@@ -45,7 +45,7 @@ class _UnicodeBody(BaseModel):
 
 
 class ChatRequest(_UnicodeBody):
-    """The fields of OpenAI's chat completion request that change the answer (`core/chat_request.py`
+    """The fields of OpenAI's chat completion request that change the answer (`wire/chat_request.py`
     reads them); sampling fields are accepted and ignored: nothing is sampled."""
 
     model_config = ConfigDict(extra="allow")
@@ -64,7 +64,7 @@ class ChatRequest(_UnicodeBody):
 
 class TokenizeRequest(_UnicodeBody):
     """vLLM's /tokenize: a `prompt`, or `messages` rendered as a chat completion renders them
-    (`core/tokenize_request.py`)."""
+    (`wire/tokenize_request.py`)."""
 
     model_config = ConfigDict(extra="allow")  # chat_template, tools, ...: accepted, not used
     model: str | None = None
@@ -145,7 +145,7 @@ class ChoiceRunners:
 
 
 class CompletionRequest(_UnicodeBody):
-    """The fields of OpenAI's completions request that change the answer (`core/completions.py`
+    """The fields of OpenAI's completions request that change the answer (`wire/completions.py`
     reads them); sampling fields are accepted and ignored."""
 
     model_config = ConfigDict(extra="allow")

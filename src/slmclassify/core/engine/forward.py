@@ -453,7 +453,7 @@ class Engine:
     def read_logprobs(self, read: torch.Tensor, trie: LabelTrie, top: int):
         """[B, 1+T, hidden] read states → ([B, N_steps] log-probabilities of the trie steps, and at
         every read position the `top` likeliest tokens' log-probabilities and ids, [B, 1+T, top]
-        each), float32 / int64 numpy: a completion's prompt log-probabilities (`core/completions.py`)."""
+        each), float32 / int64 numpy: a completion's prompt log-probabilities (`wire/completions.py`)."""
         step_pos, step_token = trie.step_pos.to(self.device), trie.step_token.to(self.device)
         steps, values, ids = [], [], []
         for logprobs in self._logprobs(read, trie):

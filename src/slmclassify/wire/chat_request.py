@@ -7,7 +7,7 @@ The answer is asked for in one of the spellings clients use:
   0.12, and SGLang's), or `response_format` with a JSON schema that is a string `enum`, answered as
   its JSON string; each string is scored as given (the quotes are the answer's format), so the
   three give the same answers;
-- an object of finite choices (`core/schema_questions.py`): `response_format` with an object JSON
+- an object of finite choices (`wire/schema_questions.py`): `response_format` with an object JSON
   schema (openai `.parse()`, instructor, LangChain, DSPy), or a tool whose parameters are one, called
   by `tool_choice` (a named function, or `"required"`/`"auto"` with one tool; with several, which
   one is one more question), answered as the JSON object in `content` or as the tool call's
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.conversation import ChoicePrompt, choice_prompt
+from ..core.task import Question, Task
 from ..errors import InputError, TaskError
-from .conversation import ChoicePrompt, choice_prompt
 from .schema_questions import SchemaQuestion, answer_object, schema_questions
-from .task import Question, Task
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_TOP_LOGPROBS = 20

@@ -1,6 +1,6 @@
 """vLLM's tokenizer endpoints, which clients that count or build tokens themselves call (lm-eval's
 `tokenizer_backend=remote`): POST /tokenize, POST /detokenize, GET /tokenizer_info. Plain dicts in
-and out, as `core/chat_request.py`'s.
+and out, as `wire/chat_request.py`'s.
 
 A conversation is rendered exactly as a chat completion renders it (`chat_request.chat_messages`,
 `prompts.render_chat`), so the tokens /tokenize gives for `messages` are those the model reads for
@@ -9,9 +9,9 @@ a request of those messages (with the system turn they carry).
 
 from __future__ import annotations
 
+from ..core.prompts import chat_template, render_chat
 from ..errors import InputError
 from .chat_request import ChatAsk, chat_messages
-from .prompts import chat_template, render_chat
 
 
 def tokenize_answer(body: dict, tokenizer, context: int) -> dict:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.batching import collate
+from ..core.labels import LabelTrie, build_trie
 from ..errors import InputError
-from .batching import collate
-from .labels import LabelTrie, build_trie
 
 MAX_LOGPROBS = 20
 _PLACEHOLDER = 0
