@@ -102,6 +102,14 @@ def wait_for_item(driver) -> dict:
     return page_state(driver)
 
 
+def screenshot(driver, variable: str, default: Path) -> None:
+    """The page as it is, without its status line, to $`variable` when set (the docs' picture), else `default`."""
+    driver.execute_script("document.getElementById('status').textContent = ''")
+    path = Path(os.environ.get(variable) or default)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(path))
+
+
 def exported(path: Path) -> dict[int, str]:
     with path.open(newline="") as f:
         return {int(r["id"]) - 1000: r["gold"] for r in csv.DictReader(f)}
@@ -182,10 +190,7 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         driver.find_element(By.ID, "fit").click()
         WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].endswith(".npz"))
         assert page_state(driver)["status"] == f"wrote {tmp_path / 'tickets.head.npz'}"
-        driver.execute_script("document.getElementById('status').textContent = ''")
-        screenshot = Path(os.environ.get("SLMCLASSIFY_SCREENSHOT") or tmp_path / "label-page.png")
-        screenshot.parent.mkdir(parents=True, exist_ok=True)
-        assert driver.save_screenshot(str(screenshot))
+        screenshot(driver, "SLMCLASSIFY_SCREENSHOT", tmp_path / "label-page.png")
     finally:
         driver.quit()
         page.kill()

@@ -165,6 +165,7 @@ def test_agreement_and_exports_of_a_teams_answers(team_session, tmp_path):
     both = sorted(row for row, by in given.items() if len(by) == 2)
     assert len(both) >= 6  # the overlap items were handed on before new ones
     report = session.agreement(bootstrap=50)
+    assert session.agreement(bootstrap=50) is report  # the pages ask every few seconds: the same answers, no new bootstrap
     assert report["items"] == len(both) and report["annotators"] == ["alice", "bob"]
     labels = ("billing", "technical")
     table = np.array([[labels.index(given[r]["alice"]), labels.index(given[r]["bob"])] for r in both])

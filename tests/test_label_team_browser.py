@@ -10,7 +10,6 @@ $SLMCLASSIFY_TEAM_SCREENSHOT when set (docs/label-team.png), else into the test'
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_label_browser import LABELS, chromium, page_state, press, write_input  # noqa: F401 (skips as it does)
+from test_label_browser import LABELS, chromium, page_state, press, screenshot, write_input  # skips as it does
 from label_server import WAIT, Page
 
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -149,10 +148,7 @@ def test_three_annotators_and_a_reviewer_on_30_items(tmp_path, llama_dir, run_ma
         assert stored(store) == {**given, **{(row, "dana"): label for row, label in reviewed.items()}}
         driver.refresh()  # the agreement view, fetched at once on load
         WebDriverWait(driver, WAIT).until(lambda d: d.find_element("id", "alpha").text not in ("", "–"))
-        driver.execute_script("document.getElementById('status').textContent = ''")
-        screenshot = Path(os.environ.get("SLMCLASSIFY_TEAM_SCREENSHOT") or tmp_path / "label-team.png")
-        screenshot.parent.mkdir(parents=True, exist_ok=True)
-        assert driver.save_screenshot(str(screenshot))
+        screenshot(driver, "SLMCLASSIFY_TEAM_SCREENSHOT", tmp_path / "label-team.png")
     finally:
         driver.quit()
         page.kill()

@@ -99,11 +99,8 @@ def run_label(run: LabelOptions, task, settings, *, model, task_file=None) -> No
     if run.export_path and run.fit_path:
         check_writes({"--export": run.export_path}, {"--fit": run.fit_path})
 
-    session_box = {}  # the started session, for the addresses `ready` prints
-
     def start(**more):
-        session_box["session"] = LabelSession.start(dataclasses.replace(request, **more), task, settings, model=model)
-        return session_box["session"]
+        return LabelSession.start(dataclasses.replace(request, **more), task, settings, model=model)
 
     if run.export_path or run.fit_path or run.agreement or run.suspects:
         if not store_path.exists():
@@ -128,8 +125,8 @@ def run_label(run: LabelOptions, task, settings, *, model, task_file=None) -> No
             session.close()
         return
 
-    def ready(url: str) -> None:
-        team = getattr(session_box.get("session"), "team", None)
+    def ready(url: str, session) -> None:
+        team = session.team
         if team is None:
             click.echo(url)
         else:  # one address per person: send each their own

@@ -39,11 +39,12 @@ def bind(port: int) -> socket.socket:
 
 
 def run_page(start_session: Callable[[], object], *, port: int, token: str, export_path: str | Path,
-             fit_path: str | Path, on_ready: Callable[[str], None], poll_s: float = 0.1,
+             fit_path: str | Path, on_ready: Callable[[str, object], None], poll_s: float = 0.1,
              fallback_port: bool = False, on_progress: Callable[[str], None] | None = None,
              progress_s: float = 5.0) -> None:
     """Bind, call `start_session()` (a started `LabelSession`), wait until it is ready, call
-    `on_ready(url)`, then serve the page until SIGTERM/SIGINT; the session is closed on the way out.
+    `on_ready(url, session)` (a team's: each member's address is the URL with their token), then
+    serve the page until SIGTERM/SIGINT; the session is closed on the way out.
     `fallback_port`: `port` is the one a previous start served (kept in the store): when it is taken
     now, any free port. `on_progress` gets a line while the model loads and the first slice is scored
     (every `progress_s`), so the terminal is not silent for the minute before the URL."""
@@ -71,7 +72,7 @@ def run_page(start_session: Callable[[], object], *, port: int, token: str, expo
         session.store.save_page_address(address, token)
         app = create_app(session, token, export_path=export_path, fit_path=fit_path)
         server = _server(app)
-        on_ready(page_url(address, token))
+        on_ready(page_url(address, token), session)
         server.run(sockets=[sock])
     finally:
         if session is not None:
