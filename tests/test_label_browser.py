@@ -48,6 +48,12 @@ DETAILS = ["since Monday.", "and nobody answered.", "on my phone.", "for the thi
            "after I paid."]
 
 
+def wait_until(driver, condition):
+    """`condition(driver)`'s first true value, checked every 50 ms (selenium's default, 0.5 s, made
+    each of the hundreds of waits of a test cost up to half a second), within `WAIT` seconds."""
+    return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(condition)
+
+
 def write_input(path: Path, n: int = 60) -> list[str]:
     texts = [f"{SUBJECTS[i % len(SUBJECTS)]} {DETAILS[(i * 7) % len(DETAILS)]} (ticket {1000 + i})"
              for i in range(n)]
@@ -91,14 +97,14 @@ def press(driver, key: str) -> dict:
     """Press one key on the page and wait until the page has acted on it."""
     before = page_state(driver)["actions"]
     driver.find_element(By.TAG_NAME, "body").send_keys(key)
-    WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["actions"] > before or page_state(d)["error"])
+    wait_until(driver, lambda d: page_state(d)["actions"] > before or page_state(d)["error"])
     after = page_state(driver)
     assert not after["error"], after["status"]
     return after
 
 
 def wait_for_item(driver) -> dict:
-    WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["row"] is not None)
+    wait_until(driver, lambda d: page_state(d)["row"] is not None)
     return page_state(driver)
 
 
@@ -157,14 +163,14 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         page.kill()  # SIGKILL: no shutdown code runs
     assert page.proc.returncode == -signal.SIGKILL
     # the open tab says the server stopped, rather than a raw "Failed to fetch"
-    WebDriverWait(driver, WAIT).until(
+    wait_until(driver, 
         lambda d: d.execute_script("return document.getElementById('main').classList.contains('stopped')"))
 
     page = Page(args)
     try:
         assert page.url == first_url  # the port and token are kept in the store
         # the same tab carries on by itself once the server is back
-        WebDriverWait(driver, WAIT).until(
+        wait_until(driver, 
             lambda d: not d.execute_script("return document.getElementById('main').classList.contains('stopped')"))
         shown = wait_for_item(driver)
         assert shown["row"] not in expected and shown["row"] not in done
@@ -179,16 +185,16 @@ def test_label_30_by_keyboard_kill_restart_and_go_on(tmp_path, llama_dir):
         # the history: the latest answer shown again and changed
         before = page_state(driver)["actions"]
         driver.find_element(By.CSS_SELECTOR, "#history li").click()
-        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["actions"] > before)
+        wait_until(driver, lambda d: page_state(d)["actions"] > before)
         assert page_state(driver)["row"] == row
         shown = press(driver, "3")
         expected[row] = LABELS[2]
         assert shown["row"] != row
         driver.find_element(By.ID, "export").click()
-        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
+        wait_until(driver, lambda d: page_state(d)["status"].startswith("wrote "))
         assert page_state(driver)["status"] == f"wrote {len(expected)} rows to {tmp_path / 'tickets.labelled.csv'}"
         driver.find_element(By.ID, "fit").click()
-        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].endswith(".npz"))
+        wait_until(driver, lambda d: page_state(d)["status"].endswith(".npz"))
         assert page_state(driver)["status"] == f"wrote {tmp_path / 'tickets.head.npz'}"
         screenshot(driver, "SLMCLASSIFY_SCREENSHOT", tmp_path / "label-page.png")
     finally:
@@ -223,7 +229,7 @@ def test_more_than_nine_labels_have_keys_and_a_hint_that_matches(tmp_path, llama
             expected[row] = label
             assert shown["status"] == f"row {row}: {label}", shown["status"]
         driver.find_element(By.ID, "export").click()
-        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
+        wait_until(driver, lambda d: page_state(d)["status"].startswith("wrote "))
     finally:
         driver.quit()
         page.kill()
@@ -274,9 +280,9 @@ def test_multi_label_page_toggles_labels_and_submits_sets(tmp_path, llama_dir):
         counts = {label: sum(label in t for t in targets) for label in LABELS}
         assert page_state(driver)["counts"] == counts
         driver.find_element(By.ID, "export").click()
-        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].startswith("wrote "))
+        wait_until(driver, lambda d: page_state(d)["status"].startswith("wrote "))
         driver.find_element(By.ID, "fit").click()
-        WebDriverWait(driver, WAIT).until(lambda d: page_state(d)["status"].endswith(".npz") or page_state(d)["error"])
+        wait_until(driver, lambda d: page_state(d)["status"].endswith(".npz") or page_state(d)["error"])
         assert page_state(driver)["status"] == f"wrote {tmp_path / 'tickets.head.npz'}"
     finally:
         driver.quit()

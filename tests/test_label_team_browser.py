@@ -17,10 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_label_browser import LABELS, chromium, page_state, press, screenshot, write_input  # skips as it does
-from label_server import WAIT, Page
+from test_label_browser import LABELS, chromium, page_state, press, screenshot, wait_until, write_input  # skips as it does
+from label_server import Page
 
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 ANNOTATORS = ("alice", "bob", "carol")
 TASK_TOML = """user_template = "Ticket: {text}"
@@ -91,11 +90,11 @@ def test_three_annotators_and_a_reviewer_on_30_items(tmp_path, llama_dir, run_ma
         driver.switch_to.window(tabs[who])
         ready = "return !document.getElementById('main').classList.contains('stopped') && " \
                 "document.getElementById('me').textContent !== ''"
-        WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(ready))
+        wait_until(driver, lambda d: d.execute_script(ready))
         state = page_state(driver)
         if state["row"] is None:
             driver.refresh()
-            WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(ready))
+            wait_until(driver, lambda d: d.execute_script(ready))
             state = page_state(driver)
         return state
 
@@ -147,7 +146,7 @@ def test_three_annotators_and_a_reviewer_on_30_items(tmp_path, llama_dir, run_ma
         assert set(reviewed) == disputed  # the reviewer was handed every disagreement, and nothing else
         assert stored(store) == {**given, **{(row, "dana"): label for row, label in reviewed.items()}}
         driver.refresh()  # the agreement view, fetched at once on load
-        WebDriverWait(driver, WAIT).until(lambda d: d.find_element("id", "alpha").text not in ("", "–"))
+        wait_until(driver, lambda d: d.find_element("id", "alpha").text not in ("", "–"))
         screenshot(driver, "SLMCLASSIFY_TEAM_SCREENSHOT", tmp_path / "label-team.png")
     finally:
         driver.quit()

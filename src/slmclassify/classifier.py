@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core.calibration import CONTENT_FREE, adjust, prior_from_scores
+from .core.calibration import CONTENT_FREE
 from .core.encode import EncodedItems, valid_unicode
-from .core import multilabel, questions
+from .core import questions
 from .core.labels import LabelTrie, describe_labels
 from .core.reference import reference_scores
-from .core.results import Result, RunStats, make_results
+from .core.results import Result, RunStats
 from .core.scoring import Scored, Scorer
 from .core.settings import (  # noqa: F401  (re-exported: `from slmclassify.classifier import EngineSettings`)
     DEFAULT_MAX_ROWS,
@@ -210,30 +210,17 @@ class Classifier:
         encoded = self.scorer.encode(list(CONTENT_FREE), score_empty=True)
         exact = self.engine.exact()
         prefix = self.prefix if exact is self.engine else self.scorer.prefill(exact)
-        scores = self.scorer.score(encoded, exact, prefix).scores
-        if self.task.questions:
-            return questions.prior(self.task, scores)
-        return multilabel.prior_log_odds(scores) if self.task.multi_label else prior_from_scores(scores)
+        return questions.prior(self.task, self.scorer.score(encoded, exact, prefix).scores)
 
     def calibrated(self, scores: np.ndarray) -> np.ndarray:
         """Scores with the task's calibration applied (prior removed, temperature): [n, L] label
         scores, or a multi-label task's [n, L] log-odds of yes from its [n, 2L] branch scores (a task of
         questions: each question's, side by side, `questions.calibrated`)."""
-        if self.task.questions:
-            return questions.calibrated(self.task, scores, self.bias)
-        if self.task.multi_label:
-            return multilabel.adjust(scores, self.bias, self.task.temperature)
-        return adjust(scores, self.bias, self.task.temperature)
+        return questions.calibrated(self.task, scores, self.bias)
 
     def results(self, scores: np.ndarray, status: list[str]) -> list[Result]:
         """[n, L] raw scores ([n, 2L] multi-label; NaN rows for empty items) → one Result per item, in order."""
-        task = self.task
-        if task.questions:
-            return questions.results(task, scores, self.calibrated(scores), list(status))
-        if task.multi_label:
-            return multilabel.make_results(task.labels, scores, self.calibrated(scores), list(status),
-                                           task.label_thresholds, task.min_confidence, task.label_separator)
-        return make_results(task.labels, scores, self.calibrated(scores), list(status), task.min_confidence)
+        return questions.results(self.task, scores, self.calibrated(scores), list(status))
 
     def zero_shot_results(self, scores: np.ndarray, states: np.ndarray | None, status: list[str]) -> list[Result]:
         """The default `ResultsStep`: results from the label scores alone (`results`)."""

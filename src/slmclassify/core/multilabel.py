@@ -25,8 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
-from .encode import EMPTY
-from .results import Result
+from .results import EMPTY, Result
 
 ANSWERS = ("yes", "no")
 

@@ -18,6 +18,9 @@ label its yes/no pair's (`multilabel.py`). Calibration is per question, from the
 passes. The reference path scores the same branches through the unmodified Hugging Face forward,
 so `verify` and the probes check every question's branches as they check one question's labels.
 
+A task of labels is a task of one unnamed question (`Task.asked`), so everything here is one path
+over questions; each question's kind of answer reads its own columns (`core/readout.py`).
+
 Layouts: the raw scores are [n, B] over every question's branches in order (`branch_spans`); the
 calibrated scores and the prior are [n, C] over every question's labels in order (`label_spans`),
 a multi-label question's as log-odds of yes.
@@ -27,21 +30,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import multilabel
-from .calibration import adjust, prior_from_scores
-from .encode import EMPTY
-from .results import Result, make_results
+from .results import EMPTY, Result
 from .task import Question, Task
 
 
 def scored_names(task: Task) -> tuple[str, ...]:
     """The strings the label trie scores after the generation prompt, in score-column order: every
-    question's branches; a multi-label task's `name: yes|no` pairs; else the labels."""
-    if task.questions:
-        return tuple(name for q in task.questions for name in q.branches())
-    if task.multi_label:
-        return multilabel.branches(task.labels)
-    return task.labels
+    question's branches (a task of labels: its labels, or its `label: yes|no` pairs)."""
+    return tuple(name for q in task.asked for name in q.branches())
 
 
 def branch_spans(task: Task) -> list[tuple[Question, slice]]:
@@ -56,59 +52,49 @@ def label_spans(task: Task) -> list[tuple[Question, slice]]:
 
 def _spans(task: Task, width) -> list[tuple[Question, slice]]:
     spans, at = [], 0
-    for q in task.questions:
+    for q in task.asked:
         spans.append((q, slice(at, at + width(q))))
         at += width(q)
     return spans
 
 
 def prior(task: Task, scores: np.ndarray) -> np.ndarray:
-    """[k, B] content-free branch scores → [C] each question's prior (zeros for a question that is
-    not calibrated, which subtracts nothing)."""
-    parts = []
-    for q, span in branch_spans(task):
-        if not q.task.calibrate:
-            parts.append(np.zeros(len(q.labels)))
-        elif q.multi_label:
-            parts.append(multilabel.prior_log_odds(scores[:, span]))
-        else:
-            parts.append(prior_from_scores(scores[:, span]))
-    return np.concatenate(parts)
+    """[k, B] content-free branch scores → [C] each question's prior. A named question that is not
+    calibrated gets zeros (it subtracts nothing in a task that is); the unnamed question's prior is
+    the task's own whether or not it calibrates (the caller decides to apply it)."""
+    return np.concatenate([np.zeros(len(q.labels)) if q.name is not None and not q.task.calibrate
+                           else q.readout.prior(scores[:, span]) for q, span in branch_spans(task)])
 
 
 def calibrated(task: Task, scores: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """[n, B] raw branch scores → [n, C] each question's calibrated scores (its prior removed,
     divided by its temperature); a multi-label question's as log-odds of yes."""
-    parts = []
-    for (q, branches), (_, labels) in zip(branch_spans(task), label_spans(task)):
-        own_bias = None if bias is None else bias[labels]
-        if q.multi_label:
-            parts.append(multilabel.adjust(scores[:, branches], own_bias, q.task.temperature))
-        else:
-            parts.append(adjust(scores[:, branches], own_bias, q.task.temperature))
-    return np.concatenate(parts, axis=1)
+    return np.concatenate([q.readout.calibrated(scores[:, branches], None if bias is None else bias[labels],
+                                                q.task.temperature)
+                           for (q, branches), (_, labels) in zip(branch_spans(task), label_spans(task))], axis=1)
 
 
 def answer_results(q: Question, scores: np.ndarray, calibrated_scores: np.ndarray, status: list[str]) -> list[Result]:
     """One question's Result per item from its own branch scores and calibrated scores."""
-    if q.multi_label:
-        return multilabel.make_results(q.labels, scores, calibrated_scores, status, q.task.label_thresholds,
-                                       q.task.min_confidence, q.task.label_separator)
-    return make_results(q.labels, scores, calibrated_scores, status, q.task.min_confidence)
+    return q.readout.results(q.task, scores, calibrated_scores, status)
 
 
 def results(task: Task, scores: np.ndarray, calibrated_scores: np.ndarray, status: list[str]) -> list[Result]:
-    """One Result per item: `answers` each question's Result (as a task of that question alone
-    would give it), `needs_review` when any answer needs it, `confidence` the least sure answer's,
-    `scores` every branch's raw score; `label` is None (each answer holds its own)."""
+    """One Result per item: a task of labels its one question's; a task of questions `answers`
+    each question's Result (as a task of that question alone would give it), `needs_review` when
+    any answer needs it, `confidence` the least sure answer's, `scores` every branch's raw score;
+    `label` is None (each answer holds its own)."""
     per_question = {q.name: answer_results(q, scores[:, branches], calibrated_scores[:, labels], status)
                     for (q, branches), (_, labels) in zip(branch_spans(task), label_spans(task))}
     return combine(task, scores, per_question, status)
 
 
-def combine(task: Task, scores: np.ndarray, per_question: dict[str, list[Result]], status: list[str]) -> list[Result]:
+def combine(task: Task, scores: np.ndarray, per_question: dict[str | None, list[Result]],
+            status: list[str]) -> list[Result]:
     """Each question's Results (`per_question`: from its branches, or from its head) → one Result per
-    item, as `results` describes."""
+    item, as `results` describes (a task of labels: its one question's, as they are)."""
+    if None in per_question:
+        return per_question[None]
     names = scored_names(task)
     out = []
     for i, st in enumerate(status):

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from .encode import EMPTY
+
+OK, EMPTY, TRUNCATED = "ok", "empty", "truncated"
+"""An item's status (`Result.status`): scored whole, empty (not scored), or cut to the item cap."""
 
 
 @dataclass(frozen=True)

@@ -70,17 +70,12 @@ class Scorer:
         a schedule left to the measurement (`AUTO`) and not measured takes the built-in defaults."""
         settings = settings.with_defaults()
         renderer = PromptRenderer(tokenizer, task)
-        # multi-label: two branches per label, `name: yes` and `name: no`, summed (`multilabel.py`);
-        # several questions: each question's answers, `question: label` (`questions.py`)
+        # every question's branches (`questions.py`), in the mode its readout asks for
         names = scored_names(task)
-        requested = "full" if task.multi_label or task.questions else task.mode
         label_tokens = label_sequences(tokenizer, renderer.tail, names)
-        mode, sequences, mode_reason = resolve_mode(names, label_tokens, requested, end_of_turn_id(tokenizer))
-        if task.multi_label:
-            mode_reason = "multi-label: each label's yes and no branches, full sequences"
-        elif task.questions:
-            mode_reason = (f"{len(task.questions)} questions: each question's answers after its name, full sequences"
-                           + ("; end-of-turn appended" if "end-of-turn" in mode_reason else ""))
+        mode, sequences, mode_reason = resolve_mode(names, label_tokens, task.scoring_mode,
+                                                    end_of_turn_id(tokenizer))
+        mode_reason = task.mode_reason(mode_reason)
         trie = build_trie(names, sequences, mode)
         head_ids = choose_prefix(tokenizer, renderer.head)
         prefix_ids = head_ids if settings.prefix_cache else []

@@ -15,13 +15,12 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import FieldError, TaskError
+from .readout import ONE_LABEL, SEVERAL_LABELS, Readout
 
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
 MULTI_LABEL_INSTRUCTION = "You tag short texts with every label that applies to them."
 QUESTIONS_INSTRUCTION = "You answer several questions about each short text."
-ANSWERS = ("yes", "no")
-"""A multi-label task's (or question's) two answers per label, scored after `name: `."""
 MODES = ("auto", "first", "full", "full-mean")
 
 
@@ -224,6 +223,33 @@ class Task:
         list(self.fields)  # a malformed template is refused here as in a task of one question
 
     @property
+    def readout(self) -> Readout:
+        """How its answers are read (`core/readout.py`): one label, or every label that applies."""
+        return SEVERAL_LABELS if self.multi_label else ONE_LABEL
+
+    @property
+    def asked(self) -> tuple[Question, ...]:
+        """What each item is asked, in order: the task's questions, or for a task of labels one
+        unnamed question that is the task itself (`Question.whole`). Scoring, calibration and
+        results go through these, so a task of labels is a task of one question."""
+        return self.questions or (Question.whole(self),)
+
+    @property
+    def scoring_mode(self) -> str:
+        """The label trie's mode: the task's own for one label; several labels and several questions
+        score each branch whole after its name (`full`)."""
+        return self.readout.requested_mode(self.mode) if not self.questions else "full"
+
+    def mode_reason(self, resolved: str) -> str:
+        """Why the branches are scored as they are, from the trie's own reason (`resolve_mode`)."""
+        if self.questions:
+            return (f"{len(self.questions)} questions: each question's answers after its name, full sequences"
+                    + ("; end-of-turn appended" if "end-of-turn" in resolved else ""))
+        if self.multi_label:
+            return "multi-label: each label's yes and no branches, full sequences"
+        return resolved
+
+    @property
     def label_thresholds(self) -> tuple[float, ...]:
         """Multi-label: each label's threshold (0.5 where none is set)."""
         return self.thresholds or (0.5,) * len(self.labels)
@@ -231,7 +257,7 @@ class Task:
     @property
     def result_column(self) -> str:
         """The output column of the predicted label(s): `labels` for a multi-label task, else `label`."""
-        return "labels" if self.multi_label else "label"
+        return self.readout.column(None)
 
     def system_turn(self) -> str:
         """The system message: the override, or the instruction plus the label list (a task of
@@ -362,10 +388,20 @@ class Question:
     all its labels. `task` holds the question's labels and how they are scored and read: descriptions,
     multi_label, thresholds, min_confidence, calibrate, temperature, label_separator."""
 
-    name: str
+    name: str | None
+    """None only for the unnamed question of a task of labels (`whole`)."""
     task: Task
     question: str = ""
     """What is asked, in words (e.g. "How urgent is it?"), shown beside the name in the system turn."""
+
+    @classmethod
+    def whole(cls, task: Task) -> Question:
+        """The one unnamed question a task of labels asks: its answers are the task's own columns
+        (`label`, `confidence`, `p_LABEL`) and its branches the labels with no name before them."""
+        question = object.__new__(cls)
+        for name, value in (("name", None), ("task", task), ("question", "")):
+            object.__setattr__(question, name, value)
+        return question
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _FIELD_NAME.fullmatch(self.name):
@@ -388,16 +424,21 @@ class Question:
         return self.task.multi_label
 
     @property
+    def readout(self) -> Readout:
+        return self.task.readout
+
+    @property
     def result_column(self) -> str:
-        """The column of its answer: `NAME`, or `NAME_labels` for a multi-label question."""
-        return f"{self.name}_labels" if self.task.multi_label else self.name
+        """The column of its answer: `NAME`, or `NAME_labels` for a multi-label question (the
+        unnamed question's: `label` or `labels`)."""
+        return self.readout.column(self.name)
 
     def branches(self) -> tuple[str, ...]:
         """Its scored answers, as they follow the generation prompt: `name: label` per label, or
-        `name: label: yes` and `name: label: no` per label of a multi-label question."""
-        if self.task.multi_label:
-            return tuple(f"{self.name}: {label}: {answer}" for label in self.labels for answer in ANSWERS)
-        return tuple(f"{self.name}: {label}" for label in self.labels)
+        `name: label: yes` and `name: label: no` per label of a multi-label question (the unnamed
+        question's without `name: `)."""
+        own = self.readout.branches(self.labels)
+        return own if self.name is None else tuple(f"{self.name}: {b}" for b in own)
 
     def describe(self) -> str:
         """Its lines of the system turn: the name, the question, and its labels and how to answer."""

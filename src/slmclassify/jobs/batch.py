@@ -43,9 +43,10 @@ from ..io.sink import open_sink
 from ..models.loading import model_id
 from ..models.prepare import load_model
 from ..models.schedule import scheduled
-from ..serve.adapter import TaskRunner, pooling_response
+from ..serve.adapter import TaskRunner
 from ..wire.chat_request import ChatAsk, chat_completion, chat_prompt, unknown_model
 from ..wire.completions import completion_ask, completion_choice, completion_response, completion_rows, row_logprobs
+from ..wire.pooling import pooling_response, pooling_task
 from .resume import same_kernels, same_model, saved_run, writing
 from .table_request import check_resume
 from .meter import MeterFactory, no_meter
@@ -239,21 +240,10 @@ class _Answerer:
 
     def _pooling(self, body: dict) -> tuple[str, list[str]]:
         """(the task, the texts) of a `/v1/classify` line in vLLM's pooling shape."""
-        name, texts = body.get("model"), body.get("input")
-        if not isinstance(name, str):
-            raise InputError(f"model must be a string, the task's name (got {type(name).__name__})")
-        if name not in self.runners:
-            if len(self.runners) == 1 and name in self.names:
-                name = next(iter(self.runners))
-            else:
-                raise InputError(f"model {name!r} names no task; give tasks with --task NAME=FILE.toml"
-                                 + (f" (given: {', '.join(self.runners)})" if self.runners else ""))
+        name, texts = pooling_task(body.get("model"), self.runners, self.names), body.get("input")
         texts = [texts] if isinstance(texts, str) else texts
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise InputError("input must be a string or a non-empty list of strings")
-        refusal = self.runners[name].pooling_refusal()  # items of several fields, or several questions
-        if refusal is not None:
-            raise InputError(refusal)
         for index, text in enumerate(texts):
             item_text(text, index, where="input")  # a lone surrogate is refused, naming it
         return name, texts

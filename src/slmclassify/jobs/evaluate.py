@@ -130,7 +130,7 @@ def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings
     A head (`head/`) with scorer head or combined (`head.used`) is the main report (gold labels are
     then the head's).
     """
-    path, target_accuracy = request.input_path, request.target_accuracy
+    target_accuracy = request.target_accuracy
     if task.multi_label:  # its scores are two per label: accuracy and the softmax do not apply
         raise TaskError("a multi-label task is evaluated by evaluate_multilabel_file (F1, subset accuracy, "
                         "Hamming loss, per-label thresholds)")
@@ -138,25 +138,9 @@ def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings
         raise TaskError("a task with questions is evaluated by evaluate_questions_file, against a gold column "
                         "per question")
     settings = settings or EngineSettings()
-    data = read_labelled(path, request.text_column, request.label_column, task).head(request.limit)
-    texts = data.texts
     use_head = head.used
-    if use_head and head.head.multi_label:
-        raise TaskError("the head is one-vs-rest, fitted on a multi-label task; evaluate it with that task "
-                        "(multi_label = true), or without task options to use the task it was fitted with")
-    checked = head.labels(task)
-    for row, names in enumerate(data.gold, start=1):
-        missing = [name for name in names if name not in checked]
-        if missing:
-            raise InputError(f"{path}: row {row} has gold label {missing[0]!r}, which is not in the label set "
-                             f"{list(checked)}")
-    # zero-shot figures (modes, temperature) index the task's labels (-1: a label only the head has)
-    gold, accepted = gold_indices(data, task.labels)
-    head_gold = np.array([head.head.labels.index(names[0]) for names in data.gold]) if use_head else None
-    if use_head and (gold < 0).any() and (request.compare_modes or request.fit_temperature):
-        raise TaskError("{modes} and {temperature} score the task's labels, and some gold labels are only the "
-                        "head's; run them without {head}",
-                        names={"modes": "compare_modes", "temperature": "fit_temperature", "head": "head"})
+    data, gold, accepted, head_gold = _one_label_gold(request, task, head)
+    texts = data.texts
     if request.plots_dir:
         _check_matplotlib("plots_dir")
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
@@ -216,6 +200,31 @@ def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings
         modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary,
         uncalibrated=summary.get("uncalibrated"))
     return _write(result, request, temperature if request.fit_temperature else None)
+
+
+def _one_label_gold(request: EvaluateRequest, task: Task, head: HeadChoice):
+    """(the labelled rows, the gold as the task's label indices with -1 for a label only the head
+    has, which rows have gold, the gold as the head's label indices or None): every gold label
+    checked against the labels results are over, before the model loads."""
+    path = request.input_path
+    data = read_labelled(path, request.text_column, request.label_column, task).head(request.limit)
+    if head.used and head.head.multi_label:
+        raise TaskError("the head is one-vs-rest, fitted on a multi-label task; evaluate it with that task "
+                        "(multi_label = true), or without task options to use the task it was fitted with")
+    checked = head.labels(task)
+    for row, names in enumerate(data.gold, start=1):
+        missing = [name for name in names if name not in checked]
+        if missing:
+            raise InputError(f"{path}: row {row} has gold label {missing[0]!r}, which is not in the label set "
+                             f"{list(checked)}")
+    # zero-shot figures (modes, temperature) index the task's labels (-1: a label only the head has)
+    gold, accepted = gold_indices(data, task.labels)
+    head_gold = np.array([head.head.labels.index(names[0]) for names in data.gold]) if head.used else None
+    if head.used and (gold < 0).any() and (request.compare_modes or request.fit_temperature):
+        raise TaskError("{modes} and {temperature} score the task's labels, and some gold labels are only the "
+                        "head's; run them without {head}",
+                        names={"modes": "compare_modes", "temperature": "fit_temperature", "head": "head"})
+    return data, gold, accepted, head_gold
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,8 +131,6 @@ class FitSummary:
 def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model=None) -> FitSummary:
     """Fit a head on the request's labelled file and save it (and the curve's PNG, the figures as
     JSON); returns the CV metrics, zero-shot alongside and the learning curve."""
-    path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
-    taps, use_scores = request.taps, request.use_scores
     if request.from_descriptions:
         return fit_descriptions(request, task, settings, model=model)
     if task.questions:
@@ -140,28 +138,54 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     if request.gold_columns:
         raise TaskError("{field} {pair}: NAME=COLUMN is for a task with questions, and this task has none; give its "
                         "gold column alone", names={"field": "gold_column"}, pair="=".join(request.gold_columns[0]))
-    data = read_labelled(path, request.text_column, request.label_column, task, request.group_column)
+    data = read_labelled(request.input_path, request.text_column, request.label_column, task, request.group_column)
     if task.multi_label:
         if request.echo:
             raise FieldError("echo", "{field} is for a task of one label per item; a multi-label task's heads read "
                              "each text once: run without it")
         return _fit_multilabel(request, task, settings, data, model)
-    texts, gold = data.texts, [names[0] for names in data.gold]  # a head learns one label per item
-    keep = [i for i, t in enumerate(texts) if t.strip()]
-    skipped = len(texts) - len(keep)
-    texts, gold = [texts[i] for i in keep], np.array([gold[i] for i in keep])
-    groups = None if data.groups is None else np.array([data.groups[i] for i in keep])
-    warnings = () if groups is not None else shared_openings(texts)
-    labels = tuple(sorted(set(gold.tolist())))
-    counts = {lab: int((gold == lab).sum()) for lab in labels}
-    if len(labels) < 2:
-        raise InputError(f"{path}: the gold column {request.label_column!r} has fewer than two labels: "
-                         f"{list(labels)}")
-    if min(counts.values()) < folds:
-        raise InputError("{path}: label {label!r} has {items} items; {folds}-fold cross-validation needs at least "
-                         "{folds} per label (or pass {folds_field})", names={"folds_field": "folds"}, path=path,
-                         label=min(counts, key=counts.get), items=min(counts.values()), folds=folds)
+    return _fit_one_label(request, task, settings, _OneLabelGold.read(request, data), model)
 
+
+@dataclasses.dataclass(frozen=True)
+class _OneLabelGold:
+    """The labelled items a one-label head learns from: the empty texts dropped, checked for CV."""
+
+    texts: list[str]
+    gold: np.ndarray
+    groups: np.ndarray | None
+    labels: tuple[str, ...]
+    """The gold column's labels, sorted: the head's."""
+    counts: dict[str, int]
+    skipped: int
+    warnings: tuple
+
+    @classmethod
+    def read(cls, request: FitRequest, data) -> _OneLabelGold:
+        path, folds = request.input_path, request.folds
+        texts, gold = data.texts, [names[0] for names in data.gold]  # a head learns one label per item
+        keep = [i for i, t in enumerate(texts) if t.strip()]
+        texts, gold = [texts[i] for i in keep], np.array([gold[i] for i in keep])
+        groups = None if data.groups is None else np.array([data.groups[i] for i in keep])
+        labels = tuple(sorted(set(gold.tolist())))
+        counts = {lab: int((gold == lab).sum()) for lab in labels}
+        if len(labels) < 2:
+            raise InputError(f"{path}: the gold column {request.label_column!r} has fewer than two labels: "
+                             f"{list(labels)}")
+        if min(counts.values()) < folds:
+            raise InputError("{path}: label {label!r} has {items} items; {folds}-fold cross-validation needs at least "
+                             "{folds} per label (or pass {folds_field})", names={"folds_field": "folds"}, path=path,
+                             label=min(counts, key=counts.get), items=min(counts.values()), folds=folds)
+        return cls(texts, gold, groups, labels, counts, len(data.texts) - len(keep),
+                   () if groups is not None else shared_openings(texts))
+
+
+def _fit_one_label(request: FitRequest, task: Task, settings: EngineSettings, data: _OneLabelGold,
+                   model) -> FitSummary:
+    """`fit_file` for a task of one label per item (a multinomial head over the gold's labels)."""
+    path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
+    taps, use_scores = request.taps, request.use_scores
+    texts, gold, groups, labels, counts = data.texts, data.gold, data.groups, data.labels, data.counts
     given = taps is not None
     described = anchor_texts(task)
     # without a choice to make (--layers) or with the label scores as features (those of the pass the head reads
@@ -219,12 +243,12 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     head.save(output)
     _write_json(request.json_path, info)
     return FitSummary(
-        model=loaded.name, skipped=skipped, items=len(texts), counts=counts, taps=taps, choice=choice,
+        model=loaded.name, skipped=data.skipped, items=len(texts), counts=counts, taps=taps, choice=choice,
         feature_values=len(taps) * loaded.model.config.hidden_size, use_scores=use_scores, seconds=seconds,
         passes=len(blocks), precision_line=auto_line(loaded), rows=tuple(rows), zero_shot_comparable=comparable, folds=folds,
         curve=tuple((int(n), float(acc)) for n, acc in curve), curve_sizes=tuple(request.curve_sizes),
         smallest_fold=min(counts.values()) * (folds - 1) // folds, C=final.C, head=head, output=output,
-        plot_path=plot_path, json_path=request.json_path, warnings=warnings)
+        plot_path=plot_path, json_path=request.json_path, warnings=data.warnings)
 
 
 @dataclasses.dataclass(frozen=True)

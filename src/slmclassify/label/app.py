@@ -151,24 +151,7 @@ def create_app(session, token: str | None, *, export_path: str | Path, fit_path:
     reviewers = team.reviewers if isinstance(team, Team) else ()
     page = page_html()
     app = FastAPI(title="slmclassify label", docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(_request, exc: HTTPException):
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
-                             for e in exc.errors())
-        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
-
-    @app.exception_handler(SlmClassifyError)
-    async def _refused(_request, exc: SlmClassifyError):
-        return JSONResponse({"error": str(exc)}, status_code=409)
-
-    @app.exception_handler(InvalidAnswer)
-    async def _invalid_answer(_request, exc: InvalidAnswer):  # the request's fault, not a conflict
-        return JSONResponse({"error": str(exc)}, status_code=422)
+    _error_handlers(app)
 
     def member(request: Request) -> Member:
         return request.state.member
@@ -237,3 +220,25 @@ def create_app(session, token: str | None, *, export_path: str | Path, fit_path:
         return {"written": str(fit_path)}
 
     return TokenGuard(app, team)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Errors as {"error": what is wrong}: 422 for a malformed request or answer, 409 for a refusal."""
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request, exc: HTTPException):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+                             for e in exc.errors())
+        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+
+    @app.exception_handler(SlmClassifyError)
+    async def _refused(_request, exc: SlmClassifyError):
+        return JSONResponse({"error": str(exc)}, status_code=409)
+
+    @app.exception_handler(InvalidAnswer)
+    async def _invalid_answer(_request, exc: InvalidAnswer):  # the request's fault, not a conflict
+        return JSONResponse({"error": str(exc)}, status_code=422)

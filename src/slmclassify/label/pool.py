@@ -100,9 +100,10 @@ class Pool:
         self.shuffle = rng.permutation(n)  # [n] the seeded scoring order, before answered rows move up
         self.span = slice(0, len(self.labels))  # this view's columns of the pool's labels
         self.parts: list[Pool] = []
-        self.parts = [self._part(q, span) for q, span in label_spans(task)]  # [] unless a task of questions
+        spans = label_spans(task)[:len(task.questions)]  # a task of labels is its own one view: no parts
+        self.parts = [self._part(q, span) for q, span in spans]
         # what the picker reads of each question: (name, its columns, multi-label, its labels)
-        self.spans = tuple((q.name, span, q.multi_label, q.labels) for q, span in label_spans(task))
+        self.spans = tuple((q.name, span, q.multi_label, q.labels) for q, span in spans)
 
     def _part(self, question, span: slice) -> Pool:
         """One question's view of the pool (see the module docstring)."""

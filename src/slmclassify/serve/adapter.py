@@ -110,17 +110,6 @@ class TaskRunner:
         return np.full((n, len(self.classifier.trie.labels)), np.nan, dtype=np.float64)  # multi-label: 2 per label
 
 
-def pooling_response(model: str, labels, results: list[Result], prompt_tokens: int, answer_id: str,
-                     created: int) -> dict:
-    """Results in vLLM's pooling classify shape: `data[i].probs` in the task's label order (a
-    multi-label task's P(yes) of each), `usage` in real prompt tokens (the cached prefix included)."""
-    return {"id": answer_id, "object": "list", "created": created, "model": model,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0,
-                      "prompt_tokens_details": None},
-            "data": [{"index": k, "label": r.label, "probs": [r.probabilities.get(lab) for lab in labels]
-                      if r.probabilities else [], "num_classes": len(labels)} for k, r in enumerate(results)]}
-
-
 def result_json(result: Result) -> dict:
     """A Result as the API returns it; a task of several questions: each question's answer by its
     name (the fields of one question's result, but the status), then the item's review flag and status."""
@@ -136,4 +125,4 @@ def answer_json(result: Result) -> dict:
             "needs_review": result.needs_review, "probabilities": result.probabilities}
 
 
-__all__ = ["BatchWork", "EMPTY", "EncodedRequest", "TaskRunner", "pooling_response", "result_json"]
+__all__ = ["BatchWork", "EMPTY", "EncodedRequest", "TaskRunner", "result_json"]

@@ -34,7 +34,8 @@ from ..models.loading import LoadedModel
 from ..wire.chat_request import chat_chunks, chat_completion, chat_prompt, unknown_model
 from ..wire.completions import completion_ask, completion_choice, completion_response
 from ..wire.tokenize_request import detokenize_answer, tokenize_answer, tokenizer_info
-from .adapter import TaskRunner, pooling_response, result_json
+from ..wire.pooling import UnknownModel, pooling_response, pooling_task
+from .adapter import TaskRunner, result_json
 from .chat import (ChatRequest, ChoiceRunners, CompletionRequest, CompletionRunner, DetokenizeRequest, TokenizeRequest,
                    prefix_caches)
 from .guard import OPENAI_PATHS, Guard, openai_error
@@ -195,20 +196,30 @@ def openai_response(status: int, message: str, headers: dict | None = None) -> J
 
 def create_app(service: Service):
     """The ASGI app (FastAPI wrapped in the Guard middleware) for a built service."""
-    settings, metrics = service.settings, service.metrics
-    scheduler = Scheduler(settings.max_wait_ms, settings.max_queue_items, metrics)
+    settings = service.settings
+    calls = _Calls(service, Scheduler(settings.max_wait_ms, settings.max_queue_items, service.metrics))
 
     @asynccontextmanager
     async def lifespan(_app):
-        scheduler.start()
+        calls.scheduler.start()
         yield
         # uvicorn has stopped accepting and waited for in-flight requests; finish what is queued
-        await asyncio.to_thread(scheduler.stop, settings.request_timeout_s)
+        await asyncio.to_thread(calls.scheduler.stop, settings.request_timeout_s)
 
     app = FastAPI(title="slmclassify", version="1", lifespan=lifespan,
                   description="Classify short texts with a small local language model; concurrent "
                               "requests are batched together by length.")
-    app.state.scheduler = scheduler
+    app.state.scheduler = calls.scheduler
+    _error_handlers(app)
+    _status_routes(app, service, calls)
+    _classify_routes(app, service, calls)
+    _completion_routes(app, service, calls)
+    _tokenizer_routes(app, service, calls)
+    return Guard(app, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes, metrics=service.metrics)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Errors as JSON: {"error": ...}, or OpenAI's shape on the OpenAI endpoints."""
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException):
@@ -236,19 +247,85 @@ def create_app(service: Service):
         detail = jsonable_encoder(exc.errors(), custom_encoder={str: _printable})
         return JSONResponse({"error": f"invalid request body: {problems}", "detail": detail}, status_code=422)
 
+
+class _Calls:
+    """What every handler does around its own work: the limits, the readiness and model checks,
+    queueing a ticket and waiting for it (or the client's disconnect, or the timeout)."""
+
+    def __init__(self, service: Service, scheduler: Scheduler):
+        self.service, self.scheduler = service, scheduler
+        self.settings, self.metrics = service.settings, service.metrics
+
+    def check_count(self, n: int) -> None:
+        if n > self.settings.max_texts:
+            raise ApiError(413, f"{n} texts in one request, over the limit of {self.settings.max_texts} "
+                                "(--max-texts); split the request")
+
+    def check_ready(self) -> None:
+        if not self.scheduler.alive:
+            raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
+
+    def check_model(self, name: str) -> None:
+        if (unknown := unknown_model(name, self.service.model_names, self.service.runners)) is not None:
+            raise OpenAIError(404, unknown)
+
+    async def run(self, runner, texts: list[str], request: Request):
+        """(one Result per text in order, the request's encoding): limits, queue, wait."""
+        self.check_count(len(texts))
+        request.state.task, request.state.texts = runner.name, len(texts)
+        self.check_ready()
+        ticket = Ticket(runner, runner.encode(texts))
+        if ticket.size:
+            results = await self.wait(ticket, request)
+        else:  # only empty texts: nothing to run
+            results = runner.results(ticket.scores, ticket.encoded.status)
+        for r in results:
+            self.metrics.items.labels(runner.name, r.status).inc()
+        return results, ticket.encoded
+
+    async def wait(self, ticket: Ticket, request: Request):
+        """Queue the ticket and wait for its results, the client's disconnect or the timeout."""
+        timeout = self.settings.request_timeout_s
+        try:
+            self.scheduler.submit(ticket)
+        except QueueFull as full:
+            raise ApiError(503, f"{full}; the service is overloaded",
+                           {"Retry-After": str(full.retry_after)}) from None
+        started = asyncio.get_running_loop().time()
+        answer = asyncio.wrap_future(ticket.future)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({answer, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if answer not in done:
+            self.scheduler.cancel(ticket)
+            answer.cancel()
+            if gone in done:  # nobody will read this; the access log shows the status
+                raise ApiError(499, "the client closed the request")
+            raise ApiError(504, f"not answered within {timeout:g} s (--request-timeout); "
+                                "the service is overloaded, retry later")
+        self.metrics.latency.observe(asyncio.get_running_loop().time() - started)
+        return answer.result()
+
+
+def _status_routes(app: FastAPI, service: Service, calls: _Calls) -> None:
+    """/healthz, /readyz, /metrics, /v1/tasks and /v1/models."""
+    settings = service.settings
+
     @app.get("/healthz", summary="The process is alive")
     async def healthz():
         return {"status": "alive"}
 
     @app.get("/readyz", summary="Model loaded, tasks calibrated, worker running")
     async def readyz():
-        if not scheduler.alive:
+        if not calls.scheduler.alive:
             return JSONResponse({"status": "not ready", "error": "the engine worker is not running"}, 503)
         return {"status": "ready", "model": service.model_name, "tasks": sorted(service.runners)}
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus():
-        body, content_type = metrics.exposition()
+        body, content_type = service.metrics.exposition()
         return Response(body, media_type=content_type)
 
     @app.get("/v1/tasks", summary="Tasks, their labels and the service's limits")
@@ -266,15 +343,20 @@ def create_app(service: Service):
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "slmclassify"}
                                            for name in names]}
 
-    classify_doc = dict(summary="Classify one text or several: ours ({task, text|texts|items}) or vLLM's pooling "
-                                "shape ({model, input})",
-                        responses={200: {"model": ClassifyResponse | PoolingClassifyResponse},
-                                   404: {"description": "Unknown task"},
-                                   413: {"description": "Too many texts or bytes"},
-                                   503: {"description": "Queue full or not ready (see Retry-After)"},
-                                   504: {"description": "Not answered within the request timeout"}})
 
-    @app.post("/v1/classify", **classify_doc)
+_CLASSIFY_DOC = dict(summary="Classify one text or several: ours ({task, text|texts|items}) or vLLM's pooling "
+                             "shape ({model, input})",
+                     responses={200: {"model": ClassifyResponse | PoolingClassifyResponse},
+                                404: {"description": "Unknown task"},
+                                413: {"description": "Too many texts or bytes"},
+                                503: {"description": "Queue full or not ready (see Retry-After)"},
+                                504: {"description": "Not answered within the request timeout"}})
+
+
+def _classify_routes(app: FastAPI, service: Service, calls: _Calls) -> None:
+    """/v1/classify (and /classify): ours, and vLLM's pooling shape."""
+
+    @app.post("/v1/classify", **_CLASSIFY_DOC)
     @app.post("/classify", include_in_schema=False)
     async def classify(body: AnyClassifyRequest, request: Request):
         if isinstance(body, PoolingClassifyRequest):
@@ -288,54 +370,32 @@ def create_app(service: Service):
             raise ApiError(422, f"task {runner.name!r} takes " + (
                 f"'items' with the fields {', '.join(task.fields)}" if task.multi_field else "'text' or 'texts'"))
         if body.items is not None:
-            _check_count(len(texts))
+            calls.check_count(len(texts))
             try:
                 texts = [item_text(item, k, task, where="items") for k, item in enumerate(texts)]
             except InputError as exc:
                 raise ApiError(422, str(exc)) from None
-        results, _encoded = await _run(runner, texts, request)
+        results, _encoded = await calls.run(runner, texts, request)
         return {"results": [result_json(r) for r in results]}
 
     async def _pooling(body: PoolingClassifyRequest, request: Request):
         """vLLM's /v1/classify: `data[i].probs` in the task's label order, `usage` in real prompt tokens."""
-        runner = service.runners.get(body.model)
-        if runner is None and body.model in service.model_names and len(service.runners) == 1:
-            runner = next(iter(service.runners.values()))
-        if runner is None:
-            raise ApiError(404, f"unknown model {body.model!r}: name a task ({', '.join(sorted(service.runners))})"
-                                + (f" or {service.model_name!r}" if len(service.runners) == 1 else ""))
-        refusal = runner.pooling_refusal()
-        if refusal is not None:
-            raise ApiError(422, refusal)
+        try:
+            runner = service.runners[pooling_task(body.model, service.runners, service.model_names)]
+        except UnknownModel as exc:
+            raise ApiError(404, str(exc)) from None
+        except InputError as exc:
+            raise ApiError(422, str(exc)) from None
         texts = [body.input] if isinstance(body.input, str) else body.input
-        results, encoded = await _run(runner, texts, request)
+        results, encoded = await calls.run(runner, texts, request)
         tokens = sum(encoded.items.prompt_length(i) for i in range(len(texts)))
         return pooling_response(body.model, runner.labels, results, tokens, f"classify-{uuid.uuid4().hex}",
                                 int(time.time()))
 
-    def _check_count(n: int) -> None:
-        if n > settings.max_texts:
-            raise ApiError(413, f"{n} texts in one request, over the limit of {settings.max_texts} "
-                                "(--max-texts); split the request")
 
-    async def _run(runner, texts: list[str], request: Request):
-        """(one Result per text in order, the request's encoding): limits, queue, wait."""
-        _check_count(len(texts))
-        request.state.task, request.state.texts = runner.name, len(texts)
-        _check_ready()
-        ticket = Ticket(runner, runner.encode(texts))
-        if ticket.size:
-            results = await _wait(ticket, request)
-        else:  # only empty texts: nothing to run
-            results = runner.results(ticket.scores, ticket.encoded.status)
-        for r in results:
-            metrics.items.labels(runner.name, r.status).inc()
-        return results, ticket.encoded
-
-    def _check_ready() -> None:
-        if not scheduler.alive:
-            raise ApiError(503, "the service is not ready or is shutting down", {"Retry-After": "1"})
-
+def _completion_routes(app: FastAPI, service: Service, calls: _Calls) -> None:
+    """/v1/chat/completions (answers among choices) and /v1/completions (the prompt's log-probabilities)."""
+    settings, metrics = service.settings, service.metrics
     chat_runners = ChoiceRunners(service.loaded, service.chat_settings,
                                  prefix_caches(service.loaded.engine, settings.prefix_cache_mb, metrics), metrics)
     context = context_limit(service.loaded.model.config)
@@ -345,16 +405,16 @@ def create_app(service: Service):
                                               "an object of such choices (a response_format object schema, a tool "
                                               "call), each scored whole")
     async def chat_completions(body: ChatRequest, request: Request):
-        _check_model(body.model)
+        calls.check_model(body.model)
         asked = body.model_dump()
         try:
             ask, prompt = chat_prompt(asked, service.loaded.tokenizer, context)
         except InputError as exc:
             raise OpenAIError(400, str(exc)) from None
         request.state.task, request.state.texts = "chat", 1
-        _check_ready()
+        calls.check_ready()
         runner = chat_runners.runner(prompt)
-        scores = await _wait(Ticket(runner, runner.encode(prompt)), request)
+        scores = await calls.wait(Ticket(runner, runner.encode(prompt)), request)
         metrics.items.labels(runner.name, "ok").inc()
         completion = chat_completion(asked, prompt, scores[0], ask)
         if not body.stream:
@@ -366,7 +426,7 @@ def create_app(service: Service):
     @app.post("/v1/completions", summary="OpenAI completion with the prompt's log-probabilities (echo, logprobs, "
                                          "max_tokens 0 or 1): prompts that share a context computed once")
     async def completions(body: CompletionRequest, request: Request):
-        _check_model(body.model)
+        calls.check_model(body.model)
         asked = body.model_dump()
         tokenizer = service.loaded.tokenizer
         try:
@@ -374,72 +434,47 @@ def create_app(service: Service):
         except InputError as exc:
             raise OpenAIError(400, str(exc)) from None
         request.state.task, request.state.texts = "completions", len(ask.prompts)
-        _check_count(len(ask.prompts))
-        _check_ready()
+        calls.check_count(len(ask.prompts))
+        calls.check_ready()
         runner = CompletionRunner(service.loaded.engine, tokenizer.pad_token_id, ask)
-        answers = await _wait(Ticket(runner, runner.encode()), request)
+        answers = await calls.wait(Ticket(runner, runner.encode()), request)
         metrics.items.labels(runner.name, "ok").inc(len(ask.prompts))
         return completion_response(asked, ask, [completion_choice(k, ask, ids, *answers[k], tokenizer)
                                                 for k, ids in enumerate(ask.prompts)])
 
-    tokenizer_doc = "vLLM's tokenizer endpoints (lm-eval's tokenizer_backend=remote), also under /v1/"
+
+_TOKENIZER_DOC = "vLLM's tokenizer endpoints (lm-eval's tokenizer_backend=remote), also under /v1/"
+
+
+def _tokenizer_routes(app: FastAPI, service: Service, calls: _Calls) -> None:
+    """vLLM's /tokenize, /detokenize and /tokenizer_info (also under /v1/)."""
+    tokenizer, context = service.loaded.tokenizer, context_limit(service.loaded.model.config)
 
     @app.post("/tokenize", summary="Tokens of a prompt, or of messages as a chat completion renders them; "
-                                   + tokenizer_doc)
+                                   + _TOKENIZER_DOC)
     @app.post("/v1/tokenize", include_in_schema=False)
     async def tokenize(body: TokenizeRequest):
         if body.model is not None:
-            _check_model(body.model)
+            calls.check_model(body.model)
         try:
-            return tokenize_answer(body.model_dump(), service.loaded.tokenizer, context)
+            return tokenize_answer(body.model_dump(), tokenizer, context)
         except InputError as exc:
             raise OpenAIError(400, str(exc)) from None
 
-    @app.post("/detokenize", summary="The text of token ids; " + tokenizer_doc)
+    @app.post("/detokenize", summary="The text of token ids; " + _TOKENIZER_DOC)
     @app.post("/v1/detokenize", include_in_schema=False)
     async def detokenize(body: DetokenizeRequest):
         if body.model is not None:
-            _check_model(body.model)
+            calls.check_model(body.model)
         try:
-            return detokenize_answer(body.model_dump(), service.loaded.tokenizer)
+            return detokenize_answer(body.model_dump(), tokenizer)
         except InputError as exc:
             raise OpenAIError(400, str(exc)) from None
 
-    @app.get("/tokenizer_info", summary="Special tokens, chat template and context length; " + tokenizer_doc)
+    @app.get("/tokenizer_info", summary="Special tokens, chat template and context length; " + _TOKENIZER_DOC)
     @app.get("/v1/tokenizer_info", include_in_schema=False)
     async def tokenizer_information():
-        return tokenizer_info(service.loaded.tokenizer, context)
-
-    def _check_model(name: str) -> None:
-        if (unknown := unknown_model(name, service.model_names, service.runners)) is not None:
-            raise OpenAIError(404, unknown)
-
-    async def _wait(ticket: Ticket, request: Request):
-        """Queue the ticket and wait for its results, the client's disconnect or the timeout."""
-        try:
-            scheduler.submit(ticket)
-        except QueueFull as full:
-            raise ApiError(503, f"{full}; the service is overloaded",
-                           {"Retry-After": str(full.retry_after)}) from None
-        started = asyncio.get_running_loop().time()
-        answer = asyncio.wrap_future(ticket.future)
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            done, _ = await asyncio.wait({answer, gone}, timeout=settings.request_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if answer not in done:
-            scheduler.cancel(ticket)
-            answer.cancel()
-            if gone in done:  # nobody will read this; the access log shows the status
-                raise ApiError(499, "the client closed the request")
-            raise ApiError(504, f"not answered within {settings.request_timeout_s:g} s (--request-timeout); "
-                                "the service is overloaded, retry later")
-        metrics.latency.observe(asyncio.get_running_loop().time() - started)
-        return answer.result()
-
-    return Guard(app, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+        return tokenizer_info(tokenizer, context)
 
 
 async def _disconnected(request: Request) -> None:

@@ -13,15 +13,17 @@ W = S + T in which every row is right-padded, and in two parts merged by their l
                       query n_t sees every item key of the row, its trie ancestors and itself
                       query .   sees what is causal (finite; its output is never read)
 
-Three modules, one job each:
+Four modules, one job each:
 - `arrange.py`, once at load: the Hugging Face model's weights arranged for the packed forward
   and shared with its modules (held once: the reference path computes with the same tensors).
 - `layout.py`, once per batch: where its tokens sit, packed and padded, their positions, the
   attention masks, the short convolution's predecessors.
+- `attention.py`, per attention layer: one function per layout (the packed rows, or the padded
+  layout with the prefix merged in or inline).
 - `forward.py`: the `Engine`, which runs the prefix once (`prefill`), then every batch's decoder
   layers (`read_states`) and the output layer at the read positions only (`label_scores`).
 
-`arrange.py` and `layout.py` know nothing of each other; `forward.py` calls both.
+`arrange.py` and `layout.py` know nothing of each other; `forward.py` calls them and `attention.py`.
 """
 
 from .forward import Engine, PrefixCache

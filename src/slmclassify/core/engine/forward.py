@@ -3,8 +3,9 @@ continue a prefix whose keys and values were computed once (`prefill`), plus the
 in one pass, on the weights `arrange.py` arranged at load and in the layout `layout.py` built for
 the batch.
 
-Projections, MLP and norms run on the packed tokens; attention runs in the padded layout, in the
-two parts drawn in the package's docstring, merged by their log-sum-exps. Part 1 is one dense
+Projections, MLP and norms run on the packed tokens; attention (`attention.py`) runs on the packed
+rows where the backend can, else in the padded layout, in the two parts drawn in the package's
+docstring, merged by their log-sum-exps. Part 1 is one dense
 product for all queries of the batch (no copies of the prefix per row, no mask). Without trie
 nodes (first-token scoring, single-token labels) part 2 is plain causal attention without a mask,
 whose kernel skips the blocks above the diagonal; with nodes it takes a mask. Rows much wider than
@@ -40,6 +41,7 @@ from ..families import family_of, layer_kinds
 from ..labels import LabelTrie
 from ..taps import Taps
 from .arrange import Heads, Layer, arrange_model, layer_ops, smoothing_plan
+from .attention import attend_packed_rows, attend_padded
 from .layout import Layout, Pool, batch_layout, local_index, pool_tokens, prefill_layout
 
 # Cap on the [rows, positions, vocab] logits tensor per output-layer call (floats).
@@ -185,16 +187,10 @@ class Engine:
         return PrefixCache(keys=tuple(keys), values=tuple(values), tokens=P)
 
     @torch.inference_mode()
-    def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: Taps = Taps(),
-              pool_from: int = 0):
-        """[B, L] label scores of every row (mode of `trie`): `read_states`, then `label_scores`.
-
-        With `taps` (`core/taps.py`), returns (scores, [B, len(taps), hidden] states) read from the
-        same forward (the head's features, `head/`).
-        """
-        read, states = self.read_states(batch, prefix, trie, taps, pool_from)
-        scores = self.label_scores(read, trie)
-        return scores if not taps else (scores, states)
+    def score(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie) -> torch.Tensor:
+        """[B, L] label scores of every row (mode of `trie`): `read_states`, then `label_scores`
+        (a scorer stacks several batches' read states for one `label_scores` call instead)."""
+        return self.label_scores(self.read_states(batch, prefix, trie)[0], trie)
 
     @torch.inference_mode()
     def read_states(self, batch: Batch, prefix: PrefixCache | None, trie: LabelTrie, taps: Taps = Taps(),
@@ -319,20 +315,14 @@ class Engine:
 
     def _attention_block(self, h, layer: Layer, cis, padded, layout: Layout, past, keep: torch.Tensor | None = None,
                          read_only: bool = False):
-        """h += attention(norm(h)); returns this block's [B, H_kv, W, D] keys and values.
-
-        Attention to the shared prefix and attention within each row run as two attention-kernel
-        calls (`Backend.attend`), merged with their log-sum-exps: the prefix part is one dense
-        product for all queries of the batch (no copies of the prefix per row, no mask), the row
-        part is causal.
-        Rows much wider than the prefix (`layout.prefix_cols`) take it inline instead: one call.
-        With `keep` (packed indices, `_needed_rows`), the updated hidden states of those tokens only,
-        [len(keep), hidden], are returned instead; with `read_only` too, `keep` is the read positions
-        and the queries are computed there only.
+        """h += attention(norm(h)); returns this block's [B, H_kv, W, D] keys and values (None, None
+        on the packed rows). The attention runs in the layout the batch takes (`attention.py`): on
+        the packed rows (`padded` None) or in the padded layout. With `keep` (packed indices,
+        `_needed_rows`), the updated hidden states of those tokens only, [len(keep), hidden], are
+        returned instead; with `read_only` too, `keep` is the read positions and the queries are
+        computed there only.
         """
-        N = h.shape[0]
-        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
-        attend = self.backend.attend
+        N, H, Hkv, D = h.shape[0], self.n_heads, self.n_kv, self.head_dim
         qkv = (layer.qkv.normed(h, layer.eps) if layer.eps is not None else layer.qkv(h)).float()
         qkv = qkv.view(N, H + 2 * Hkv, D)  # [N, H+2Hkv, D]; q/k norms and rotary in float32
         if layer.qk_norm is not None:
@@ -342,45 +332,15 @@ class Engine:
             rope = cis[layer.kind.rope]
             (qk if rope.shape[-1] == D // 2 else qk[..., : rope.shape[-1]]).mul_(rope)  # in place (rows interleaved at load time)
         qkv = qkv.to(self.dtype)  # attention's precision (a no-op in float32)
-        if padded is None:  # one pass per (row, KV head) over the packed rows, the prefix included (`attend_packed`)
-            prefix_kv = None if past is None else (past[0][0].contiguous(), past[1][0].contiguous())  # [Hkv, P, D]
-            out = self.backend.attend_packed(qkv.contiguous(), H, layout.starts, layout.lengths, layout.ancestors,
-                                             prefix_kv, read_only).view(-1, H * D)  # [N or B*(1+T), H D]
-            if keep is not None:  # read_only: `out` is at `keep` already
-                return self._residual(h.index_select(0, keep), layer.o,
-                                      out if read_only else out.index_select(0, keep), layer.post_attention)
-            self._residual(h, layer.o, out, layer.post_attention)
-            return None, None
-        padded.index_copy_(0, layout.index, qkv)
-        rows = padded.view(layout.B, layout.W, H + 2 * Hkv, D)  # [B, W, H+2Hkv, D]
-        C = layout.prefix_cols
-        if C:  # the prefix inline: its keys/values into every row's first C columns (q stays zero)
-            rows[:, :C, H : H + Hkv].copy_(past[0].transpose(1, 2))  # [1, C, Hkv, D] over B
-            rows[:, :C, H + Hkv :].copy_(past[1].transpose(1, 2))
-            past = None
-        heads = rows.transpose(1, 2)  # [B, H+2Hkv, W, D]
-        k, v = heads[:, H : H + Hkv], heads[:, H + Hkv :]
-        mask, read_mask = layout.windows.get(layer.kind.window, (layout.mask, layout.read_mask))
-        q = qkv[:, :H]  # [N, H, D] packed
-        if read_only:
-            q = q.index_select(0, layout.read.reshape(-1))  # [R, H, D]
-            out, lse = attend(q.view(layout.B, -1, H, D).transpose(1, 2), k, v, mask=read_mask)
-            out, lse = out.reshape(-1, H, D), lse.reshape(-1, H)  # [R, H, D], [R, H]
+        if padded is None:
+            out, kv = attend_packed_rows(self.backend, qkv, H, layout, past, read_only), (None, None)
         else:
-            out, lse = attend(heads[:, :H], k, v, mask=mask, lower=True)
-            out = out.reshape(-1, H, D).index_select(0, layout.index)  # [N, H, D]
-            if past is not None:
-                lse = lse.reshape(-1, H).index_select(0, layout.index)  # [N, H]
-        out = out.float()  # merged and projected from float32 (a no-op in float32)
-        if past is not None:
-            out_p, lse_p = attend(q[None].transpose(1, 2), *past, mask=None, causal=False)  # all rows at once
-            out = _merge(out, lse, out_p.float().reshape(-1, H, D), lse_p.reshape(-1, H))
-        out = out.reshape(-1, H * D)
-        if keep is not None:
+            out, kv = attend_padded(self.backend, qkv, padded, layout, layer.kind.window, past, H, Hkv, read_only)
+        if keep is not None:  # read_only: `out` is at `keep` already
             return self._residual(h.index_select(0, keep), layer.o,
                                   out if read_only else out.index_select(0, keep), layer.post_attention)
         self._residual(h, layer.o, out, layer.post_attention)
-        return k, v
+        return kv
 
     def _norm_qk(self, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> None:
         """RMSNorm of q and of k in place, over each head ([D] weights) or the whole projection ([n D])."""
@@ -484,8 +444,3 @@ def _setting(config, name: str | None) -> float | None:
     value = None if name is None else getattr(config, name, None)
     return None if value is None or float(value) == 1.0 else float(value)
 
-
-def _merge(out_a, lse_a, out_b, lse_b):
-    """Attention over the union of two disjoint key sets from each set's output and log-sum-exp."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    return out_a.mul_((lse_a - lse).exp_()[..., None]).addcmul_(out_b, (lse_b - lse).exp_()[..., None])

@@ -1,0 +1,47 @@
+"""The house rules that keep the code readable, checked on the source (issue "the house, third pass"):
+
+- no function in `src/` longer than `MAX_FUNCTION_LINES` (its `def` to its last line, docstring and
+  nested functions included): a longer one is split into named steps;
+- `core/` knows nothing of the wire formats (no ids, timestamps or `object` fields: `wire/` owns them);
+- the engine's forward stays one readable file (`MAX_FORWARD_LINES`).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "slmclassify"
+MAX_FUNCTION_LINES = 80
+MAX_FORWARD_LINES = 450
+WIRE_WORDS = ("uuid", "time.time", '"chat.completion"', '"object":')
+
+
+def long_functions(tree: ast.AST, limit: int = MAX_FUNCTION_LINES) -> list[tuple[int, str, int]]:
+    """(line, name, length) of every function or method over `limit` lines."""
+    return [(node.lineno, node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_is_over_80_lines():
+    offenders = [f"{path.relative_to(SRC)}:{line}: {name} is {length} lines"
+                 for path in sorted(SRC.rglob("*.py")) for line, name, length in long_functions(ast.parse(path.read_text()))]
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n" + \
+        "\n".join(offenders)
+
+
+def test_the_length_count_finds_a_long_function():
+    body = "\n".join(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    tree = ast.parse(f"def short():\n    return 1\n\nclass C:\n    def long(self):\n{body}\n")
+    assert long_functions(tree) == [(5, "long", MAX_FUNCTION_LINES + 1)]
+
+
+def test_core_holds_no_wire_format():
+    offenders = [f"{path.relative_to(SRC)}:{k}: {word}" for path in sorted((SRC / "core").rglob("*.py"))
+                 for k, line in enumerate(path.read_text().splitlines(), start=1) for word in WIRE_WORDS if word in line]
+    assert not offenders, "core/ holds a wire-format notion (it belongs in wire/):\n" + "\n".join(offenders)
+
+
+def test_the_forward_is_one_readable_file():
+    lines = len((SRC / "core" / "engine" / "forward.py").read_text().splitlines())
+    assert lines <= MAX_FORWARD_LINES, f"core/engine/forward.py is {lines} lines (at most {MAX_FORWARD_LINES})"
