@@ -18,9 +18,10 @@ import pytest
 from slmclassify.errors import InputError
 from slmclassify.io import check_output, open_table, read_table, write_table
 from slmclassify.io.writers import ChunkWriter, ipc_to_parquet, parquet_schema
+from slmclassify.core.readout import ONE_LABEL
 from slmclassify.core.results import Columns, Result, result_arrow_fields, result_frame
 
-AB = Columns(((None, ("a", "b"), False),))
+AB = Columns(((None, ("a", "b"), ONE_LABEL),))
 """The result columns of a task of labels a and b."""
 
 ROWS = [{"id": f"{i:04d}", "text": f"text number {i}, with a comma", "n": str(i)} for i in range(23)]

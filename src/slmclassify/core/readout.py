@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..errors import FieldError, TaskError
 from . import multilabel
 from .calibration import adjust, prior_from_scores
 from .results import Result, make_results, softmax
@@ -30,12 +31,44 @@ class OneLabel:
     """Exactly one label per item: the softmax over the labels' scores."""
 
     kind: ClassVar[str] = "single"
-    several: ClassVar[bool] = False
-    """Whether an answer holds several labels (a list in JSON and Parquet, a joined string in CSV)."""
+    lists: ClassVar[bool] = False
+    """Whether its answer column holds a list of labels in JSON Lines and Parquet (joined in CSV)."""
+
+    instruction: ClassVar[str] = "You classify short texts into exactly one category."
+    """The system turn's first line where the task gives none."""
+
+    def check(self, task) -> None:
+        """Refuse what this kind of answer cannot do with the task's settings (TaskError, FieldError)."""
+        if task.thresholds:
+            raise TaskError("thresholds are per-label thresholds of a multi-label task; set multi_label = true "
+                            "or use min_confidence")
 
     def column(self, name: str | None) -> str:
         """The answer's column: the question's name (`label` for the unnamed question)."""
         return "label" if name is None else name
+
+    def rule(self, task, name: str | None = None) -> str:
+        """How to answer, in the system turn: after the instruction for a task of one question, after
+        the question's name for a question `name` of several (its label list indented)."""
+        if any(task.descriptions):
+            return "Answer with exactly one of these labels:\n" + task._label_list("" if name is None else "  ")
+        return f"Answer with exactly one of: {', '.join(task.labels)}."
+
+    def example(self, name: str, labels: tuple[str, ...]) -> str:
+        """An answer of question `name`, as the system turn shows one."""
+        return f"{name}: {labels[0]}"
+
+    def mode_reason(self, resolved: str) -> str:
+        """Why the labels are scored as they are, from the trie's reason (`labels.resolve_mode`)."""
+        return resolved
+
+    def gold(self, cell: str, task) -> str:
+        """A gold cell's text as an answer of `task` would spell it (`Result.label`)."""
+        return cell
+
+    def gold_separator(self, task) -> str | None:
+        """What separates the labels of one gold cell (None: a cell is one label)."""
+        return None
 
     def branches(self, labels: tuple[str, ...]) -> tuple[str, ...]:
         """The strings scored after the generation prompt (a named question's follow `name: `)."""
@@ -69,16 +102,66 @@ class OneLabel:
         """An answer of these labels as one table cell."""
         return labels[0]
 
+    def chosen(self, result: Result, lists: bool):
+        """A result's answer column value (`lists`: JSON Lines and Parquet, which hold lists)."""
+        return result.label
+
+    def arrow_type(self, lists: bool):
+        """The answer column's Arrow type (Parquet), matching `chosen`."""
+        import pyarrow as pa
+
+        return pa.string()
+
 
 @dataclass(frozen=True)
 class SeveralLabels:
     """Every label that applies: P(yes) per label from its yes/no pair, against its threshold."""
 
     kind: ClassVar[str] = "multi-label"
-    several: ClassVar[bool] = True
+    lists: ClassVar[bool] = True
+
+    instruction: ClassVar[str] = "You tag short texts with every label that applies to them."
+
+    def check(self, task) -> None:
+        labels = task.labels
+        if task.thresholds and len(task.thresholds) != len(labels):
+            raise TaskError(f"{len(task.thresholds)} thresholds for {len(labels)} labels; give one per label")
+        for t in task.thresholds:
+            if not 0.0 < t < 1.0:
+                raise TaskError(f"a label's threshold must be between 0 and 1 (exclusive), got {t}")
+        if task.mode in ("first", "full-mean"):
+            raise FieldError("mode", "a multi-label task scores each label's yes and no after its name, "
+                             "which needs {field} full or auto, got {value!r}", value=task.mode)
+        if task.examples:
+            raise TaskError("examples are not supported in multi-label tasks yet (an example's answer would be "
+                            "one label's yes or no); remove them or set multi_label = false")
+        if not task.label_separator or task.label_separator.isspace() or any(
+                task.label_separator in label for label in labels):
+            raise FieldError("label_separator", "{field} {value!r} must be non-blank and appear in no label "
+                             "name", value=task.label_separator)
 
     def column(self, name: str | None) -> str:
         return "labels" if name is None else f"{name}_labels"
+
+    def rule(self, task, name: str | None = None) -> str:
+        if name is None:
+            return ("Several labels, or none, may apply. Asked about one label, answer with its name, a colon and "
+                    f"yes if it applies or no if it does not (e.g. \"{task.labels[0]}: yes\"). The labels:\n"
+                    + task._label_list())
+        return ("Several labels, or none, may apply: answer each label with its name and yes or no "
+                f"(e.g. \"{name}: {task.labels[0]}: yes\"). The labels:\n" + task._label_list("  "))
+
+    def example(self, name: str, labels: tuple[str, ...]) -> str:
+        return f"{name}: {labels[0]}: yes"
+
+    def mode_reason(self, resolved: str) -> str:
+        return "multi-label: each label's yes and no branches, full sequences"
+
+    def gold(self, cell: str, task) -> str:
+        return multilabel.canonical_labels(cell, task)  # a label set: in the task's order, compared as sets
+
+    def gold_separator(self, task) -> str | None:
+        return task.label_separator
 
     def branches(self, labels: tuple[str, ...]) -> tuple[str, ...]:
         return multilabel.branches(tuple(labels))
@@ -104,6 +187,16 @@ class SeveralLabels:
 
     def cell(self, labels: tuple[str, ...], separator: str) -> str:
         return separator.join(labels)
+
+    def chosen(self, result: Result, lists: bool):
+        if not lists or result.label is None:
+            return result.label
+        return list(result.labels)
+
+    def arrow_type(self, lists: bool):
+        import pyarrow as pa
+
+        return pa.list_(pa.string()) if lists else pa.string()
 
 
 Readout = OneLabel | SeveralLabels

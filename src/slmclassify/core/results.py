@@ -126,35 +126,34 @@ class Columns:
     """What a task's results are written as (`columns_for`): one answer's columns per question, in
     order, then `status` (a task of several questions: first `needs_review`, any answer's)."""
 
-    answers: tuple[tuple[str | None, tuple[str, ...], bool], ...]
-    """Per question: (its name, or None for a task of one question; its labels; multi_label)."""
+    answers: tuple[tuple[str | None, tuple[str, ...], object], ...]
+    """Per question: (its name, or None for a task of one question; its labels; its readout,
+    `core/readout.py`, which names and types its answer column)."""
 
     @property
-    def questions(self) -> bool:
+    def named(self) -> bool:
+        """Whether the answers are named questions' (then the item has its own `needs_review`)."""
         return self.answers[0][0] is not None
 
 
 def columns_for(task, labels=None) -> Columns:
     """The result columns of `task`; `labels`: the labels its results use when not the task's (a head's)."""
-    if task.questions:
-        return Columns(tuple((q.name, q.labels, q.multi_label) for q in task.questions))
-    return Columns(((None, tuple(task.labels if labels is None else labels), task.multi_label),))
+    return Columns(tuple((q.name, tuple(q.labels if labels is None or q.name is not None else labels), q.readout)
+                         for q in task.asked))
 
 
-def answer_columns(name: str | None, labels, multi_label: bool, prefix: str) -> list[str]:
+def answer_columns(name: str | None, labels, readout, prefix: str) -> list[str]:
     """One answer's columns: `label` (or `labels`), `confidence`, `needs_review`, `p_LABEL`..., each
     after `NAME_` for a question of several (`p_NAME_LABEL`)."""
-    first = "labels" if multi_label else "label"
-    if name is None:
-        return [prefix + c for c in (first, "confidence", "needs_review", *(f"p_{lab}" for lab in labels))]
-    return [prefix + c for c in (f"{name}_labels" if multi_label else name, f"{name}_confidence",
-                                 f"{name}_needs_review", *(f"p_{name}_{lab}" for lab in labels))]
+    own = "" if name is None else f"{name}_"
+    return [prefix + c for c in (readout.column(name), f"{own}confidence", f"{own}needs_review",
+                                 *(f"p_{own}{lab}" for lab in labels))]
 
 
 def result_columns(columns: Columns, prefix: str = "") -> list[str]:
     """The columns a classified table gets, in order."""
     names = [c for answer in columns.answers for c in answer_columns(*answer, prefix)]
-    return names + [prefix + c for c in (("needs_review",) if columns.questions else ()) + ("status",)]
+    return names + [prefix + c for c in (("needs_review",) if columns.named else ()) + ("status",)]
 
 
 def check_result_columns(existing, columns: Columns, prefix: str = "") -> None:
@@ -181,19 +180,17 @@ def result_frame(results: list[Result], columns: Columns, prefix: str = "", inde
     import pandas as pd
 
     data = {}
-    for name, labels, multi_label in columns.answers:
+    for name, labels, readout in columns.answers:
         answers = results if name is None else [r.answers[name] for r in results]
-        names = answer_columns(name, labels, multi_label, prefix)
-        chosen = ([None if r.label is None else list(r.labels) for r in answers] if lists and multi_label
-                  else [r.label for r in answers])
-        data[names[0]] = pd.Series(chosen, dtype=object, index=index)
+        names = answer_columns(name, labels, readout, prefix)
+        data[names[0]] = pd.Series([readout.chosen(r, lists) for r in answers], dtype=object, index=index)
         data[names[1]] = pd.Series([np.nan if r.confidence is None else r.confidence for r in answers],
                                    dtype=np.float64, index=index)
         data[names[2]] = pd.Series([r.needs_review for r in answers], dtype=bool, index=index)
         for column, label in zip(names[3:], labels):
             data[column] = pd.Series([r.probabilities.get(label, np.nan) for r in answers], dtype=np.float64,
                                      index=index)
-    if columns.questions:
+    if columns.named:
         data[prefix + "needs_review"] = pd.Series([r.needs_review for r in results], dtype=bool, index=index)
     data[prefix + "status"] = pd.Series([r.status for r in results], dtype=object, index=index)
     return pd.DataFrame(data, index=index)
@@ -204,8 +201,7 @@ def result_arrow_fields(columns: Columns, prefix: str = "", lists: bool = True) 
     import pyarrow as pa
 
     types = []
-    for _, labels, multi_label in columns.answers:
-        chosen = pa.list_(pa.string()) if multi_label and lists else pa.string()
-        types += [chosen, pa.float64(), pa.bool_(), *([pa.float64()] * len(labels))]
-    types += ([pa.bool_()] if columns.questions else []) + [pa.string()]
+    for _, labels, readout in columns.answers:
+        types += [readout.arrow_type(lists), pa.float64(), pa.bool_(), *([pa.float64()] * len(labels))]
+    types += ([pa.bool_()] if columns.named else []) + [pa.string()]
     return [pa.field(n, t) for n, t in zip(result_columns(columns, prefix), types)]

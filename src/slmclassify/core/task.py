@@ -18,8 +18,8 @@ from ..errors import FieldError, TaskError
 from .readout import ONE_LABEL, SEVERAL_LABELS, Readout
 
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-DEFAULT_INSTRUCTION = "You classify short texts into exactly one category."
-MULTI_LABEL_INSTRUCTION = "You tag short texts with every label that applies to them."
+DEFAULT_INSTRUCTION = ONE_LABEL.instruction
+MULTI_LABEL_INSTRUCTION = SEVERAL_LABELS.instruction
 QUESTIONS_INSTRUCTION = "You answer several questions about each short text."
 MODES = ("auto", "first", "full", "full-mean")
 
@@ -135,8 +135,8 @@ class Task:
         object.__setattr__(self, "examples", tuple(self.examples))
         object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
         object.__setattr__(self, "questions", tuple(self.questions))
-        if self.multi_label and self.instruction == DEFAULT_INSTRUCTION:  # "exactly one category" would mislead
-            object.__setattr__(self, "instruction", MULTI_LABEL_INSTRUCTION)
+        if self.instruction == DEFAULT_INSTRUCTION:  # "exactly one category" would mislead a multi-label task
+            object.__setattr__(self, "instruction", self.readout.instruction)
         if self.questions:
             self._check_questions()
             return
@@ -175,25 +175,7 @@ class Task:
         if self.mode not in MODES:
             raise FieldError("mode", "{field} must be one of {choices}, got {value!r}",
                              choices=', '.join(MODES), value=self.mode)
-        if self.thresholds and not self.multi_label:
-            raise TaskError("thresholds are per-label thresholds of a multi-label task; set multi_label = true "
-                            "or use min_confidence")
-        if self.thresholds and len(self.thresholds) != len(labels):
-            raise TaskError(f"{len(self.thresholds)} thresholds for {len(labels)} labels; give one per label")
-        for t in self.thresholds:
-            if not 0.0 < t < 1.0:
-                raise TaskError(f"a label's threshold must be between 0 and 1 (exclusive), got {t}")
-        if self.multi_label:
-            if self.mode in ("first", "full-mean"):
-                raise FieldError("mode", "a multi-label task scores each label's yes and no after its name, "
-                                 "which needs {field} full or auto, got {value!r}", value=self.mode)
-            if self.examples:
-                raise TaskError("examples are not supported in multi-label tasks yet (an example's answer would be "
-                                "one label's yes or no); remove them or set multi_label = false")
-            if not self.label_separator or self.label_separator.isspace() or any(
-                    self.label_separator in label for label in labels):
-                raise FieldError("label_separator", "{field} {value!r} must be non-blank and appear in no label "
-                                 "name", value=self.label_separator)
+        self.readout.check(self)  # what its kind of answer needs of the task
 
     def _check_questions(self) -> None:
         """A task of several questions: each is a `Question` with its own labels; the task's own
@@ -238,16 +220,14 @@ class Task:
     def scoring_mode(self) -> str:
         """The label trie's mode: the task's own for one label; several labels and several questions
         score each branch whole after its name (`full`)."""
-        return self.readout.requested_mode(self.mode) if not self.questions else "full"
+        return "full" if self.questions else self.readout.requested_mode(self.mode)
 
     def mode_reason(self, resolved: str) -> str:
         """Why the branches are scored as they are, from the trie's own reason (`resolve_mode`)."""
-        if self.questions:
-            return (f"{len(self.questions)} questions: each question's answers after its name, full sequences"
-                    + ("; end-of-turn appended" if "end-of-turn" in resolved else ""))
-        if self.multi_label:
-            return "multi-label: each label's yes and no branches, full sequences"
-        return resolved
+        if not self.questions:
+            return self.readout.mode_reason(resolved)
+        return (f"{len(self.questions)} questions: each question's answers after its name, full sequences"
+                + ("; end-of-turn appended" if "end-of-turn" in resolved else ""))
 
     @property
     def label_thresholds(self) -> tuple[float, ...]:
@@ -264,19 +244,12 @@ class Task:
         questions: every question, its labels and how to answer it)."""
         if self.system is not None:
             return self.system
-        if self.questions:
-            first = self.questions[0]
-            example = (f"{first.name}: {first.labels[0]}: yes" if first.task.multi_label
-                       else f"{first.name}: {first.labels[0]}")
-            return (f"{self.instruction}\nAnswer each question with its name, a colon and your answer "
-                    f"(e.g. \"{example}\"). The questions:\n" + "\n".join(q.describe() for q in self.questions))
-        if self.multi_label:
-            return (f"{self.instruction}\nSeveral labels, or none, may apply. Asked about one label, answer with "
-                    "its name, a colon and yes if it applies or no if it does not (e.g. "
-                    f"\"{self.labels[0]}: yes\"). The labels:\n" + self._label_list())
-        if any(self.descriptions):
-            return f"{self.instruction}\nAnswer with exactly one of these labels:\n" + self._label_list()
-        return f"{self.instruction}\nAnswer with exactly one of: {', '.join(self.labels)}."
+        if not self.questions:
+            return f"{self.instruction}\n" + self.readout.rule(self)
+        first = self.questions[0]
+        return (f"{self.instruction}\nAnswer each question with its name, a colon and your answer "
+                f"(e.g. \"{first.readout.example(first.name, first.labels)}\"). The questions:\n"
+                + "\n".join(q.describe() for q in self.questions))
 
     def _label_list(self, indent: str = "") -> str:
         """One `- label: description` line per label (`- label` where it has none)."""
@@ -442,13 +415,7 @@ class Question:
 
     def describe(self) -> str:
         """Its lines of the system turn: the name, the question, and its labels and how to answer."""
-        asked = f"- {self.name}: {self.question + ' ' if self.question else ''}"
-        if self.task.multi_label:
-            return (asked + "Several labels, or none, may apply: answer each label with its name and yes or no "
-                    f"(e.g. \"{self.name}: {self.labels[0]}: yes\"). The labels:\n" + self.task._label_list("  "))
-        if any(self.task.descriptions):
-            return asked + "Answer with exactly one of these labels:\n" + self.task._label_list("  ")
-        return asked + f"Answer with exactly one of: {', '.join(self.labels)}."
+        return f"- {self.name}: {self.question + ' ' if self.question else ''}" + self.readout.rule(self.task, self.name)
 
     @classmethod
     def from_dict(cls, data: Any, defaults: dict[str, Any], source: str, number: int) -> Question:
@@ -538,7 +505,7 @@ def merge_task(task_data: dict[str, Any] | None = None, labels: tuple[str, ...] 
         if labels:
             overrides.update(labels=labels, descriptions=(), thresholds=())
         inner = {k: v for k, v in (("min_confidence", min_confidence), ("calibrate", calibrate)) if v is not None}
-        if task.questions and inner:  # the whole task's options apply to every question
+        if inner:  # the whole task's options apply to every question (a task of labels has none)
             overrides["questions"] = tuple(replace(q, task=q.task.with_overrides(**inner)) for q in task.questions)
         return task.with_overrides(**overrides)
     if not labels:

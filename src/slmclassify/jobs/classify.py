@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..classifier import Classifier, EngineSettings
 from ..core.encode import EncodedItems
-from ..core.multilabel import canonical_labels, split_labels
+from ..core.multilabel import split_labels
 from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..models.loading import LoadedModel
@@ -133,7 +133,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
 
     # the probes keep the raw scores of every scored sequence (a multi-label task's yes and no branches)
     state = _RunState.restore(saved, classifier.trie.labels, request.probes, len(classifier.prefix_ids),
-                              task.label_separator if task.multi_label else None)
+                              task.readout.gold_separator(task))
     columns = columns_for(task, labels)
     schema = (parquet_schema(reader, result_arrow_fields(columns, request.result_prefix)) if out_fmt == "parquet"
               else list(reader.columns) + result_columns(columns, request.result_prefix))
@@ -210,9 +210,9 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
             window = classifier.score_window(reader.texts(frame), start, taps=taps, results=results)
             results_frame = result_frame(window.results, columns_for(classifier.task, labels), request.result_prefix,
                                          index=frame.index, lists=sink.fmt in ("jsonl", "parquet"))
-            gold = [gold_text(v, classifier.task.label_separator) for v in frame[gold_column]] if gold_column else None
-            if gold is not None and classifier.task.multi_label:  # compared as sets: the labels in task order
-                gold = [canonical_labels(g, classifier.task) for g in gold]
+            task = classifier.task  # a gold cell as its answer would be spelled (label sets: in task order)
+            gold = ([task.readout.gold(gold_text(v, task.label_separator), task) for v in frame[gold_column]]
+                    if gold_column else None)
             state.add(window, gold)
             sink.write(pd.concat([frame, results_frame], axis=1), state,
                        reader.read_digest() if resumable else None)

@@ -243,12 +243,8 @@ def _write_part(table, folder: str) -> int:
 
 def _joined(how: dict) -> tuple[tuple[str, str], ...]:
     """(column, separator) of each multi-label answer's list column of labels, which a CSV or TSV output joins."""
-    from ..core.results import answer_columns, columns_for
-
-    task = how["task"]
-    separators = {q.name: q.task.label_separator for q in task.questions} or {None: task.label_separator}
-    return tuple((answer_columns(name, labels, True, how["result_prefix"])[0], separators[name])
-                 for name, labels, multi_label in columns_for(task).answers if multi_label)
+    return tuple((how["result_prefix"] + q.result_column, q.task.label_separator) for q in how["task"].asked
+                 if q.readout.lists)
 
 
 def _write_file(tables, output_path: str, fmt: str, joined: tuple[tuple[str, str], ...] = ()) -> int:
