@@ -306,16 +306,14 @@ def test_an_answer_the_task_cannot_take_is_422_and_not_echoed_whole():
     and a 30 MB label came back whole in the error. The task's own check (`Answers.encode`) says 422
     through the page's handler, with the value cut."""
     from slmclassify import Task
-    from slmclassify.label.answers import Answers
+    from slmclassify.label.answers import codec_of
 
-    multi = Answers.__new__(Answers)  # the validation alone: no store
-    multi.labels, multi.multi = ("billing", "technical"), True
+    multi = codec_of(Task(labels=("billing", "technical"), multi_label=True))  # the validation alone: no store
     with pytest.raises(InvalidAnswer, match="is a list of its labels"):
         multi.encode("billing")
     with pytest.raises(InvalidAnswer) as raised:
         multi.encode(["x" * 30_000_000])
     assert len(str(raised.value)) < 300 and "30000002 characters" in str(raised.value)
-    one = Answers.__new__(Answers)
-    one.labels, one.multi = Task(labels=("billing", "technical")).labels, False
+    one = codec_of(Task(labels=("billing", "technical")))
     with pytest.raises(InvalidAnswer, match=r"^label 'shipping' is not one of the task's labels"):
         one.encode("shipping")

@@ -15,6 +15,7 @@ kind of answer is a new `Readout` here and the `Task.readout` line that picks it
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -113,6 +114,43 @@ class OneLabel:
         return pa.string()
 
 
+    # a person's answer (the labelling loop): a label index, as its store keeps a label's name
+
+    def checked(self, labels: tuple[str, ...], label, what: str, error=TaskError):
+        """A caller's answer as a store keeps it, validated (`error` with what is wrong, naming `what`)."""
+        if not isinstance(label, str) or label not in labels:
+            raise error(f"label {_said(label)} is not one of {what}'s labels {list(labels)}")
+        return label
+
+    def stored(self, checked) -> str:
+        """A checked answer as the text a task of labels' store keeps."""
+        return checked
+
+    def from_store(self, text: str):
+        """The value a task of labels' store text holds (`parse` reads it)."""
+        return text
+
+    def parse(self, labels: tuple[str, ...], value):
+        """The answer a stored value holds: a label index (None: not one of these labels)."""
+        return labels.index(value) if isinstance(value, str) and value in labels else None
+
+    def shown(self, labels: tuple[str, ...], answer) -> str:
+        """An answer as the page's history lists it."""
+        return labels[answer]
+
+    def gold_cell(self, labels: tuple[str, ...], answer, separator: str) -> str:
+        """An answer as an exported gold cell."""
+        return labels[answer]
+
+    def columns(self, at: int, answer) -> list[int]:
+        """An answer's label columns among every question's labels side by side (its own start `at`)."""
+        return [at + answer]
+
+    def choices(self, name: str, labels: tuple[str, ...], pick) -> list:
+        """Each single choice an answer makes, for agreement: (its name, its labels, answer → label
+        index), `pick` taking an item's answer to this question's."""
+        return [(name, labels, pick)]
+
 @dataclass(frozen=True)
 class SeveralLabels:
     """Every label that applies: P(yes) per label from its yes/no pair, against its threshold."""
@@ -197,6 +235,51 @@ class SeveralLabels:
         import pyarrow as pa
 
         return pa.list_(pa.string()) if lists else pa.string()
+
+
+    # a person's answer: a sorted tuple of label indices (maybe empty), as its store keeps a JSON list
+
+    def checked(self, labels: tuple[str, ...], label, what: str, error=TaskError):
+        if isinstance(label, str) or not isinstance(label, (list, tuple)) or not all(isinstance(n, str) for n in label):
+            raise error(f"a multi-label {what.removeprefix('the ')}'s answer is a list of its labels "
+                        f"{list(labels)}, got {_said(label)}")
+        unknown = [name for name in label if name not in labels]
+        if unknown:
+            raise error(f"label {_said(unknown[0])} is not one of {what}'s labels {list(labels)}")
+        return [name for name in labels if name in label]
+
+    def stored(self, checked) -> str:
+        return json.dumps(checked)
+
+    def from_store(self, text: str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+    def parse(self, labels: tuple[str, ...], value):
+        if not isinstance(value, list) or not all(isinstance(name, str) and name in labels for name in value):
+            return None
+        return tuple(sorted({labels.index(name) for name in value}))
+
+    def shown(self, labels: tuple[str, ...], answer) -> str:
+        return ", ".join(labels[i] for i in answer) or "none of them"
+
+    def gold_cell(self, labels: tuple[str, ...], answer, separator: str) -> str:
+        return separator.join(labels[i] for i in answer)
+
+    def columns(self, at: int, answer) -> list[int]:
+        return [at + i for i in answer]
+
+    def choices(self, name: str, labels: tuple[str, ...], pick) -> list:
+        """Each label a choice of no or yes (`NAME: LABEL`, or `LABEL` for a task of labels)."""
+        prefix = f"{name}: " if name else ""
+        return [(f"{prefix}{label}", ("no", "yes"), lambda v, i=i: int(i in pick(v))) for i, label in enumerate(labels)]
+
+def _said(value, limit: int = 80) -> str:
+    """A caller's value for a message, cut to `limit` characters (a 30 MB label is not echoed back)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 Readout = OneLabel | SeveralLabels

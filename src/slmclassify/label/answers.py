@@ -39,34 +39,79 @@ class InvalidAnswer(TaskError):
     task takes a list): the page answers 422, not the 409 of a stale answer."""
 
 
+class _OneQuestion:
+    """How a task of labels' answers are stored: a label's name, or (multi-label) a JSON list of names."""
+
+    def __init__(self, task: Task):
+        self.task, self.labels, self.readout = task, task.labels, task.readout
+
+    def wanted(self):
+        return list(self.labels)
+
+    def encode(self, label) -> str:
+        return self.readout.stored(self.readout.checked(self.labels, label, "the task", InvalidAnswer))
+
+    def decode(self, text: str):
+        return self.readout.parse(self.labels, self.readout.from_store(text))
+
+    def shown(self, value) -> str:
+        return self.readout.shown(self.labels, value)
+
+    def gold(self, value):
+        return self.readout.gold_cell(self.labels, value, self.task.label_separator)
+
+    def columns(self, value):
+        return value
+
+
+class _Questions:
+    """How a task of questions' answers are stored: a JSON object, {question: its answer as a task of
+    that question alone stores it}; an answer is a tuple of each question's, in the task's order."""
+
+    def __init__(self, task: Task):
+        self.questions, self.names = task.questions, [q.name for q in task.questions]
+        # each question's first column among all questions' labels side by side
+        self.offsets = np.cumsum([0, *(len(q.labels) for q in self.questions)])[:-1].tolist()
+
+    def wanted(self):
+        return {q.name: list(q.labels) for q in self.questions}
+
+    def encode(self, label) -> str:
+        if not isinstance(label, dict) or sorted(label) != sorted(self.names):
+            raise InvalidAnswer(f"a task of questions takes an answer to each of {self.names}, as {{question: "
+                                f"label}} (a list of labels for a multi-label one), got {_said(label)}")
+        return json.dumps({q.name: q.readout.checked(q.labels, label[q.name], f"question {q.name}", InvalidAnswer)
+                           for q in self.questions})
+
+    def decode(self, text: str):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or sorted(value) != sorted(self.names):
+            return None
+        each = tuple(q.readout.parse(q.labels, value[q.name]) for q in self.questions)
+        return None if any(v is None for v in each) else each
+
+    def shown(self, value) -> str:
+        return " · ".join(q.readout.shown(q.labels, v) for q, v in zip(self.questions, value))
+
+    def gold(self, value):
+        return tuple(q.readout.gold_cell(q.labels, v, q.task.label_separator) for q, v in zip(self.questions, value))
+
+    def columns(self, value):
+        return tuple(c for q, at, v in zip(self.questions, self.offsets, value) for c in q.readout.columns(at, v))
+
+
+def codec_of(task: Task) -> _OneQuestion | _Questions:
+    """How a store spells `task`'s answers (and checks a caller's: `InvalidAnswer`)."""
+    return _Questions(task) if task.questions else _OneQuestion(task)
+
+
 def _said(value, limit: int = 80) -> str:
     """A caller's value for a message, cut to `limit` characters (a 30 MB label is not echoed back)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-def _checked(labels: tuple[str, ...], multi: bool, label, what: str = "the task"):
-    """A caller's answer as the store keeps it: a label's name, or (multi-label) the list of the labels
-    that apply in the task's order (validated: `InvalidAnswer`)."""
-    if not multi:
-        if not isinstance(label, str) or label not in labels:
-            raise InvalidAnswer(f"label {_said(label)} is not one of {what}'s labels {list(labels)}")
-        return label
-    if isinstance(label, str) or not isinstance(label, (list, tuple)) or not all(isinstance(n, str) for n in label):
-        raise InvalidAnswer(f"a multi-label {what.removeprefix('the ')}'s answer is a list of its labels "
-                            f"{list(labels)}, got {_said(label)}")
-    unknown = [name for name in label if name not in labels]
-    if unknown:
-        raise InvalidAnswer(f"label {_said(unknown[0])} is not one of {what}'s labels {list(labels)}")
-    return [name for name in labels if name in label]
-
-
-def _indices(labels: tuple[str, ...], multi: bool, value):
-    """The answer a stored value holds: a label index, or a sorted tuple of them (None: not one of these labels)."""
-    if not multi:
-        return labels.index(value) if isinstance(value, str) and value in labels else None
-    if not isinstance(value, list) or not all(isinstance(name, str) and name in labels for name in value):
-        return None
-    return tuple(sorted({labels.index(name) for name in value}))
 
 
 def _matrix(given: dict, pos, n_labels: int) -> np.ndarray:
@@ -110,8 +155,7 @@ class Answers:
         self.team = team or Team.alone("-")
         self.questions = task.questions
         self.parts = [QuestionAnswers(self, k, q) for k, q in enumerate(task.questions)]
-        # a task of questions: each question's first column among all questions' labels side by side
-        self._offsets = np.cumsum([0, *(len(q.labels) for q in task.questions)])[:-1].tolist()
+        self._codec = codec_of(task)
         self.index = index
         for row, h in store.hashes().items():
             if row not in index or hashes[index[row]] != h:
@@ -208,66 +252,27 @@ class Answers:
     def columns(self) -> dict:
         """{pool position: answer} as the picker and the counts read it: the answers; in a task of
         questions each answer's labels as columns of all questions' labels side by side (a tuple)."""
-        if not self.questions:
-            return self.given
-        return {p: tuple(c for q, at, v in zip(self.questions, self._offsets, value)
-                         for c in ([at + i for i in v] if q.multi_label else [at + v]))
-                for p, value in self.given.items()}
+        return {p: self._codec.columns(value) for p, value in self.given.items()}
 
     def _wanted(self):
-        if not self.questions:
-            return list(self.labels)
-        return {q.name: list(q.labels) for q in self.questions}
+        return self._codec.wanted()
 
     # how an answer is stored, shown and exported
 
     def encode(self, label) -> str:
         """The store's text of an answer given by a caller (validated: `InvalidAnswer`); a task of
         questions takes {question: its answer} for every question."""
-        if self.questions:
-            names = [q.name for q in self.questions]
-            if not isinstance(label, dict) or sorted(label) != sorted(names):
-                raise InvalidAnswer(f"a task of questions takes an answer to each of {names}, as {{question: "
-                                    f"label}} (a list of labels for a multi-label one), got {_said(label)}")
-            return json.dumps({q.name: _checked(q.labels, q.multi_label, label[q.name], f"question {q.name}") for q in self.questions})
-        checked = _checked(self.labels, self.multi, label)
-        return json.dumps(checked) if self.multi else checked
+        return self._codec.encode(label)
 
     def decode(self, text: str):
         """The answer a store text holds (None: not one of this task's)."""
-        if not self.multi and not self.questions:
-            return _indices(self.labels, False, text)
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return None
-        if not self.questions:
-            return _indices(self.labels, True, value)
-        if not isinstance(value, dict) or sorted(value) != sorted(q.name for q in self.questions):
-            return None
-        each = tuple(_indices(q.labels, q.multi_label, value[q.name]) for q in self.questions)
-        return None if any(v is None for v in each) else each
+        return self._codec.decode(text)
 
     def shown(self, value) -> str:
         """An answer as the page's history lists it."""
-        if self.questions:
-            return " · ".join(_one_shown(q.labels, q.multi_label, v) for q, v in zip(self.questions, value))
-        return _one_shown(self.labels, self.multi, value)
+        return self._codec.shown(value)
 
     def gold(self, value):
         """An answer in an exported gold column (multi-label: joined by the task's separator); a task
         of questions: a tuple, each question's."""
-        if self.questions:
-            return tuple(_one_gold(q.task, v) for q, v in zip(self.questions, value))
-        return _one_gold(self.task, value)
-
-
-def _one_shown(labels, multi: bool, value) -> str:
-    if not multi:
-        return labels[value]
-    return ", ".join(labels[i] for i in value) or "none of them"
-
-
-def _one_gold(task: Task, value) -> str:
-    labels = task.labels
-    return labels[value] if not task.multi_label else task.label_separator.join(labels[i] for i in value)
+        return self._codec.gold(value)

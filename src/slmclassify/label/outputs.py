@@ -100,19 +100,10 @@ def write_export(items: list, labels: tuple[str, ...], annotators: tuple[str, ..
 def readouts(task: Task) -> list[tuple[str, tuple[str, ...], Callable]]:
     """Each single choice an answer makes, for agreement: (its name, its labels, answer → label index):
     the task's labels; each question's; each label of a multi-label task or question as no / yes."""
-    def yes_no(name: str, labels, pick) -> list:
-        return [(f"{name}{label}", ("no", "yes"), lambda v, i=i: int(i in pick(v))) for i, label in enumerate(labels)]
-
-    if not task.questions:
-        if task.multi_label:
-            return yes_no("", task.labels, lambda v: v)
-        return [("", task.labels, lambda v: v)]
     out = []
-    for k, q in enumerate(task.questions):
-        if q.multi_label:
-            out += yes_no(f"{q.name}: ", q.labels, lambda v, k=k: v[k])
-        else:
-            out.append((q.name, q.labels, lambda v, k=k: v[k]))
+    for k, q in enumerate(task.asked):  # a task of labels' answer is its one question's, as it is
+        pick = (lambda v: v) if q.name is None else (lambda v, k=k: v[k])
+        out += q.readout.choices(q.name or "", q.labels, pick)
     return out
 
 
