@@ -141,8 +141,8 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
     task = head_task if choice.head is not None else task_for_file(
         request.input_path, request.text_column, request.label_column, task_file=opts.task_file,
         labels=opts.label_names(), limit=request.limit, **opts.overrides())
-    multi_label = task.multi_label or any(q.multi_label for q in task.questions)
-    if request.target_precision is not None and not (multi_label and 0 < request.target_precision <= 1):
+    thresholded = any(q.readout.thresholded for q in task.asked)  # an answer of labels each against a threshold
+    if request.target_precision is not None and not (thresholded and 0 < request.target_precision <= 1):
         raise TaskError("--target-precision picks a multi-label task's thresholds: it needs --multi-label (or "
                         f"multi_label = true, or a multi-label question) and a value in (0, 1], got "
                         f"{request.target_precision}")

@@ -154,15 +154,16 @@ def _report(pred: np.ndarray, gold: np.ndarray, labels: tuple[str, ...]) -> dict
     }
 
 
-def pick_thresholds(probs: np.ndarray, gold: np.ndarray, target_precision: float | None = None) -> list[float | None]:
+def pick_thresholds(probs: np.ndarray, gold: np.ndarray, target_precision: float | None = None,
+                    fallback: float | None = None) -> list[float | None]:
     """Per label, the threshold on P(yes): F1-optimal (the midpoint between the scores that bracket
-    it), or with `target_precision` the lowest one whose precision reaches it (most recall); None
-    where a label has no positive item, or no threshold reaches the target."""
+    it), or with `target_precision` the lowest one whose precision reaches it (most recall);
+    `fallback` (None unless given) where a label has no positive item, or no threshold reaches the target."""
     out = []
     for j in range(probs.shape[1]):
         p, g = probs[:, j], gold[:, j]
         if not g.any():
-            out.append(None)
+            out.append(fallback)
             continue
         order = np.argsort(-p, kind="stable")
         p_sorted, g_sorted = p[order], g[order]
@@ -176,7 +177,7 @@ def pick_thresholds(probs: np.ndarray, gold: np.ndarray, target_precision: float
             precision = tp[k] / (tp[k] + fp[k])
             ok = precision >= target_precision
             if not ok.any():
-                out.append(None)
+                out.append(fallback)
                 continue
             score = np.where(ok, tp[k], -1)
         best = k[int(np.argmax(score))]  # the first best: the highest threshold among ties

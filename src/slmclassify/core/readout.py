@@ -34,6 +34,8 @@ class OneLabel:
     kind: ClassVar[str] = "single"
     lists: ClassVar[bool] = False
     """Whether its answer column holds a list of labels in JSON Lines and Parquet (joined in CSV)."""
+    thresholded: ClassVar[bool] = False
+    """Whether each label is chosen against a threshold of its own (`evaluate --target-precision` picks them)."""
 
     instruction: ClassVar[str] = "You classify short texts into exactly one category."
     """The system turn's first line where the task gives none."""
@@ -157,6 +159,7 @@ class SeveralLabels:
 
     kind: ClassVar[str] = "multi-label"
     lists: ClassVar[bool] = True
+    thresholded: ClassVar[bool] = True
 
     instruction: ClassVar[str] = "You tag short texts with every label that applies to them."
 

@@ -105,7 +105,7 @@ def fit_question(q, states: np.ndarray, calibrated: np.ndarray, gold: np.ndarray
         brief = lambda m: {k: m[k] for k in ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")}  # noqa: E731
         zero = brief(multilabel.cross_fitted(multilabel.probabilities(calibrated), gold, q.labels, seed=seed))
         cv = brief(multilabel.cross_fitted(oof, gold, q.labels, seed=seed))
-        thresholds = tuple(0.5 if t is None else t for t in multilabel.pick_thresholds(oof, gold))
+        thresholds = tuple(multilabel.pick_thresholds(oof, gold, fallback=0.5))
         final = fit_one_vs_rest(X, gold, q.labels, seed=seed, folds=folds)
         info = {"C": list(final.C), "items": len(gold), "per_label": dict(zip(q.labels, map(int, gold.sum(0)))),
                 "cv": cv, "zero_shot": zero, "thresholds": list(thresholds)}

@@ -442,7 +442,7 @@ def _fit_multilabel(request: FitRequest, task: Task, settings, data, model) -> F
     zero = multilabel.probabilities(calibrated)
     rows = (("zero-shot", multilabel.cross_fitted(zero, gold, task.labels, seed=seed)),
             (f"head ({folds}-fold CV)", multilabel.cross_fitted(oof, gold, task.labels, seed=seed)))
-    thresholds = tuple(0.5 if t is None else t for t in multilabel.pick_thresholds(oof, gold))
+    thresholds = tuple(multilabel.pick_thresholds(oof, gold, fallback=0.5))
     final = fit_one_vs_rest(X, gold, task.labels, seed=seed, folds=folds)
     counts = {label: int(n) for label, n in zip(task.labels, gold.sum(0))}
     brief = lambda m: {k: m[k] for k in ("micro_f1", "macro_f1", "subset_accuracy", "hamming_loss")}  # noqa: E731
