@@ -3,18 +3,25 @@
 - no function in `src/` longer than `MAX_FUNCTION_LINES` (its `def` to its last line, docstring and
   nested functions included): a longer one is split into named steps;
 - `core/` knows nothing of the wire formats (no ids, timestamps or `object` fields: `wire/` owns them);
-- the engine's forward stays one readable file (`MAX_FORWARD_LINES`).
+- the engine's forward stays one readable file (`MAX_FORWARD_LINES`);
+- code does not ask which kind a task is (`KIND_BRANCHES`): the readouts (`core/readout.py`) answer
+  for each kind. A ratchet: the count may only go down (the goal is 15, none in jobs/, label/, cli/
+  or serve/).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "slmclassify"
 MAX_FUNCTION_LINES = 80
 MAX_FORWARD_LINES = 450
 WIRE_WORDS = ("uuid", "time.time", '"chat.completion"', '"object":')
+KIND_TEST = re.compile(r"if .*(multi_label|\.questions|multilabel)")
+KIND_BRANCHES = 62
+"""Lines of `src/` that test a task's kind (`KIND_TEST`), at most: lower it as branches move to readouts."""
 
 
 def long_functions(tree: ast.AST, limit: int = MAX_FUNCTION_LINES) -> list[tuple[int, str, int]]:
@@ -45,3 +52,11 @@ def test_core_holds_no_wire_format():
 def test_the_forward_is_one_readable_file():
     lines = len((SRC / "core" / "engine" / "forward.py").read_text().splitlines())
     assert lines <= MAX_FORWARD_LINES, f"core/engine/forward.py is {lines} lines (at most {MAX_FORWARD_LINES})"
+
+
+def test_kind_branches_only_go_down():
+    found = [f"{path.relative_to(SRC)}:{k}: {line.strip()}" for path in sorted(SRC.rglob("*")) if path.is_file()
+             and path.suffix in (".py", ".html") for k, line in enumerate(path.read_text().splitlines(), start=1)
+             if KIND_TEST.search(line)]
+    assert len(found) <= KIND_BRANCHES, (f"{len(found)} lines ask which kind a task is (at most {KIND_BRANCHES}): "
+                                         "ask its questions' readouts instead (core/readout.py)\n" + "\n".join(found))
