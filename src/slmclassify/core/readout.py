@@ -31,7 +31,6 @@ from .results import Result, make_results, softmax
 class OneLabel:
     """Exactly one label per item: the softmax over the labels' scores."""
 
-    kind: ClassVar[str] = "single"
     lists: ClassVar[bool] = False
     """Whether its answer column holds a list of labels in JSON Lines and Parquet (joined in CSV)."""
     thresholded: ClassVar[bool] = False
@@ -101,9 +100,10 @@ class OneLabel:
         """One Result per item from the question's raw and calibrated scores (`task`: its settings)."""
         return make_results(task.labels, scores, calibrated, status, task.min_confidence)
 
-    def cell(self, labels: tuple[str, ...], separator: str) -> str:
-        """An answer of these labels as one table cell."""
-        return labels[0]
+    def guess(self, labels: tuple[str, ...], probs: np.ndarray, thresholds: np.ndarray):
+        """(the answer [L] probabilities make, how sure it is): the likeliest label and its probability."""
+        top = int(probs.argmax())
+        return labels[top], float(probs[top])
 
     def chosen(self, result: Result, lists: bool):
         """A result's answer column value (`lists`: JSON Lines and Parquet, which hold lists)."""
@@ -114,7 +114,6 @@ class OneLabel:
         import pyarrow as pa
 
         return pa.string()
-
 
     # a person's answer (the labelling loop): a label index, as its store keeps a label's name
 
@@ -153,11 +152,11 @@ class OneLabel:
         index), `pick` taking an item's answer to this question's."""
         return [(name, labels, pick)]
 
+
 @dataclass(frozen=True)
 class SeveralLabels:
     """Every label that applies: P(yes) per label from its yes/no pair, against its threshold."""
 
-    kind: ClassVar[str] = "multi-label"
     lists: ClassVar[bool] = True
     thresholded: ClassVar[bool] = True
 
@@ -226,8 +225,10 @@ class SeveralLabels:
         return multilabel.make_results(task.labels, scores, calibrated, status, task.label_thresholds,
                                        task.min_confidence, task.label_separator)
 
-    def cell(self, labels: tuple[str, ...], separator: str) -> str:
-        return separator.join(labels)
+    def guess(self, labels: tuple[str, ...], probs: np.ndarray, thresholds: np.ndarray):
+        """(the labels at or above their thresholds, the least sure decision)."""
+        chosen = [lab for lab, p, t in zip(labels, probs, thresholds) if p >= t]
+        return chosen, float(multilabel.confidence(probs[None, :])[0])
 
     def chosen(self, result: Result, lists: bool):
         if not lists or result.label is None:
@@ -238,7 +239,6 @@ class SeveralLabels:
         import pyarrow as pa
 
         return pa.list_(pa.string()) if lists else pa.string()
-
 
     # a person's answer: a sorted tuple of label indices (maybe empty), as its store keeps a JSON list
 
@@ -278,6 +278,7 @@ class SeveralLabels:
         """Each label a choice of no or yes (`NAME: LABEL`, or `LABEL` for a task of labels)."""
         prefix = f"{name}: " if name else ""
         return [(f"{prefix}{label}", ("no", "yes"), lambda v, i=i: int(i in pick(v))) for i, label in enumerate(labels)]
+
 
 def _said(value, limit: int = 80) -> str:
     """A caller's value for a message, cut to `limit` characters (a 30 MB label is not echoed back)."""

@@ -29,9 +29,7 @@ import copy
 
 import numpy as np
 
-from ..core import multilabel
 from ..core.questions import label_spans
-from ..core.results import softmax
 from ..core.taps import Taps
 from ..core.task import Task
 from ..errors import InputError, TaskError
@@ -70,7 +68,7 @@ class Pool:
 
     def __init__(self, texts_all: list[str], task: Task, *, sample: int, seed: int, taps: Taps,
                  width: int, ids: list[str] | None = None, priority: np.ndarray | None = None):
-        self.task, self.multi, self.name = task, task.multi_label, None
+        self.task, self.multi, self.name, self.readout = task, task.multi_label, None, task.readout
         self.labels = self.columns(task)
         n_total = len(texts_all)
         rng = np.random.default_rng(seed)
@@ -109,7 +107,7 @@ class Pool:
         """One question's view of the pool (see the module docstring)."""
         part = copy.copy(self)
         part.task, part.labels, part.name = question.task, question.labels, question.name
-        part.multi = question.multi_label
+        part.multi, part.readout = question.multi_label, question.readout
         part.zero_shot = self.zero_shot[:, span]  # a view: the scorer's writes show through
         part.span = span
         return part
@@ -160,13 +158,9 @@ class Pool:
         probs = self.probs(pos)
         if np.isnan(probs).any():
             return None, None
-        if self.multi:
-            from_head = self.head_probs is not None and self.scored[pos]  # as `probs` chose
-            cut = np.full(len(self.labels), 0.5) if from_head else np.asarray(self.task.label_thresholds)
-            chosen = [lab for lab, p, t in zip(self.labels, probs, cut) if p >= t]
-            return chosen, float(multilabel.confidence(probs[None, :])[0])
-        top = int(probs.argmax())
-        return self.labels[top], float(probs[top])
+        from_head = self.head_probs is not None and self.scored[pos]  # as `probs` chose: the head's cut is 0.5
+        cut = np.full(len(self.labels), 0.5) if from_head else np.asarray(self.task.label_thresholds)
+        return self.readout.guess(self.labels, probs, cut)
 
     def picker_probs(self) -> np.ndarray | None:
         """[n, L] what the picker ranks by once there is a head (None before): the head's; in a task of
@@ -191,7 +185,7 @@ class Pool:
         sure = np.ones(int(open_.sum()), bool)
         for part, t in zip(parts, thresholds):
             probs = part.head_probs[open_]
-            sure &= (multilabel.confidence(probs) if part.multi else probs.max(axis=1)) >= t
+            sure &= part.readout.confidence(probs) >= t
         return float(sure.mean())
 
     def probabilities(self, calibrated: np.ndarray) -> np.ndarray:
@@ -200,7 +194,7 @@ class Pool:
         if self.parts:
             return np.concatenate([part.probabilities(calibrated[:, span])
                                    for part, (_, span, _, _) in zip(self.parts, self.spans)], axis=1)
-        return multilabel.probabilities(calibrated) if self.multi else softmax(calibrated)
+        return self.readout.probabilities(calibrated)
 
     def snippet(self, pos: int) -> dict:
         """An item as the page's lists show it: its row, id and text cut to 90 characters."""
