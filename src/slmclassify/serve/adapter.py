@@ -11,6 +11,7 @@ others; the scheduler does the rest of that step itself (picks across requests, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,6 +43,25 @@ class BatchWork:
     """Non-pad tokens run."""
     processed_tokens: int
     """Tokens run including padding."""
+
+
+class Runner(Protocol):
+    """What the scheduler (`scheduler.py`) runs: a task's classifier (`TaskRunner`), a chat request's
+    choices (`chat.ChoiceRunner`) or a completions request (`chat.CompletionRunner`). Requests of one
+    runner are batched together; `score` gives one output row per pick, in pick order, which the
+    ticket keeps until every pick of its request is scored, and `results` turns a request's rows
+    (`empty_scores` where nothing was scored) into its answer."""
+
+    name: str
+    token_budget: int | None
+    """Batches are cut at this many padded tokens (None: at `max_rows` picks)."""
+    max_rows: int
+
+    def score(self, picks: list[tuple[EncodedRequest, int]]) -> tuple[np.ndarray, BatchWork]: ...
+
+    def results(self, scores: np.ndarray, status: tuple[str, ...]) -> Any: ...
+
+    def empty_scores(self, n: int) -> np.ndarray: ...
 
 
 class TaskRunner:
@@ -125,4 +145,4 @@ def answer_json(result: Result) -> dict:
             "needs_review": result.needs_review, "probabilities": result.probabilities}
 
 
-__all__ = ["BatchWork", "EMPTY", "EncodedRequest", "TaskRunner", "result_json"]
+__all__ = ["BatchWork", "EMPTY", "EncodedRequest", "Runner", "TaskRunner", "result_json"]

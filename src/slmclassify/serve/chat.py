@@ -160,9 +160,10 @@ class CompletionRequest(_UnicodeBody):
 
 
 class CompletionRunner:
-    """The scheduler's view of one completions request: its rows run together on the worker thread
-    (a row's trie is its own, so requests do not share engine batches); `results` gives each prompt's
-    (token log-probs, top ids, top log-probs)."""
+    """The scheduler's view of one completions request: one pick, the whole request, its rows run
+    together on the worker thread (a row's trie is its own, so requests do not share engine batches).
+    A pick's output is the request's answer, {prompt index: (token log-probs, top ids, top log-probs)};
+    `results` gives each prompt's, in order."""
 
     name = "completions"
     token_budget = None
@@ -171,20 +172,24 @@ class CompletionRunner:
     def __init__(self, engine, pad_id: int, ask: CompletionAsk):
         self.engine, self.pad_id, self.ask = engine, pad_id, ask
         self.rows = completion_rows(ask)
-        self._answer: dict[int, tuple] = {}
 
     def encode(self) -> EncodedRequest:
         tokens = sum(1 + (r.trie.n_nodes if r.trie is not None else 0) for r in self.rows)
         return EncodedRequest(items=None, status=("ok",), scored=(0,), lengths=(tokens,))
 
-    def score(self, picks) -> tuple[np.ndarray, BatchWork]:
+    def score(self, picks: list[tuple[EncodedRequest, int]]) -> tuple[np.ndarray, BatchWork]:
+        """[len(picks)] object array: each pick's answer (every pick is this request)."""
+        answer: dict[int, tuple] = {}
         for row in self.rows:
-            self._answer.update(row_logprobs(self.engine, self.pad_id, row, self.ask))
+            answer.update(row_logprobs(self.engine, self.pad_id, row, self.ask))
         tokens = self.encode().lengths[0]
-        return np.zeros((len(picks), 1)), BatchWork(rows=len(self.rows), real_tokens=tokens, processed_tokens=tokens)
+        outputs = self.empty_scores(len(picks))
+        outputs[:] = [answer] * len(picks)
+        return outputs, BatchWork(rows=len(self.rows), real_tokens=tokens, processed_tokens=tokens)
 
     def results(self, scores: np.ndarray, status: tuple[str, ...]) -> list[tuple]:
-        return [self._answer[k] for k in range(len(self.ask.prompts))]
+        answer = scores[0]  # the request's one pick
+        return [answer[k] for k in range(len(self.ask.prompts))]
 
     def empty_scores(self, n: int) -> np.ndarray:
-        return np.full((n, 1), np.nan)
+        return np.full(n, None, dtype=object)  # the picks' answers, None until scored

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.batching import plan_batches
-from .adapter import EncodedRequest, TaskRunner
+from .adapter import EncodedRequest, Runner
 
 # One cycle takes up to this many token budgets of texts: sorting a larger pool than one batch
 # cuts padding, while keeping the pool small keeps the wait of texts that arrive meanwhile short.
@@ -67,16 +67,17 @@ class QueueFull(Exception):
 class Ticket:
     """One request waiting for the model."""
 
-    runner: TaskRunner
+    runner: Runner
     encoded: EncodedRequest
     future: Future = field(default_factory=Future)
-    """Resolved with the request's list of Results, in request order."""
+    """Resolved with the runner's `results` of the request: its Results in request order, a chat
+    request's choice scores, a completions request's answers."""
     enqueued: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     """Set by the handler when the client is gone or timed out: pending texts are dropped."""
 
     def __post_init__(self) -> None:
-        self.scores = self.runner.empty_scores(len(self.encoded.status))  # [n, L], NaN until scored
+        self.scores = self.runner.empty_scores(len(self.encoded.status))  # one row per pick, empty until scored
         self.remaining = len(self.encoded.scored)
 
     @property
