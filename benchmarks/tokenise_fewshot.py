@@ -27,7 +27,7 @@ if which == "old":
     encode_items, choose_prefix = mod.encode_items, mod.choose_prefix
 else:
     from slmclassify.core.encode import encode_items, choose_prefix
-prefix = choose_prefix(tok, renderer.head)
+prefix = choose_prefix(tok, renderer.before)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = time.perf_counter()
 enc = encode_items(tok, renderer, texts, prefix, 8000)

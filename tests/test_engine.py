@@ -127,7 +127,7 @@ def test_prefix_boundary_fallback(tiny_loaded):
     clf = Classifier(task, model=tiny_loaded)
     tok = tiny_loaded.tokenizer
     # Take the prefix up to and including "Ticket:" + " ": the space merges with a following word.
-    full_head = tok(clf.renderer.head, add_special_tokens=False)["input_ids"]
+    full_head = tok(clf.renderer.before, add_special_tokens=False)["input_ids"]
     scorer = dataclasses.replace(clf.scorer, prefix_ids=full_head)
     texts = ["card charged", "  spaced start", "app crashes"]
     encoded = scorer.encode(texts)

@@ -284,9 +284,9 @@ def test_each_family_template_splits_into_a_cached_prefix_and_is_exact(tmp_path,
                 examples=(Example("my card was charged twice", "billing"),))
     clf = Classifier(task, model=loaded, settings=EngineSettings(token_budget=300, max_rows=4))
     renderer = clf.scorer.renderer
-    assert renderer.linear and renderer.tail.endswith(expect_tail)
+    assert renderer.linear and renderer.after.endswith(expect_tail)
     if name == "gemma3_text" and template:
-        assert "<start_of_turn>system" not in renderer.head and "Sort the tickets." in renderer.head
+        assert "<start_of_turn>system" not in renderer.before and "Sort the tickets." in renderer.before
     assert clf.prefix.length > 10
     assert_matches_reference(clf, random_texts(6, seed=8, max_words=30))
 

@@ -72,6 +72,6 @@ def batch(run: BatchOptions, opts: ModelOptions):
                f"{summary.items_per_s:.1f} answers/s", err=True)
     computed, reused = summary.head_tokens["computed"], summary.head_tokens["reused"]
     if computed + reused:
-        click.echo(f"head tokens read from the prefix cache: {reused / (computed + reused):.1%} "
+        click.echo(f"prefix tokens read from the prefix cache: {reused / (computed + reused):.1%} "
                    f"({reused} reused, {computed} computed)", err=True)
     click.echo(f"wrote {summary.output}", err=True)

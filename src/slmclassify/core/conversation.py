@@ -1,5 +1,5 @@
 """A conversation whose answer must be one of a few strings (a chat request with choices): its
-prompt ids, the head worth caching, and the choices' label trie.
+prompt ids, the prefix worth caching, and the choices' label trie.
 
 The prompt is the model's chat template over the client's messages with the generation prompt
 (`prompts.render_chat`), as a server that generates would render it. Each choice is scored as a
@@ -10,8 +10,8 @@ argmax over whole choices. Constrained greedy decoding (vLLM's `choice`) instead
 token is less likely is, as a whole, more likely (e.g. one long choice against several that share
 a likely first token).
 
-The head is everything before the last user message's content (system turn, earlier turns, the
-user turn's opening): what a client's requests share. Like a task's head it is cut one token early
+The prefix is everything before the last user message's content (system turn, earlier turns, the
+user turn's opening): what a client's requests share. Like a task's prefix it is cut one token early
 (`encode.choose_prefix`) and used only when the prompt's ids really start with it; otherwise the
 prompt runs whole, so the cache never changes an answer.
 """
@@ -42,20 +42,20 @@ class ChoicePrompt:
 
     prompt_ids: tuple[int, ...]
     """The whole prompt, ending with the generation prompt: what the reference path runs."""
-    head_ids: tuple[int, ...]
+    prefix_ids: tuple[int, ...]
     """The part a cache may hold (empty when the prompt does not start with it)."""
     trie: LabelTrie
     """The choices' token sequences after the prompt; `trie.labels` are the choices as given."""
 
     @property
     def own_ids(self) -> tuple[int, ...]:
-        """What runs after the cached head."""
-        return self.prompt_ids[len(self.head_ids):]
+        """What runs after the cached prefix."""
+        return self.prompt_ids[len(self.prefix_ids):]
 
     @property
     def key(self) -> tuple:
         """Requests with equal keys share a prefix cache and a trie, so they are batched together."""
-        return self.head_ids, self.trie.labels, self.trie.sequences
+        return self.prefix_ids, self.trie.labels, self.trie.sequences
 
 
 def choice_prompt(tokenizer, messages: list[dict], choices: tuple[str, ...], context: int) -> ChoicePrompt:
@@ -71,12 +71,12 @@ def choice_prompt(tokenizer, messages: list[dict], choices: tuple[str, ...], con
         raise InputError("the last message must be the user's: the choices are scored as the answer to it")
     prompt = render_chat(tokenizer, messages)
     marked = render_chat(tokenizer, messages[:-1] + [{**messages[-1], "content": ITEM_MARK}])
-    head, tail = marked.split(ITEM_MARK) if marked.count(ITEM_MARK) == 1 else ("", prompt)
+    before, after = marked.split(ITEM_MARK) if marked.count(ITEM_MARK) == 1 else ("", prompt)
     prompt_ids = tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    head_ids = tuple(choose_prefix(tokenizer, head)) if head else ()
-    if prompt_ids[:len(head_ids)] != head_ids or len(head_ids) >= len(prompt_ids):
-        head_ids = ()
-    sequences = label_sequences(tokenizer, tail, choices)
+    prefix_ids = tuple(choose_prefix(tokenizer, before)) if before else ()
+    if prompt_ids[:len(prefix_ids)] != prefix_ids or len(prefix_ids) >= len(prompt_ids):
+        prefix_ids = ()
+    sequences = label_sequences(tokenizer, after, choices)
     try:
         mode, sequences, _reason = resolve_mode(choices, sequences, "full", _end_of_turn(tokenizer))
     except TaskError as exc:  # two choices tokenize alike, or one to nothing
@@ -85,16 +85,16 @@ def choice_prompt(tokenizer, messages: list[dict], choices: tuple[str, ...], con
     if len(prompt_ids) + longest > context:
         raise InputError(f"the conversation is {len(prompt_ids)} tokens and its longest choice {longest}: over the "
                          f"model's {context}; shorten the messages")
-    return ChoicePrompt(prompt_ids=prompt_ids, head_ids=head_ids, trie=build_trie(choices, sequences, mode))
+    return ChoicePrompt(prompt_ids=prompt_ids, prefix_ids=prefix_ids, trie=build_trie(choices, sequences, mode))
 
 
 class ChoiceScorer:
-    """Scores conversations of one key (head and choices) through the engine: a `Scorer` of their
-    trie continuing their head's prefix cache, the task path's batching and kernels."""
+    """Scores conversations of one key (prefix and choices) through the engine: a `Scorer` of their
+    trie continuing their prefix's cache, the task path's batching and kernels."""
 
     def __init__(self, tokenizer, config, settings: EngineSettings, prompt: ChoicePrompt):
-        self.scorer = Scorer.for_prompts(tokenizer, config, settings, prompt.trie, list(prompt.head_ids))
-        self.head_ids = prompt.head_ids
+        self.scorer = Scorer.for_prompts(tokenizer, config, settings, prompt.trie, list(prompt.prefix_ids))
+        self.prefix_ids = prompt.prefix_ids
         self.labels = prompt.trie.labels
 
     @property
@@ -102,12 +102,12 @@ class ChoiceScorer:
         return self.scorer.settings
 
     def encode(self, prompts: list[ChoicePrompt]) -> EncodedItems:
-        """The prompts' ids as the engine runs them: after the head when they start with it, else whole."""
-        cached = [bool(p.head_ids) for p in prompts]
+        """The prompts' ids as the engine runs them: after the prefix when they start with it, else whole."""
+        cached = [bool(p.prefix_ids) for p in prompts]
         own = [np.array(p.own_ids if c else p.prompt_ids) for p, c in zip(prompts, cached)]
-        return EncodedItems.join(own, [OK] * len(prompts), cached, list(self.head_ids))
+        return EncodedItems.join(own, [OK] * len(prompts), cached, list(self.prefix_ids))
 
     def score(self, items: EncodedItems, engine, caches: PrefixCaches) -> Scored:
         """[n, choices] whole-choice log-probabilities of `items` (of this key), in their order."""
-        prefix = caches.get(self.head_ids) if self.head_ids else None
+        prefix = caches.get(self.prefix_ids) if self.prefix_ids else None
         return self.scorer.score(items, engine, prefix)

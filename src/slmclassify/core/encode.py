@@ -12,9 +12,9 @@ whole prompt for a fallback) — concatenated in one int32 array with offsets:
 
 The full prompt of a cached item is `prefix_ids + suffix`, rebuilt only when asked (`ids[i]`).
 
-Speed: the head of every prompt (system turn, few-shot examples) is long and identical. When the
-head contains a special token (`<|im_start|>`), the tokenizer splits the text there before any
-merge, so `ids(head + item + tail) == ids(head_up_to_that_token) + ids(rest + item + tail)`. The
+Speed: the start of every prompt (system turn, few-shot examples) is long and identical. When the
+text before the item contains a special token (`<|im_start|>`), the tokenizer splits the text there before any
+merge, so `ids(before + item + after) == ids(before_up_to_that_token) + ids(rest + item + after)`. The
 split is used only if it reproduces the full tokenisation exactly on probe texts
 (`PromptSplit.probe`); otherwise every prompt is tokenized whole.
 """
@@ -182,18 +182,18 @@ def invalid_text_at(value, path: str = "") -> str | None:
     return None
 
 
-def choose_prefix(tokenizer, head: str) -> list[int]:
-    """Prefix ids from the shared head text, cut one token early.
+def choose_prefix(tokenizer, before: str) -> list[int]:
+    """Prefix ids from the text every prompt shares before its item, cut one token early.
 
-    The head's last token may merge with an item's first characters (e.g. a trailing space and
+    Its last token may merge with an item's first characters (e.g. a trailing space and
     a word), so it is left to the suffix; `encode_items` still checks every item.
     """
-    ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(before, add_special_tokens=False)["input_ids"]
     return ids[:-1]
 
 
 class PromptSplit:
-    """Tokenize `head + item + tail` as `anchor_ids + ids(rest + item + tail)` (see the module docstring)."""
+    """Tokenize `before + item + after` as `anchor_ids + ids(rest + item + after)` (see the module docstring)."""
 
     def __init__(self, tokenizer, renderer: PromptRenderer):
         self.tokenizer = tokenizer
@@ -202,11 +202,11 @@ class PromptSplit:
         self.anchor_ids: list[int] = []
         if not renderer.linear:
             return
-        cut = _last_special_end(tokenizer, renderer.head)
+        cut = _last_special_end(tokenizer, renderer.before)
         if cut == 0:
             return
         self.cut = cut
-        self.anchor_ids = _tokenize(tokenizer, [renderer.head[:cut]])[0]
+        self.anchor_ids = _tokenize(tokenizer, [renderer.before[:cut]])[0]
         if not all(self.full_ids(p) == _tokenize(tokenizer, [renderer.render(p)])[0] for p in _SPLIT_PROBES):
             self.cut, self.anchor_ids = 0, []
 
@@ -216,20 +216,20 @@ class PromptSplit:
 
     def rest_ids(self, texts: list[str]) -> list[list[int]]:
         """Ids after the anchor for each text (the whole prompt when the split is off)."""
-        head_rest = self.renderer.head[self.cut :]
+        before_rest = self.renderer.before[self.cut :]
         if self.active:
-            return _tokenize(self.tokenizer, [head_rest + t + self.renderer.tail for t in texts])
+            return _tokenize(self.tokenizer, [before_rest + t + self.renderer.after for t in texts])
         return _tokenize(self.tokenizer, [self.renderer.render(t) for t in texts])
 
     def full_ids(self, text: str) -> list[int]:
         return self.anchor_ids + self.rest_ids([text])[0]
 
 
-def _last_special_end(tokenizer, head: str) -> int:
-    """End offset in `head` of its last special (added) token, 0 if none."""
+def _last_special_end(tokenizer, text: str) -> int:
+    """End offset in `text` of its last special (added) token, 0 if none."""
     specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
     specials += [str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)]
-    ends = [head.rfind(t) + len(t) for t in set(specials) if head.rfind(t) >= 0]
+    ends = [text.rfind(t) + len(t) for t in set(specials) if text.rfind(t) >= 0]
     return max(ends, default=0)
 
 
@@ -262,7 +262,7 @@ def encode_items(
     texts = [t[:bound] if len(t) > bound else t for t in texts]
     status = [EMPTY if not text.strip() and not score_empty else OK for text in texts]
     live = [i for i, s in enumerate(status) if s == OK]
-    overhead = len(_tokenize(tokenizer, [renderer.head + renderer.tail])[0])
+    overhead = len(_tokenize(tokenizer, [renderer.before + renderer.after])[0])
     prefix = np.asarray(prefix_ids, dtype=np.int64)
     anchor = np.asarray(split.anchor_ids, dtype=np.int64)
     n_prefix, n_anchor = len(prefix), len(anchor)

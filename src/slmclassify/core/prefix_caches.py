@@ -1,5 +1,5 @@
 """The engine's prefix caches of many heads (chat requests and batch lines declare no task: each
-conversation's head is found by itself, `conversation.py`), the least recently used dropped once
+conversation's prefix is found by itself, `conversation.py`), the least recently used dropped once
 they hold more than their bytes. One owner at a time: the service's worker thread, or a batch job."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ def check_prefix_cache_mb(value: float) -> None:
 
 
 class PrefixCaches:
-    """Prefix caches by head ids, within `max_bytes` (0: none kept, each lookup computes its head).
+    """Prefix caches by prefix ids, within `max_bytes` (0: none kept, each lookup computes its prefix).
 
-    `observe(event, tokens)` hears `"hit"` / `"miss"` per lookup with the head's tokens, so a caller
+    `observe(event, tokens)` hears `"hit"` / `"miss"` per lookup with the prefix's tokens, so a caller
     can count them (the service's /metrics)."""
 
     def __init__(self, engine, max_bytes: int, observe: Callable[[str, int], None] | None = None):
@@ -34,17 +34,17 @@ class PrefixCaches:
         """The heads held, least recently used first."""
         return list(self._caches)
 
-    def get(self, head_ids: tuple[int, ...]):
-        """The engine's prefix cache of `head_ids`, computed now when it is not held."""
-        if head_ids in self._caches:
-            self._caches.move_to_end(head_ids)
-            self.observe("hit", len(head_ids))
-            return self._caches[head_ids][0]
-        self.observe("miss", len(head_ids))
-        cache = self.engine.prefill(list(head_ids))
+    def get(self, prefix_ids: tuple[int, ...]):
+        """The engine's prefix cache of `prefix_ids`, computed now when it is not held."""
+        if prefix_ids in self._caches:
+            self._caches.move_to_end(prefix_ids)
+            self.observe("hit", len(prefix_ids))
+            return self._caches[prefix_ids][0]
+        self.observe("miss", len(prefix_ids))
+        cache = self.engine.prefill(list(prefix_ids))
         size = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values))
         if size <= self.max_bytes:
-            self._caches[head_ids] = (cache, size)
+            self._caches[prefix_ids] = (cache, size)
             self.bytes += size
             while self.bytes > self.max_bytes:
                 _, (_, dropped) = self._caches.popitem(last=False)

@@ -3,18 +3,18 @@
 Layout of one prompt (chat template of the model):
 
     [system turn: instruction + labels][examples as earlier turns][user turn start | ITEM | user turn end][generation prompt]
-    \\__________________________ head (same for every item) ______________________/        \\____ tail (same) ____/
+    \\__________________________ before (same for every item) ______________________/        \\____ after (same) ____/
 
 Families differ only in what their templates render: Gemma's has no system role (the system text
 joins the first user turn), Qwen3's and SmolLM3's add an empty think block before the answer
-(`enable_thinking=False`); the head / item / tail split below holds for each. A tokenizer without a
+(`enable_thinking=False`); the before / item / after split below holds for each. A tokenizer without a
 chat template (a base model) gets `PLAIN_TEMPLATE`: the instruction and labels, the examples as
 `Input:` / `Label:` pairs, then the item and the answer cue `Label: ` (docs/models.md).
 
-`PromptRenderer.render(text)` is `head + user_template(text) + tail` when the template is *linear*
+`PromptRenderer.render(text)` is `before + user_template(text) + after` when the template is *linear*
 (renders the item verbatim), which is checked once with probe texts; otherwise each item is
 rendered through the template. The token prefix reused through the KV cache is taken from the
-head; `encode.py` checks per item that the full prompt really starts with those tokens.
+text before the item; `encode.py` checks per item that the full prompt really starts with those tokens.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class PromptRenderer:
                 f"the model's chat template {'drops' if count == 0 else f'repeats ({count} times)'} the item text "
                 "of the last user turn, so items cannot be scored with it; use a model whose chat template "
                 "renders each user message once")
-        self.head, self.tail = marked.split(ITEM_MARK)
-        self.linear = all(self._render_messages(p) == self.head + p + self.tail for p in _PROBES)
+        self.before, self.after = marked.split(ITEM_MARK)
+        self.linear = all(self._render_messages(p) == self.before + p + self.after for p in _PROBES)
 
     def messages(self, text: str) -> list[dict[str, str]]:
         """The chat for one item: system turn, examples as earlier turns, the item last."""
@@ -63,7 +63,7 @@ class PromptRenderer:
     def render(self, text: str) -> str:
         """The full prompt for one item, ending with the generation prompt."""
         if self.linear:
-            return self.head + text + self.tail
+            return self.before + text + self.after
         return self._render_messages(text)
 
     def _render_messages(self, item: str) -> str:

@@ -56,9 +56,9 @@ class Scorer:
     trie: LabelTrie
     mode_reason: str
     prefix_ids: list[int]
-    """The shared head of every prompt, run once per engine (empty with `prefix_cache` off)."""
+    """The shared start of every prompt, run once per engine (empty with `prefix_cache` off)."""
     pool_from: int
-    """Tokens of that head whether cached or not: a mean-pooled tap starts after them."""
+    """Tokens of that shared start whether cached or not: a mean-pooled tap starts after them."""
     split: PromptSplit | None
     max_prompt_tokens: int
     """Longest prompt the engine is exact for (the model's context less the longest label)."""
@@ -72,17 +72,17 @@ class Scorer:
         renderer = PromptRenderer(tokenizer, task)
         # every question's branches (`questions.py`), in the mode its readout asks for
         names = scored_names(task)
-        label_tokens = label_sequences(tokenizer, renderer.tail, names)
+        label_tokens = label_sequences(tokenizer, renderer.after, names)
         mode, sequences, mode_reason = resolve_mode(names, label_tokens, task.scoring_mode,
                                                     end_of_turn_id(tokenizer))
         mode_reason = task.mode_reason(mode_reason)
         trie = build_trie(names, sequences, mode)
-        head_ids = choose_prefix(tokenizer, renderer.head)
-        prefix_ids = head_ids if settings.prefix_cache else []
+        shared = choose_prefix(tokenizer, renderer.before)
+        prefix_ids = shared if settings.prefix_cache else []
         # The engine is exact up to this length (the model's context, or less: see config_check).
         max_prompt_tokens = context_limit(config) - max(len(s) for s in trie.sequences)
         return cls(task=task, tokenizer=tokenizer, settings=settings, renderer=renderer, label_tokens=label_tokens,
-                   trie=trie, mode_reason=mode_reason, prefix_ids=prefix_ids, pool_from=len(head_ids),
+                   trie=trie, mode_reason=mode_reason, prefix_ids=prefix_ids, pool_from=len(shared),
                    split=PromptSplit(tokenizer, renderer), max_prompt_tokens=max_prompt_tokens,
                    hidden_size=config.hidden_size)
 

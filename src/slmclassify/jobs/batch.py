@@ -3,7 +3,7 @@ order, resumably.
 
     check output → lock OUTPUT → [partial run? check it, resume or refuse] → load model
     → for each window of lines: parse each line (a bad one gets its `error`, never the whole file)
-      → chat lines grouped by head and choices, each group scored in one pass continuing its head's
+      → chat lines grouped by prefix and choices, each group scored in one pass continuing its
         cached prefix (found by itself: `core/conversation.py`) → append the window's answers to
         OUTPUT.partial → fsync → progress record → … → rename to OUTPUT
 
@@ -94,7 +94,7 @@ class BatchSummary:
     items_per_s: float
     """Answered lines per second of scoring (parsing, tokenizing and the engine; not the load)."""
     head_tokens: dict[str, int]
-    """The conversations' head tokens: "computed" (a cache miss) and "reused" (read from the cache)."""
+    """The conversations' prefix tokens (`head_tokens`, as the progress record has kept them): "computed" (a cache miss) and "reused" (read from the cache)."""
     resumed_at: int
     output: str
 
@@ -225,7 +225,7 @@ class _Answerer:
                                                           self.settings, asked[members[0]][2])
             items = scorer.encode([asked[k][2] for k in members])
             scores = scorer.score(items, self.loaded.engine, self.caches).scores
-            self.state.head_tokens["reused"] += len(scorer.head_ids) * int(items.cached.sum())
+            self.state.head_tokens["reused"] += len(scorer.prefix_ids) * int(items.cached.sum())
             for k, row in zip(members, scores):
                 answers[k] = self._answered(start + k, *asked[k], row)
         for name, asking in classify.items():

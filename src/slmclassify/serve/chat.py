@@ -83,7 +83,7 @@ class DetokenizeRequest(BaseModel):
 
 
 def prefix_caches(engine, prefix_cache_mb: float, metrics) -> PrefixCaches:
-    """The service's prefix caches, counted in /metrics: lookups by result, head tokens computed on
+    """The service's prefix caches, counted in /metrics: lookups by result, prefix tokens computed on
     a miss (those read from the cache are counted per request by `ChoiceRunner.score`)."""
 
     def observe(event: str, tokens: int) -> None:
@@ -113,7 +113,7 @@ class ChoiceRunner:
         """[k, choices] whole-choice log-probabilities of the picked conversations, in pick order."""
         items = EncodedItems.gather([(req.items, i) for req, i in picks])
         scored = self.choices.score(items, self.engine, self.caches)
-        self.metrics.prefix_tokens.labels("reused").inc(len(self.choices.head_ids) * int(items.cached.sum()))
+        self.metrics.prefix_tokens.labels("reused").inc(len(self.choices.prefix_ids) * int(items.cached.sum()))
         self.metrics.prefix_cache_bytes.set(self.caches.bytes)
         return scored.scores, BatchWork(rows=len(picks), real_tokens=scored.stats.real_tokens,
                                         processed_tokens=scored.stats.processed_tokens)

@@ -40,7 +40,7 @@ class Metrics:
         self.queue_depth = Gauge("slmclassify_queue_items", "Texts waiting for the model", registry=r)
         self.prefix_lookups = Counter("slmclassify_prefix_cache_lookups", "Chat batches' prefix cache lookups, "
                                       "by result (hit or miss)", ["result"], registry=r)
-        self.prefix_tokens = Counter("slmclassify_prefix_tokens", "Chat prompts' head tokens: computed (a miss) or "
+        self.prefix_tokens = Counter("slmclassify_prefix_tokens", "Chat prompts' prefix tokens: computed (a miss) or "
                                      "reused by an item from the cache", ["how"], registry=r)
         self.prefix_cache_bytes = Gauge("slmclassify_prefix_cache_bytes", "Memory held by chat prefix caches",
                                         registry=r)
