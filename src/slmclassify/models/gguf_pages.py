@@ -6,30 +6,28 @@ kept as a torch tensor. Three things sat on top of the float32 weights at the pe
 `converting_gguf()` is active each goes:
 
 - **The file's pages.** Each page read stayed resident until the map was freed, after the last
-  tensor (a Qwen2.5-0.5B-shaped F16 GGUF: +2978 MiB for 1885 MiB of weights, 944 MiB of them file
-  pages). A float32 tensor's map is now copied in 16 MiB slices, each slice's pages handed back
+  tensor. A float32 tensor's map is now copied in 16 MiB slices, each slice's pages handed back
   (madvise MADV_DONTNEED) once copied; a quantised tensor's pages go when the next one is asked for.
   The map is shared and read-only, so nothing is lost: a page read again comes back from the file.
 - **A second copy of the largest tensor.** `np.copy` of an array that `dequantize` had just made
-  (every quantised or float16 tensor) copied it again: a 262,144-token embedding is 640 MiB in
-  float32, held twice. Such a fresh array, which nothing else refers to, is now passed on as is.
-- **The reader's parsed metadata** (one small array object per token and merge, 159 MiB for a
-  49,152-token vocabulary), held until the last tensor: it is freed once the tensors are read,
-  when transformers has taken the config and tokenizer from it.
+  (every quantised or float16 tensor) copied it again: a large embedding was held twice. Such a
+  fresh array, which nothing else refers to, is now passed on as is.
+- **The reader's parsed metadata** (one small array object per token and merge), held until the
+  last tensor: it is freed once the tensors are read, when transformers has taken the config and
+  tokenizer from it.
 
-Measured with `benchmarks/load_peak.py` (conversion plus the engine, over the RSS before the first
-tensor): a Gemma 3 270M-shaped float32 GGUF (1023 MiB of weights) 1.42x -> 1.11x, the embedded
-SmolLM2-135M (Q4_1, 513 MiB) 1.36x -> 1.18x; `tests/test_memory.py` pins it on a small file. The
-float32 values are untouched (the converted folder is byte-identical): the same bytes, copied once.
+`tests/test_memory.py` pins the peak on a small file; the figures on real files are in the results
+log (docs/results.md, "figures moved from docstrings"). The float32 values are untouched (the
+converted folder is byte-identical): the same bytes, copied once.
 
 **The metadata, parsed once.** `gguf.GGUFReader` parses every field of the file when it is made,
-one small numpy view per token and merge of the vocabulary: 2.4 s for the embedded SmolLM2-135M on
-a 2-core Zen 4. A conversion made four: the architecture check (`loading._gguf_architecture`), the
+one small numpy view per token and merge of the vocabulary, which takes seconds for a real
+vocabulary. A conversion made four: the architecture check (`loading._gguf_architecture`), the
 tokenizer, the config and the tensors (transformers calls `load_gguf_checkpoint` once for each). While
 `converting_gguf()` is active a reader of the same file is made once and shared, until its tensors
 are read, when its fields are freed as above. Likewise the map from the file's tensor names to the
 model's (`gguf.get_tensor_name_map`), which transformers built again for every module of the model
-(hundreds; 4.8 s of the embedded model's conversion), is built once per architecture and depth.
+(hundreds of times), is built once per architecture and depth.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ of its own when transformers asks for it (`_FileTensor`, handed to `from_pretrai
 dict): no file page counts toward the process, and a tensor the engine re-arranges is freed as
 soon as its arranged copy exists (`core/engine/arrange.py`), so the transient is one layer, not the model.
 safetensors' own `pread` backend read each tensor into a buffer and copied it, so the largest
-tensor was held twice for a moment: a 262,144-token embedding is 640 MiB in float32, and that
-moment was the load's peak (1.29x the weights of a Gemma 3 270M with its engine; now 1.10x,
-`benchmarks/load_peak.py`). safetensors still
-reads and checks each file's header.
+tensor (a large vocabulary's embedding) was held twice for a moment, and that moment was the
+load's peak (figures: docs/results.md, "figures moved from docstrings"). safetensors still reads
+and checks each file's header.
 
 A checkpoint of tied embeddings may store the shared matrix under the output layer's name (our
 GGUF conversions do); it is renamed to the input embedding's, which transformers loads and then
