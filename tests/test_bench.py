@@ -198,6 +198,25 @@ def test_bench_cli_no_ctranslate2_skips_the_i_rows(llama_dir, monkeypatch):
     assert not any(r["name"].startswith("i ") for r in json.loads(result.stdout.splitlines()[-1])["rows"])
 
 
+def test_bench_rows_runs_only_the_rows_asked_besides_a_to_d(llama_dir, monkeypatch, run_main):
+    """`--rows g` is (a)-(d) and the other precisions' rows; `--rows none` (a)-(d) alone (what a
+    one-off script of rows a and d did); an unknown letter is refused naming the letters, before
+    the model loads."""
+    import slmclassify.bench.compare as compare
+
+    monkeypatch.setattr(compare, "_ablations", lambda *a: pytest.fail("--rows g ran the ablations"))
+    args = ["bench", "--n", "3", "--model", str(llama_dir), "--no-llama-cpp"]
+    only_g = CliRunner().invoke(cli, [*args, "--rows", "g"], catch_exceptions=False)
+    assert only_g.exit_code == 0, only_g.output
+    letters = [r["name"][0] for r in json.loads(only_g.stdout.splitlines()[-1])["rows"]]
+    assert letters[:4] == ["a", "b", "c", "d"] and set(letters[4:]) <= {"g"}
+    alone = CliRunner().invoke(cli, [*args, "--rows", "none"], catch_exceptions=False)
+    assert [r["name"][0] for r in json.loads(alone.stdout.splitlines()[-1])["rows"]] == ["a", "b", "c", "d"]
+    code, _out, err = run_main(*args, "--rows", "e,x")
+    assert code != 0 and "error: --rows 'e,x'" in err and "g (ours in each other precision)" in err
+    assert len(err.strip().splitlines()) == 1  # one line, no traceback
+
+
 def test_sweep_cli_plots_and_saves(llama_dir, tmp_path, monkeypatch):
     from slmclassify.io.saved_settings import saved_settings
 

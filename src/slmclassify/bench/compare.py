@@ -294,29 +294,57 @@ def bench_settings(settings: EngineSettings | None = None) -> EngineSettings:
     return replace(settings or EngineSettings(), max_text_tokens=None)
 
 
+ROW_GROUPS = {"e": "the ablations of (d)", "k": "(d) on the fastest vendor float32 GEMM",
+              "g": "ours in each other precision", "m": "a multi-label task", "q": "several questions",
+              "s": "structured outputs", "i": "CTranslate2", "t": "plain transformers (CUDA)", "f": "llama.cpp"}
+"""The rows a bench may leave out, by their letter; (a) to (d) always run (the others are timed against (d))."""
+
+
 def run_bench(loaded: LoadedModel, texts: list[str], task: Task, settings: EngineSettings | None = None,
-              gguf_path: str | None = None, log=print, with_ctranslate2: bool = True) -> BenchReport:
+              gguf_path: str | None = None, log=print, with_ctranslate2: bool = True,
+              rows: frozenset[str] | None = None) -> BenchReport:
     """Run every configuration on `texts` and return the report (rows in table order).
 
     `loaded`: a prepared model (`load_model`; with `--precision auto`, decided on `task` with
-    `bench_settings`); `with_ctranslate2` False: no (i) rows."""
+    `bench_settings`); `with_ctranslate2` False: no (i) rows; `rows`: only these of `ROW_GROUPS`
+    besides (a) to (d) (None: all)."""
     settings = bench_settings(settings)
+    wanted = ROW_GROUPS.keys() if rows is None else rows
     report = BenchReport(machine=machine_info())
     inputs = _prepare(loaded, texts, task, settings, report, log)
-    rows = _Rows(report, inputs, log)
-    clf, d = _article_and_ours(inputs, rows, report)
-    _ablations(inputs, rows, report, d)
-    _vendor_kernel_row(inputs, rows, report, clf, d)
-    _other_precisions_rows(inputs, rows, report, clf, d)
-    _multilabel_row(inputs, report, clf, d)
-    _questions_row(inputs, report)
-    _structured_row(inputs, report, log)
-    _ctranslate2_rows(inputs, rows, report, clf, d, log, with_ctranslate2)
-    if inputs.device.type == "cuda":
-        _plain_transformers_rows(inputs, rows)
-    if gguf_path is not None:
-        _llama_cpp_row(inputs, rows, gguf_path, log)
+    table = _Rows(report, inputs, log)
+    clf, d = _article_and_ours(inputs, table, report)
+    steps = {"e": lambda: _ablations(inputs, table, report, d),
+             "k": lambda: _vendor_kernel_row(inputs, table, report, clf, d),
+             "g": lambda: _other_precisions_rows(inputs, table, report, clf, d),
+             "m": lambda: _multilabel_row(inputs, report, clf, d),
+             "q": lambda: _questions_row(inputs, report),
+             "s": lambda: _structured_row(inputs, report, log),
+             "i": lambda: _ctranslate2_rows(inputs, table, report, clf, d, log, with_ctranslate2),
+             "t": lambda: _plain_transformers_rows(inputs, table) if inputs.device.type == "cuda" else None,
+             "f": lambda: _llama_cpp_row(inputs, table, gguf_path, log) if gguf_path is not None else None}
+    for letter, step in steps.items():  # in table order
+        if letter in wanted:
+            step()
     return report
+
+
+def parse_rows(spec: str | None) -> frozenset[str] | None:
+    """`--rows e,g` → {"e", "g"}; "none" → {} ((a) to (d) alone); None → None (every row). A letter
+    that is no row is refused, naming the letters."""
+    if spec is None:
+        return None
+    if spec.strip().lower() == "none":
+        return frozenset()
+    letters = frozenset(part.strip().lower() for part in spec.split(",") if part.strip())
+    unknown = sorted(letters - ROW_GROUPS.keys())
+    if unknown or not letters:
+        from ..errors import FieldError
+
+        raise FieldError("rows", "{field} {value!r}: the rows besides (a)-(d) are "
+                         + ", ".join(f"{k} ({v})" for k, v in ROW_GROUPS.items()) + ", or none",
+                         value=spec)
+    return letters
 
 
 def _prepare(loaded, texts, task, settings, report: BenchReport, log) -> _Inputs:

@@ -52,6 +52,8 @@ class BenchOptions:
     with_ctranslate2: bool
     opts: ModelOptions
     """The task (default: the article's) and how the model runs."""
+    rows: frozenset[str] | None = None
+    """The rows besides (a)-(d) (`compare.ROW_GROUPS`; None: all)."""
 
     def __post_init__(self) -> None:
         if self.n_items < 1:
@@ -59,9 +61,11 @@ class BenchOptions:
 
     @classmethod
     def from_flags(cls, *, n_items, input_path, text_column, json_path, with_llama_cpp, with_ctranslate2,
-                   **model_flags) -> BenchOptions:
+                   rows=None, **model_flags) -> BenchOptions:
+        from ..bench.compare import parse_rows
+
         return cls(n_items, input_path, text_column, json_path, with_llama_cpp, with_ctranslate2,
-                   ModelOptions(**model_flags))
+                   ModelOptions(**model_flags), parse_rows(rows))
 
 
 bench_options = bundle("run", BenchOptions.from_flags, [
@@ -82,6 +86,9 @@ bench_options = bundle("run", BenchOptions.from_flags, [
                  help="Run (f), llama.cpp on the GGUF, when llama-cpp-python is installed."),
     click.option("--ctranslate2/--no-ctranslate2", "with_ctranslate2", default=True, show_default=True,
                  help="Run (i), CTranslate2 in fp32 and int8, when ctranslate2 is installed (CPU)."),
+    click.option("--rows", metavar="LETTERS", help="Only these rows besides (a)-(d), e.g. --rows e,g (e ablations, k "
+                 "vendor GEMM, g other precisions, m multi-label, q questions, s structured, i CTranslate2, "
+                 "t plain transformers, f llama.cpp), or none; default: all."),
     *reversed(device_options()),  # bench's help lists --precision before --device
 ])
 
@@ -107,7 +114,7 @@ def bench(run: BenchOptions):
     gguf = str(embedded_gguf_path()) if model is None else (model if str(model).endswith(".gguf") else None)
     gguf = gguf if run.with_llama_cpp else None
     report = run_bench(loaded, texts, task, settings, gguf_path=gguf, log=lambda m: click.echo(m, err=True),
-                       with_ctranslate2=run.with_ctranslate2)
+                       with_ctranslate2=run.with_ctranslate2, rows=run.rows)
     click.echo(f"model: {loaded.name}; {report.machine['cpu']}, {report.machine['threads']} threads, "
                f"torch {report.machine['torch']}, transformers {report.machine['transformers']}")
     click.echo(f"engine: {report.engine}")
