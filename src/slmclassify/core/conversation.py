@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError, TaskError
-from .encode import OK, EncodedItems, choose_prefix
+from .encode import EncodedItems, choose_prefix
+from .results import OK
 from .labels import LabelTrie, build_trie, end_of_turn_id, label_sequences, resolve_mode
 from .prefix_caches import PrefixCaches
 from .prompts import ITEM_MARK, render_chat

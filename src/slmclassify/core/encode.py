@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import TaskError
 from .prompts import PromptRenderer
-from .results import EMPTY, OK, TRUNCATED  # noqa: F401  (an item's status: `results.py` owns them)
+from .results import EMPTY, OK, TRUNCATED  # an item's status: `results.py` owns them
 
 _TOKENIZE_BATCH = 2048  # prompts per tokenizer call: bounds the tokenizer's transient Python lists
 _SPLIT_PROBES = ("", "plain text", " leading space", "\n\nnew lines\n", "  two  spaces  ", "Ünïcödé ✓ 123",

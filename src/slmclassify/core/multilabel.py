@@ -194,6 +194,6 @@ def cross_fitted(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...], t
     halves = np.random.default_rng(seed).permutation(len(gold)) % 2 == 0
     pred = np.zeros_like(gold, dtype=bool)
     for part in (halves, ~halves):  # this half predicted at the other half's thresholds
-        picked = pick_thresholds(probs[~part], gold[~part], target_precision)
-        pred[part] = probs[part] >= np.array([fallback if t is None else t for t in picked])[None, :]
+        picked = pick_thresholds(probs[~part], gold[~part], target_precision, fallback=fallback)
+        pred[part] = probs[part] >= np.array(picked)[None, :]
     return _report(pred, gold, labels)

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..classifier import Classifier
-from ..core.encode import EMPTY, EncodedItems
+from ..core.encode import EncodedItems
+from ..core.results import EMPTY
 from ..core.results import Result
 
 
