@@ -39,17 +39,42 @@ MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
-class ChatAsk:
-    """What a chat request asks for: the strings scored after its prompt, and how the best ones
-    become the answer."""
+class StringsAsk:
+    """A choice among strings, each scored as given; the answer is the best one."""
 
-    choices: tuple[str, ...] = ()
-    """A choice among strings, each scored as given (empty for an object's questions)."""
-    questions: tuple[SchemaQuestion, ...] = ()
-    """An object's properties, each a choice among its values."""
+    choices: tuple[str, ...]
     form: str = "text"
-    """How the answer is written: "text" (the choice), "json" (the choice or the object as JSON),
-    "tool" (a call of `tool` with the object as its arguments)."""
+    """How the answer is written: "text" (the string itself) or "json" (the string as JSON)."""
+
+    @property
+    def scored(self) -> tuple[str, ...]:
+        """The strings the label trie scores after the prompt, in score-column order."""
+        return self.choices
+
+    def spans(self) -> list[slice]:
+        """The score columns of each choice made: one for a list of strings."""
+        return [slice(0, len(self.choices))]
+
+    def system_turn(self) -> str | None:
+        """The system turn a conversation without one gets: none, the conversation as sent."""
+        return None
+
+    def answer(self, message: dict, labels: tuple[str, ...], best: list[int]) -> None:
+        """Write the answer of the best score columns (`best`, one per span) into `message`."""
+        answer = labels[best[0]]
+        message["content"] = json.dumps(answer, ensure_ascii=False) if self.form == "json" else answer
+
+
+@dataclass(frozen=True)
+class ObjectAsk:
+    """An object of finite choices: a schema's properties, each a question scored in the one pass
+    (values after their property's name when there are several), answered as a JSON object."""
+
+    questions: tuple[SchemaQuestion, ...]
+    """An object's properties, each a choice among its values."""
+    form: str = "json"
+    """How the answer is written: "json" (the object as JSON in `content`) or "tool" (a call of
+    `tool` with the object as its arguments)."""
     tool: str | None = None
     """The function called (form "tool"), or None when the model chooses it among `tools`."""
     tools: tuple[str, ...] = ()
@@ -64,18 +89,13 @@ class ChatAsk:
 
     @property
     def scored(self) -> tuple[str, ...]:
-        """The strings the label trie scores after the prompt, in score-column order."""
-        if not self.questions:
-            return self.choices
         asked = self.asked
         if len(asked) == 1:
             return asked[0].texts
         return tuple(f"{q.name}: {text}" for q in asked for text in q.texts)
 
     def spans(self) -> list[slice]:
-        """The score columns of each choice made: one for a list of strings, one per asked question."""
-        if not self.questions:
-            return [slice(0, len(self.choices))]
+        """One span of score columns per asked question."""
         spans, at = [], 0
         for q in self.asked:
             spans.append(slice(at, at + len(q.values)))
@@ -83,10 +103,10 @@ class ChatAsk:
         return spans
 
     def task(self, **prompt) -> Task:
-        """The offline task this ask is answered as (its asked questions; none for a list of strings):
-        one question a task of its values, several a task of questions, each scored in full and not
-        calibrated as a conversation is; `prompt`: the Task's prompt fields (`system`,
-        `user_template`, ...) where the conversation gives them. TaskError when the values make no task."""
+        """The offline task this ask is answered as (its asked questions): one question a task of its
+        values, several a task of questions, each scored in full and not calibrated as a
+        conversation is; `prompt`: the Task's prompt fields (`system`, `user_template`, ...) where the
+        conversation gives them. TaskError when the values make no task."""
         asked = self.asked
         if len(asked) == 1:
             q = asked[0]
@@ -96,15 +116,35 @@ class ChatAsk:
             Question(q.name, Task(labels=q.texts, calibrate=False), question=q.question) for q in asked), **prompt)
 
     def system_turn(self) -> str | None:
-        """The system turn a conversation without one gets: the one its task (`task`) renders; None
-        for a list of strings (the conversation as sent)."""
-        if not self.asked:
-            return None
+        """The system turn its task (`task`) renders, so that a request of a ticket alone is answered
+        as offline `classify` answers it."""
         try:
             return self.task().system_turn()
         except TaskError as exc:
             raise InputError(f"the schema cannot be asked without a system message ({exc}); send a system message "
                              "saying what to answer") from None
+
+    def answer(self, message: dict, labels: tuple[str, ...], best: list[int]) -> None:
+        """The object of each question's best value, as `content` or as the tool call's arguments."""
+        made = iter(pick - span.start for span, pick in zip(self.spans(), best))
+        picks = [next(made) if len(q.values) > 1 else 0 for q in self.questions]
+        questions, tool = self.questions, self.tool
+        if self.tools:  # the chosen function's own answers, without its name before their paths
+            tool = questions[0].values[picks[0]]
+            own = [(SchemaQuestion(q.path[1:], q.values, q.question), pick)
+                   for q, pick in zip(questions[1:], picks[1:]) if q.path[0] == tool]
+            questions, picks = tuple(q for q, _ in own), [pick for _, pick in own]
+        arguments = json.dumps(answer_object(questions, picks), ensure_ascii=False)
+        if self.form == "tool":
+            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                      "function": {"name": tool, "arguments": arguments}}]
+        else:
+            message["content"] = arguments
+
+
+ChatAsk = StringsAsk | ObjectAsk
+"""What a chat request asks for: the strings scored after its prompt (`scored`, `spans`), the system
+turn a conversation without one gets, and how the best ones become the answer (`answer`)."""
 
 
 def unknown_model(name, names: tuple[str, ...], tasks) -> str | None:
@@ -183,10 +223,10 @@ def chat_ask(body: dict) -> ChatAsk:
     return given[0][1]()
 
 
-def _strings(choices, where: str) -> ChatAsk:
+def _strings(choices, where: str) -> StringsAsk:
     if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
         raise InputError(f"{where} must be a list of strings")
-    return ChatAsk(choices=tuple(choices))
+    return StringsAsk(tuple(choices))
 
 
 def _response_format(response_format, messages) -> ChatAsk:
@@ -199,7 +239,7 @@ def _response_format(response_format, messages) -> ChatAsk:
                              "\"schema\"}} with an object schema of enum properties (what openai .parse(), "
                              "instructor and LangChain send), or write that schema into a message")
         where, schema = found
-        return ChatAsk(questions=schema_questions(schema, where), form="json")
+        return ObjectAsk(schema_questions(schema, where))
     spec = response_format.get("json_schema") if kind == "json_schema" else None
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
@@ -208,8 +248,8 @@ def _response_format(response_format, messages) -> ChatAsk:
     if schema.get("type") == "string" or ("enum" in schema and "properties" not in schema):
         if schema.get("type", "string") != "string" or not isinstance(schema.get("enum"), list):
             raise InputError("response_format.json_schema.schema: a string schema needs an enum of strings")
-        return ChatAsk(choices=_strings(schema["enum"], "response_format.json_schema.schema.enum").choices, form="json")
-    return ChatAsk(questions=schema_questions(schema, "response_format.json_schema.schema"), form="json")
+        return StringsAsk(_strings(schema["enum"], "response_format.json_schema.schema.enum").choices, form="json")
+    return ObjectAsk(schema_questions(schema, "response_format.json_schema.schema"))
 
 
 def message_schema(messages) -> tuple[str, dict] | None:
@@ -236,7 +276,7 @@ def message_schema(messages) -> tuple[str, dict] | None:
     return None
 
 
-def _tool_call(tools, tool_choice) -> ChatAsk:
+def _tool_call(tools, tool_choice) -> ObjectAsk:
     """The tool the request makes the model call, and its parameters' questions."""
     if not isinstance(tools, list) or not tools:
         raise InputError("tools must be a non-empty list of {\"type\": \"function\", \"function\": {\"name\", "
@@ -264,11 +304,11 @@ def _tool_call(tools, tool_choice) -> ChatAsk:
         raise InputError(f"tool_choice must be \"auto\", \"required\", \"none\" or {{\"type\": \"function\", "
                          f"\"function\": {{\"name\": ...}}}}, got {json.dumps(tool_choice)[:60]}")
     k, function = functions[name]
-    return ChatAsk(questions=schema_questions(function.get("parameters"), f"tools[{k}].function.parameters"),
-                   form="tool", tool=name)
+    return ObjectAsk(schema_questions(function.get("parameters"), f"tools[{k}].function.parameters"), form="tool",
+                     tool=name)
 
 
-def _tool_choice(functions: dict) -> ChatAsk:
+def _tool_choice(functions: dict) -> ObjectAsk:
     """Several tools, the model to choose: which function is one more question, asked first (its
     answer a name, asked with each function's description), then every function's parameters, all
     in the one pass; a function without parameters is called with {}."""
@@ -281,7 +321,7 @@ def _tool_choice(functions: dict) -> ChatAsk:
             continue
         own = schema_questions(parameters, f"tools[{k}].function.parameters")
         questions.extend(SchemaQuestion((name, *q.path), q.values, q.question) for q in own)
-    return ChatAsk(questions=tuple(questions), form="tool", tools=tuple(functions))
+    return ObjectAsk(tuple(questions), form="tool", tools=tuple(functions))
 
 
 def chat_completion(body: dict, prompt: ChoicePrompt, scores: np.ndarray, ask: ChatAsk) -> dict:
@@ -300,24 +340,7 @@ def chat_completion(body: dict, prompt: ChoicePrompt, scores: np.ndarray, ask: C
                             "top_logprobs": [_entry(labels[k], scores[k]) for k in top]})
         logprobs = {"content": entries, "refusal": None}
     message = {"role": "assistant", "content": None, "refusal": None}
-    if not ask.questions:
-        answer = labels[best[0]]
-        message["content"] = json.dumps(answer, ensure_ascii=False) if ask.form == "json" else answer
-    else:
-        made = iter(pick - span.start for span, pick in zip(spans, best))
-        picks = [next(made) if len(q.values) > 1 else 0 for q in ask.questions]
-        questions, tool = ask.questions, ask.tool
-        if ask.tools:  # the chosen function's own answers, without its name before their paths
-            tool = questions[0].values[picks[0]]
-            own = [(SchemaQuestion(q.path[1:], q.values, q.question), pick)
-                   for q, pick in zip(questions[1:], picks[1:]) if q.path[0] == tool]
-            questions, picks = tuple(q for q, _ in own), [pick for _, pick in own]
-        arguments = json.dumps(answer_object(questions, picks), ensure_ascii=False)
-        if ask.form == "tool":
-            message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                      "function": {"name": tool, "arguments": arguments}}]
-        else:
-            message["content"] = arguments
+    ask.answer(message, labels, best)
     completion = sum(len(prompt.trie.sequences[k]) for k in best)
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model"), "system_fingerprint": None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..core.prompts import chat_template, render_chat
 from ..errors import InputError
-from .chat_request import ChatAsk, chat_messages
+from .chat_request import StringsAsk, chat_messages
 
 
 def tokenize_answer(body: dict, tokenizer, context: int) -> dict:
@@ -21,7 +21,7 @@ def tokenize_answer(body: dict, tokenizer, context: int) -> dict:
     if (body.get("prompt") is None) == (body.get("messages") is None):
         raise InputError("give exactly one of prompt (a string) or messages (a list of {\"role\", \"content\"})")
     if body.get("messages") is not None:
-        messages = chat_messages(body, ChatAsk())
+        messages = chat_messages(body, StringsAsk(()))  # no answer asked: the conversation as sent
         continue_final = bool(body.get("continue_final_message"))
         generation = body.get("add_generation_prompt", True) and not continue_final
         text = render_chat(tokenizer, messages, generation_prompt=generation, continue_final=continue_final)
