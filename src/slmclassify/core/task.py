@@ -251,6 +251,16 @@ class Task:
                 f"(e.g. \"{first.readout.example(first.name, first.labels)}\"). The questions:\n"
                 + "\n".join(q.describe() for q in self.questions))
 
+    def listing(self, calibrated: bool) -> dict:
+        """What a list of tasks shows of what it asks (the service's /v1/tasks): a task of labels its
+        labels, minimum confidence and kind; a task of questions each question's, with whether it is
+        calibrated (`calibrated`: the task's content-free passes ran)."""
+        if not self.questions:
+            return {"labels": list(self.labels), "min_confidence": self.min_confidence, "multi_label": self.multi_label}
+        return {"questions": [{"name": q.name, "question": q.question, "labels": list(q.labels),
+                               "multi_label": q.multi_label, "min_confidence": q.task.min_confidence,
+                               "calibrated": calibrated and q.task.calibrate} for q in self.questions]}
+
     def _label_list(self, indent: str = "") -> str:
         """One `- label: description` line per label (`- label` where it has none)."""
         descriptions = self.descriptions or ("",) * len(self.labels)

@@ -89,14 +89,8 @@ class TaskRunner:
         """The task as /v1/tasks lists it: its labels, or a task of several questions each question's."""
         clf, task = self.classifier, self.classifier.task
         calibrated = clf.bias is not None
-        if task.questions:
-            asked = [{"name": q.name, "question": q.question, "labels": list(q.labels), "multi_label": q.multi_label,
-                      "min_confidence": q.task.min_confidence, "calibrated": calibrated and q.task.calibrate}
-                     for q in task.questions]
-            return {"name": self.name, "questions": asked, "mode": clf.mode, "calibrated": calibrated,
-                    "fields": list(task.fields)}
-        return {"name": self.name, "labels": list(self.labels), "mode": clf.mode, "calibrated": calibrated,
-                "min_confidence": task.min_confidence, "multi_label": task.multi_label, "fields": list(task.fields)}
+        return {"name": self.name, **task.listing(calibrated), "mode": clf.mode, "calibrated": calibrated,
+                "fields": list(task.fields)}
 
     def pooling_refusal(self) -> str | None:
         """Why vLLM's pooling shape (one label distribution per text) cannot answer this task, or None."""
@@ -104,8 +98,8 @@ class TaskRunner:
         if task.multi_field:
             return (f"task {self.name!r} takes items of several fields ({', '.join(task.fields)}): send them as "
                     "'items' with 'task'")
-        if task.questions:
-            return (f"task {self.name!r} asks several questions ({', '.join(q.name for q in task.questions)}): "
+        if len(task.asked) > 1:  # one distribution per text holds one question's answers
+            return (f"task {self.name!r} asks several questions ({', '.join(q.name for q in task.asked)}): "
                     "vLLM's pooling shape holds one label distribution per text; send "
                     f"{{\"task\": \"{self.name}\", \"texts\": [...]}} for each question's answers")
         return None
