@@ -126,8 +126,8 @@ class ObjectAsk:
 
     def answer(self, message: dict, labels: tuple[str, ...], best: list[int]) -> None:
         """The object of each question's best value, as `content` or as the tool call's arguments."""
-        made = iter(pick - span.start for span, pick in zip(self.spans(), best))
-        picks = [next(made) if len(q.values) > 1 else 0 for q in self.questions]
+        chosen = {q: pick - span.start for q, span, pick in zip(self.asked, self.spans(), best)}
+        picks = [chosen.get(q, 0) for q in self.questions]  # a const's one value: not asked
         questions, tool = self.questions, self.tool
         if self.tools:  # the chosen function's own answers, without its name before their paths
             tool = questions[0].values[picks[0]]
