@@ -25,7 +25,7 @@ atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ.pop("SLMCLASSIFY_FP32_KERNEL", None)
 
 TEST_DEVICE = os.environ.get("SLMCLASSIFY_TEST_DEVICE", "cpu")
-"""Where the engine and family tests run their tiny models, in float32: cpu, or cuda (`scripts/gpu_check.sh`
+"""Where the engine and family tests run their tiny models, in float32: cpu, or cuda (`examples/gpu_check/gpu_check.sh`
 runs tests/test_engine.py and tests/test_families.py again with SLMCLASSIFY_TEST_DEVICE=cuda)."""
 if TEST_DEVICE.startswith("cuda"):
     # The tests' own Hugging Face forwards (hidden states, logits) in true float32 like the reference

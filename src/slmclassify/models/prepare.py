@@ -49,7 +49,7 @@ def load_model(source: str | os.PathLike | LoadedModel | None = None, device: st
 def wrap_model(model: torch.nn.Module, tokenizer, name: str, device: str | None = None,
                precision: str | None = None, *, task=None, sample=None, settings=None) -> LoadedModel:
     """A LoadedModel around a model built in memory (e.g. random weights with a real model's
-    shapes, as `scripts/gpu_check.py` does), prepared as `load_model` prepares one it reads.
+    shapes, as `examples/gpu_check/gpu_check.py` does), prepared as `load_model` prepares one it reads.
     A model whose weights are memory-mapped (transformers' default `from_pretrained`) keeps the
     file's pages resident next to the engine's arranged copies; `load_model` reads without a map."""
     from ..backends.device import resolve_device

@@ -11,11 +11,11 @@ the article's workload, on one CUDA device. Two stages, each printing one table 
             the reference path, bf16 and fp16 against fp32 on every item, items/s of each
   phases    what bench's row (d) times, apart: building the classifier, encoding, scoring (bf16)
 
-Needs PyTorch with CUDA and transformers; no network. `scripts/gpu_check.sh` runs the CUDA tests and both.
+Needs PyTorch with CUDA and transformers; no network. `gpu_check.sh` beside it runs the CUDA tests and both.
 
-usage: python scripts/gpu_check.py bench [--n 600] [--models qwen2.5-0.5b,smollm2-135m] [--anchor FILE] [--json FILE]
-       python scripts/gpu_check.py families [--n 600] [--json FILE]
-       python scripts/gpu_check.py bench --device cpu --n 8 --models smollm2-135m   # a smoke run of this script
+usage: python examples/gpu_check/gpu_check.py bench [--n 600] [--models qwen2.5-0.5b,smollm2-135m] [--anchor FILE] [--json FILE]
+       python examples/gpu_check/gpu_check.py families [--n 600] [--json FILE]
+       python examples/gpu_check/gpu_check.py bench --device cpu --n 8 --models smollm2-135m   # a smoke run of this script
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(HERE))
 
 import real_shapes  # noqa: E402
 from slmclassify import Classifier  # noqa: E402
@@ -123,7 +124,7 @@ def phases(loaded, texts: list[str], device: torch.device, rounds: int = 3) -> d
 def anchor(script: str, name: str, n: int, dtype: str = "bf16") -> list[dict]:
     """hf_anchor.py's JSON rows (per-item loop, sorted batches of 32, prefix + token budget, ...) for
     shape `name`, run in a subprocess on this GPU (no rows when it fails: its error is printed)."""
-    cmd = [sys.executable, script, "--tok", str(ROOT / "scripts" / "tokenizer"), "--arch", ANCHOR_ARCH[name],
+    cmd = [sys.executable, script, "--tok", str(HERE / "tokenizer"), "--arch", ANCHOR_ARCH[name],
            "--dtype", dtype, "--n", str(n), "--skip", "b"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:

@@ -1,9 +1,9 @@
 """Random-weight models with the shapes of the small models users pick: folders for `slmclassify bench
---model FOLDER` (docs/models.md, "Speed at real shapes"), and the models `scripts/gpu_check.py` builds
-on the GPU itself (`random_model`). No download, the embedded SmolLM2 tokenizer (`scripts/tokenizer`; the
+--model FOLDER` (docs/models.md, "Speed at real shapes"), and the models `gpu_check.py` beside it builds
+on the GPU itself (`random_model`). No download, the embedded SmolLM2 tokenizer (`tokenizer/` beside it; the
 vocabulary rows beyond it are never read, but the output layer pays for them).
 
-    .venv/bin/python scripts/real_shapes.py /tmp/realshapes granite-350m lfm2-350m
+    .venv/bin/python examples/gpu_check/real_shapes.py /tmp/realshapes granite-350m lfm2-350m
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ SHAPES = {
 
 
 def tokenizer():
-    """The embedded model's tokenizer (committed in `scripts/tokenizer`)."""
+    """The embedded model's tokenizer (committed in `tokenizer/` beside this file)."""
     return transformers.AutoTokenizer.from_pretrained(str(Path(__file__).parent / "tokenizer"))
 
 

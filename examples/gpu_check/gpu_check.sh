@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # GPU check on one NVIDIA GPU, each step in turn, a failing or overrunning step not stopping the next:
 #   1. the CUDA tests (pytest -k cuda)
-#   2. scripts/gpu_check.py bench: slmclassify bench at Qwen2.5-0.5B and SmolLM2-135M shapes (bf16; fp32
+#   2. examples/gpu_check/gpu_check.py bench: slmclassify bench at Qwen2.5-0.5B and SmolLM2-135M shapes (bf16; fp32
 #      against the per-item reference path; peak memory; the schedule measured; a profile; the HF anchor)
 #   3. tests/test_engine.py and tests/test_families.py with the models on the GPU (SLMCLASSIFY_TEST_DEVICE=cuda)
-#   4. scripts/gpu_check.py families: every family at a real shape, fp32 exact, bf16 and fp16 against fp32
+#   4. examples/gpu_check/gpu_check.py families: every family at a real shape, fp32 exact, bf16 and fp16 against fp32
 # Needs PyTorch with CUDA, transformers and pytest (pytest-xdist used when present); no network.
-# usage: scripts/gpu_check.sh [LOG_DIR]   (PYTHON=..., ANCHOR=path/to/hf_anchor.py; default ../shared/tools/hf_anchor.py;
+# usage: examples/gpu_check/gpu_check.sh [LOG_DIR]   (PYTHON=..., ANCHOR=path/to/hf_anchor.py; default ../shared/tools/hf_anchor.py;
 #        STEPS="cuda_tests bench engine_family_tests families" to run some; BENCH_MODELS=qwen2.5-0.5b,smollm2-135m)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 LOGS=${1:-out/gpu_check}
 mkdir -p "$LOGS"
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -38,8 +38,8 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, its output t
 }
 
 step cuda_tests 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_backends.py -k cuda
-step bench 480 "$PYTHON" scripts/gpu_check.py bench --models "$BENCH_MODELS" --anchor "$ANCHOR" --json "$LOGS/bench.json"
+step bench 480 "$PYTHON" examples/gpu_check/gpu_check.py bench --models "$BENCH_MODELS" --anchor "$ANCHOR" --json "$LOGS/bench.json"
 step engine_family_tests 100 env SLMCLASSIFY_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -p no:cacheprovider $workers \
     tests/test_engine.py tests/test_families.py
-step families 100 "$PYTHON" scripts/gpu_check.py families --json "$LOGS/families.json"
+step families 100 "$PYTHON" examples/gpu_check/gpu_check.py families --json "$LOGS/families.json"
 exit $status

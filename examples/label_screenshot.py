@@ -3,7 +3,7 @@ with the embedded model on the demo tickets, 24 answers given by keyboard from t
 then a screenshot once the head's refit has settled. Needs what tests/test_label_browser.py needs
 (selenium, chromium, chromium-driver). Run from the repository root:
 
-    .venv/bin/python scripts/label_screenshot.py docs/label-page.png
+    .venv/bin/python examples/label_screenshot.py docs/label-page.png
 """
 
 from __future__ import annotations

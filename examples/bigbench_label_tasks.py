@@ -1,6 +1,6 @@
 """The held-out BIG-bench tasks of the labelling simulation, from the `bigbench==1.0.0` source package.
 
-    .venv/bin/python benchmarks/bigbench_label_tasks.py bigbench-1.0.0.tar.gz OUT_DIR [--max 1000]
+    .venv/bin/python examples/bigbench_label_tasks.py bigbench-1.0.0.tar.gz OUT_DIR [--max 1000]
 
 The source package is the one the intent data set comes from (its `intent_recognition/task.json`
 is byte-identical to `../shared/data/intent_recognition.json`). `pip download bigbench==1.0.0`

@@ -13,7 +13,7 @@ side alike. Every response is checked against offline results (|Δ probability| 
 The 1-minute load average is printed next to every figure (the machine may be shared). Prints a
 table and one JSON line last.
 
-    .venv/bin/python scripts/serve_compare.py --n 32 --rounds 5
+    .venv/bin/python examples/serve_compare.py --n 32 --rounds 5
 """
 
 from __future__ import annotations
