@@ -503,8 +503,7 @@ class LabelSession:
                                       kind)
                 return
         seen = PoolView(zero_shot=pool.zero_shot, features=pool.features, scored=pool.scored,
-                        head=pool.picker_probs(), labels=self.columns, priority=pool.priority, multi_label=self.multi,
-                        questions=pool.spans)
+                        head=pool.picker_probs(), labels=self.columns, priority=pool.priority, questions=pool.spans)
         labelled = answers.columns()
         # the picker's seed counts the excluded rows: those of a one-person session are its skips, as always
         excluded = (answers.skips | answers.skips_of.get(who, set()) | answers.touched() | set(held)) - set(labelled)
