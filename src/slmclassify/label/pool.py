@@ -176,9 +176,9 @@ class Pool:
                                for part in self.parts], axis=1)
 
     def auto_share(self, threshold, answered) -> float | None:
-        """The share of the scored, unanswered items the head is at least `threshold` sure of; a task
-        of questions (`threshold`: one per question): the items every question's head is sure enough of."""
-        parts, thresholds = (self.parts, list(threshold)) if self.parts else ([self], [threshold])
+        """The share of the scored, unanswered items every head is at least its `threshold` sure of
+        (one per head: the task's own, or one per question)."""
+        parts, thresholds = self.parts or [self], list(threshold)  # as the refitter's heads: a task of labels' own
         if any(part.head_probs is None for part in parts) or any(t is None for t in thresholds):
             return None
         open_ = self.scored.copy()
