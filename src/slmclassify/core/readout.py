@@ -152,6 +152,28 @@ class OneLabel:
         index), `pick` taking an item's answer to this question's."""
         return [(name, labels, pick)]
 
+    # the labelling loop
+
+    press: ClassVar[str] = "pick"
+    """What pressing a label's button or key does on the labelling page: "pick" makes it the answer,
+    "toggle" adds it to the answer's set or takes it out."""
+    guess_named: ClassVar[str] = "its guess"
+    """How a cold pick's reason names the label the model would answer (`strategy.describe`)."""
+
+    def margin(self, probs: np.ndarray) -> np.ndarray:
+        """[m, L] probabilities → [m] how sure each item's answer is, on 0..1 (the picker asks about the
+        least sure): the top probability minus the second."""
+        top = -np.partition(-probs, 1, axis=1)[:, :2]  # [m, 2] the two largest, largest first
+        return top[:, 0] - top[:, 1]
+
+    def unsure(self, name: str | None, labels: tuple[str, ...], probs: np.ndarray) -> str:
+        """The reason line of a pick made because the model is unsure of the answer [L] `probs` give
+        (`name`: the question's, None for a task of labels)."""
+        a, b = np.argsort(-probs)[:2]
+        if name is None:
+            return f"the model is unsure between {labels[a]} and {labels[b]} (margin {probs[a] - probs[b]:.2f})"
+        return f"the model is unsure about {name}: {labels[a]} or {labels[b]} (margin {probs[a] - probs[b]:.2f})"
+
 
 @dataclass(frozen=True)
 class SeveralLabels:
@@ -279,6 +301,20 @@ class SeveralLabels:
         prefix = f"{name}: " if name else ""
         return [(f"{prefix}{label}", ("no", "yes"), lambda v, i=i: int(i in pick(v))) for i, label in enumerate(labels)]
 
+    # the labelling loop
+
+    press: ClassVar[str] = "toggle"
+    guess_named: ClassVar[str] = "its likeliest label"
+
+    def margin(self, probs: np.ndarray) -> np.ndarray:
+        """|2p - 1| of the label whose P(yes) is nearest 0.5: that decision is the least sure."""
+        return np.abs(2 * probs - 1).min(axis=1)
+
+    def unsure(self, name: str | None, labels: tuple[str, ...], probs: np.ndarray) -> str:
+        j = int(np.argmin(np.abs(2 * probs - 1)))
+        where = "" if name is None else f"{name}, "
+        return f"the model is unsure whether {labels[j]} applies ({where}P {probs[j]:.2f})"
+
 
 def _said(value, limit: int = 80) -> str:
     """A caller's value for a message, cut to `limit` characters (a 30 MB label is not echoed back)."""
@@ -290,5 +326,11 @@ Readout = OneLabel | SeveralLabels
 """Every kind of answer; each has the methods above."""
 
 ONE_LABEL, SEVERAL_LABELS = OneLabel(), SeveralLabels()
+
+
+def of_flag(multi_label: bool) -> Readout:
+    """The readout a `multi_label` flag names (`Task.readout`'s choice), for callers that hold the
+    flag alone (the labelling loop's `PoolView` of an older caller)."""
+    return SEVERAL_LABELS if multi_label else ONE_LABEL
 
 __all__ = ["Readout", "OneLabel", "SeveralLabels", "ONE_LABEL", "SEVERAL_LABELS"]

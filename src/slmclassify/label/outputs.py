@@ -69,10 +69,12 @@ class Snapshot:
     """pos → the consensus answer."""
 
 
-def labelled_items(snapshot: Snapshot, pool, frame, labels: tuple[str, ...], text_column: str) -> list:
-    """Every answered or reviewed item of a single-label task as `exports.LabelledItem`, in input order."""
+def labelled_items(snapshot: Snapshot, pool, frame, choice: tuple, text_column: str) -> list:
+    """Every answered or reviewed item as `exports.LabelledItem`, in input order; `choice`: the one
+    choice each answer makes (its name, its labels, answer → label index: `readouts`)."""
     from .exports import LabelledItem
 
+    _, labels, read = choice
     positions = sorted({*snapshot.answered, *snapshot.reviewed}, key=lambda p: int(pool.rows[p]))
     rows = [int(pool.rows[p]) for p in positions]
     others = [c for c in frame.columns if c != text_column]
@@ -81,9 +83,9 @@ def labelled_items(snapshot: Snapshot, pool, frame, labels: tuple[str, ...], tex
     for p, row, more in zip(positions, rows, extra):
         reviewer, reviewed = snapshot.reviewed.get(p, (None, None))
         items.append(LabelledItem(row=row, text=pool.texts[p], extra=more,
-                                  answers={who: labels[v] for who, v in snapshot.answered.get(p, {}).items()},
-                                  reviewer=reviewer, reviewed=None if reviewed is None else labels[reviewed],
-                                  gold=labels[snapshot.given[p]] if p in snapshot.given else None))
+                                  answers={who: labels[read(v)] for who, v in snapshot.answered.get(p, {}).items()},
+                                  reviewer=reviewer, reviewed=None if reviewed is None else labels[read(reviewed)],
+                                  gold=labels[read(snapshot.given[p])] if p in snapshot.given else None))
     return items
 
 

@@ -98,10 +98,12 @@ class Pool:
         self.shuffle = rng.permutation(n)  # [n] the seeded scoring order, before answered rows move up
         self.span = slice(0, len(self.labels))  # this view's columns of the pool's labels
         self.parts: list[Pool] = []
-        spans = label_spans(task)[:len(task.questions)]  # a task of labels is its own one view: no parts
-        self.parts = [self._part(q, span) for q, span in spans]
-        # what the picker reads of each question: (name, its columns, multi-label, its labels)
-        self.spans = tuple((q.name, span, q.multi_label, q.labels) for q, span in spans)
+        spans = label_spans(task)
+        # a task of labels is its own one view: no parts
+        self.parts = [self._part(q, span) for q, span in spans[:len(task.questions)]]
+        # what the picker reads of each question asked (`PoolView.questions`): (name, its columns,
+        # its readout, its labels); a task of labels: its one unnamed question over every column
+        self.spans = tuple((q.name, span, q.readout, q.labels) for q, span in spans)
 
     def _part(self, question, span: slice) -> Pool:
         """One question's view of the pool (see the module docstring)."""
@@ -110,6 +112,7 @@ class Pool:
         part.multi, part.readout = question.multi_label, question.readout
         part.zero_shot = self.zero_shot[:, span]  # a view: the scorer's writes show through
         part.span = span
+        part.spans = ((question.name, slice(0, len(question.labels)), question.readout, question.labels),)
         return part
 
     def anchor_rows(self) -> Anchors | None:
@@ -173,9 +176,9 @@ class Pool:
                                for part in self.parts], axis=1)
 
     def auto_share(self, threshold, answered) -> float | None:
-        """The share of the scored, unanswered items the head is at least `threshold` sure of; a task
-        of questions (`threshold`: one per question): the items every question's head is sure enough of."""
-        parts, thresholds = (self.parts, list(threshold)) if self.parts else ([self], [threshold])
+        """The share of the scored, unanswered items every head is at least its `threshold` sure of
+        (one per head: the task's own, or one per question)."""
+        parts, thresholds = self.parts or [self], list(threshold)  # as the refitter's heads: a task of labels' own
         if any(part.head_probs is None for part in parts) or any(t is None for t in thresholds):
             return None
         open_ = self.scored.copy()
@@ -191,10 +194,8 @@ class Pool:
     def probabilities(self, calibrated: np.ndarray) -> np.ndarray:
         """[m, L] calibrated scores → [m, L] probabilities: a softmax, each label's P(yes) in a
         multi-label task; a task of questions: each question's columns as its own."""
-        if self.parts:
-            return np.concatenate([part.probabilities(calibrated[:, span])
-                                   for part, (_, span, _, _) in zip(self.parts, self.spans)], axis=1)
-        return self.readout.probabilities(calibrated)
+        return np.concatenate([readout.probabilities(calibrated[:, span]) for _, span, readout, _ in self.spans],
+                              axis=1)
 
     def snippet(self, pos: int) -> dict:
         """An item as the page's lists show it: its row, id and text cut to 90 characters."""

@@ -215,19 +215,20 @@ class LabelSession:
         with self._sync.lock:
             current = self._current_of(who)
             counts = label_counts(answers.columns(), len(self.columns))
-            questions = self._questions(counts) if self.task.questions else None
+            questions = self._questions(counts) or None  # the named questions (a task of labels has none)
             ests = refitter.estimates
             est = None if None in ests else min(ests, key=lambda e: e.mean)  # a task of questions: the least
-            share = pool.auto_share(refitter.thresholds if questions else refitter.threshold, answers.given)
+            share = pool.auto_share(refitter.thresholds, answers.given)
             return {
                 "ready": self._sync.ready.is_set(), "item": view.item(pool, answers, current, counts, who),
-                "labels": list(self.labels), "multi_label": self.multi, "questions": questions,
+                "labels": list(self.labels), "multi_label": self.multi, "press": self.task.readout.press,
+                "questions": questions,
                 "counts": {lab: int(c) for lab, c in zip(self.columns, counts)},
                 "labelled": len(answers.given), "skipped": len(answers.skips), "pool": len(pool),
                 "scored": int(pool.visited.sum()), "sample_note": pool.sample_note,
                 "accuracy": est.as_dict() if est is not None else None,
                 "fair_answers": answers.fair_count(), "fair_needed": refit.MIN_FAIR,
-                "auto_share": share, "auto_threshold": None if questions else refitter.threshold,
+                "auto_share": share, "auto_threshold": _alone(refitter.thresholds),
                 "target_accuracy": self.target_accuracy,
                 "fitting": refitter.fitting, "done": current is None and bool(pool.visited.all()),
                 "history": view.history(pool, answers, who), "skipped_rows": view.skipped(pool, answers, who),
@@ -269,9 +270,10 @@ class LabelSession:
         for k, (q, part) in enumerate(zip(self.task.questions, self.pool.parts)):
             est, threshold = self.refitter.estimates[k], self.refitter.thresholds[k]
             out.append({"name": q.name, "question": q.question, "labels": list(q.labels), "multi_label": q.multi_label,
+                        "press": q.readout.press,
                         "counts": {lab: int(c) for lab, c in zip(q.labels, counts[at:at + len(q.labels)])},
                         "accuracy": est.as_dict() if est is not None else None, "auto_threshold": threshold,
-                        "auto_share": part.auto_share(threshold, self.answers.given)})
+                        "auto_share": part.auto_share([threshold], self.answers.given)})
             at += len(q.labels)
         return out
 
@@ -349,11 +351,19 @@ class LabelSession:
         if fmt == "table":
             columns = tuple(f"gold_{q.name}" for q in self.task.questions) or ("gold",)
             return outputs.write_gold(self.frame, gold, path, columns)
-        if self.task.questions or self.multi:
-            raise TaskError(f"the {fmt} export is of a single-label task; for this one export a CSV (each answer "
-                            "in its gold column)")
-        items = outputs.labelled_items(snapshot, self.pool, self.frame, self.labels, self._text_column())
-        return outputs.write_export(items, self.labels, self._annotators(snapshot), path, fmt, self._text_column())
+        choice = self._choice(f"the {fmt} export is of a single-label task; for this one export a CSV (each answer "
+                              "in its gold column)")
+        items = outputs.labelled_items(snapshot, self.pool, self.frame, choice, self._text_column())
+        return outputs.write_export(items, choice[1], self._annotators(snapshot), path, fmt, self._text_column())
+
+    def _choice(self, refusal: str) -> tuple:
+        """The one choice each answer makes (its name, its labels, answer → label index), for what reads
+        an answer as one label: the Parquet and Label Studio exports, the suspects. TaskError(`refusal`)
+        where an answer makes several (several questions; a label set, a no or yes per label)."""
+        choices = outputs.readouts(self.task)
+        if len(choices) > 1:
+            raise TaskError(refusal)
+        return choices[0]
 
     def _text_column(self) -> str:
         return self.store.fingerprint["input"]["text_column"]
@@ -394,18 +404,17 @@ class LabelSession:
         (`suspects.py`), with that probability and the head's label (a single-label task)."""
         from .suspects import suspects
 
-        if self.task.questions or self.multi:
-            raise TaskError("suspected label errors are found for a single-label task; export the rows and check "
-                            "each question's with a head of its own")
+        _, labels, read = self._choice("suspected label errors are found for a single-label task; export the rows "
+                                       "and check each question's with a head of its own")
         with self._sync.lock:
             pos = self.pool.scored_among(sorted(self.answers.given))
-            y = np.array([self.answers.given[p] for p in pos], dtype=np.int64)
+            y = np.array([read(self.answers.given[p]) for p in pos], dtype=np.int64)
             X = self.pool.features[pos].astype(np.float64)
             status = {int(p): self.answers.consensus[int(p)].status for p in pos}
-        found = suspects(X, y, len(self.labels), n=n, seed=self.seed)
+        found = suspects(X, y, len(labels), n=n, seed=self.seed)
         return {"items": len(pos), "suspects": [
-            {**self.pool.snippet(int(pos[s.index])), "gold": self.labels[s.given], "probability": s.probability,
-             "predicted": self.labels[s.predicted], "predicted_probability": s.predicted_probability,
+            {**self.pool.snippet(int(pos[s.index])), "gold": labels[s.given], "probability": s.probability,
+             "predicted": labels[s.predicted], "predicted_probability": s.predicted_probability,
              "status": status[int(pos[s.index])]} for s in found]}
 
     def fit(self, path: str) -> Head:
@@ -503,13 +512,17 @@ class LabelSession:
                                       kind)
                 return
         seen = PoolView(zero_shot=pool.zero_shot, features=pool.features, scored=pool.scored,
-                        head=pool.picker_probs(), labels=self.columns, priority=pool.priority, multi_label=self.multi,
-                        questions=pool.spans)
+                        head=pool.picker_probs(), labels=self.columns, priority=pool.priority, questions=pool.spans)
         labelled = answers.columns()
         # the picker's seed counts the excluded rows: those of a one-person session are its skips, as always
         excluded = (answers.skips | answers.skips_of.get(who, set()) | answers.touched() | set(held)) - set(labelled)
         pick: Pick | None = self.picker.pick(seen, labelled, excluded)
         self._current[who] = None if pick is None else (pick.row, pick.detail or pick.reason, pick.kind)
+
+
+def _alone(values: list):
+    """The one value of a task with one head (its own); None where each question's head has its own."""
+    return values[0] if len(values) == 1 else None
 
 
 def _team(store: LabelStore, spec: TeamSpec) -> Team | None:

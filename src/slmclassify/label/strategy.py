@@ -18,8 +18,9 @@ In a multi-label task an answer is a set of labels (a tuple of label indices, ma
 label's count is the answers that include it.
 
 A task of questions (`PoolView.questions`): the columns are every question's labels side by side
-and an answer is the tuple of the columns it chose. An item is as uncertain as its LEAST sure
-question (the smallest of its questions' margins, each on the same 0..1 scale): one answer labels
+and an answer is the tuple of the columns it chose (a task of labels is its one question; each
+question's readout says how unsure an item is of it and words the reason, `core/readout.py`). An
+item is as uncertain as its LEAST sure question (the smallest of its questions' margins, each on the same 0..1 scale): one answer labels
 every question of the item, so the pick goes to an item where some head learns most, rather than
 where the heads are unsure on average (an item every head half knows teaches none of them much).
 The cold phase prefers, within a cluster, items whose guess for some question is that question's
@@ -37,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..core.readout import ONE_LABEL, of_flag
 
 PROJECTION = 32
 """Width of the random projection the clusters are computed in."""
@@ -65,9 +68,20 @@ class PoolView:
     priority: np.ndarray | None = None
     """[n] bool: rows offered before any other while some are left (a classify output's needs_review)."""
     multi_label: bool = False
-    """Columns are each label's P(yes) (independent), not one distribution."""
+    """Without `questions`: whether the columns are each label's P(yes) (an older caller's flag)."""
     questions: tuple = ()
-    """A task of questions: per question (name, its columns, multi-label, its labels)."""
+    """What each item is asked: per question (its name, None for a task of labels; its columns; its
+    readout, `core/readout.py`, or an older caller's multi-label flag; its labels). Empty: the one
+    unnamed question over every column."""
+
+    @property
+    def asked(self) -> tuple:
+        """`questions` with each question's readout (a task of labels: its one question)."""
+        width = self.zero_shot.shape[1]
+        asked = self.questions or ((None, slice(0, width), self.multi_label,
+                                    self.labels or tuple(f"label {i + 1}" for i in range(width))),)
+        return tuple((name, span, of_flag(how) if isinstance(how, bool) else how, labels)
+                     for name, span, how, labels in asked)
 
 
 @dataclass(frozen=True)
@@ -92,54 +106,30 @@ def label_counts(labelled: dict, n_labels: int) -> np.ndarray:
 
 
 def describe(kind: str, detail: str, probs: np.ndarray | None, labels: tuple[str, ...], counts: np.ndarray,
-             multi_label: bool = False, questions: tuple = ()) -> str:
+             asked: tuple = ()) -> str:
     """The reason line of a pick from the scores on screen now (`probs` [L], the head's once it
-    exists): so the guess it names is the guess shown, after a refit too."""
+    exists): so the guess it names is the guess shown, after a refit too. `asked`: as
+    `PoolView.asked` (empty: a task of labels with one answer each)."""
     if probs is None or np.isnan(probs).any():
         return detail
-    order = np.argsort(-probs)
     if detail.startswith(("brought back", "chosen")):  # undo or the history: said as it is
         return detail
-    if kind == "uncertain" and questions:
-        return unsure_about(probs, questions[int(least_sure(probs[None, :], questions)[1][0])])
-    if kind == "cold":
-        top = int(order[0])
-        what = "its likeliest label" if multi_label else "its guess"
-        return f"{detail}; {what}, {labels[top]}, has {int(counts[top])} answers so far"
-    if kind == "uncertain" and multi_label:
-        j = int(np.argmin(np.abs(2 * probs - 1)))
-        return f"the model is unsure whether {labels[j]} applies (P {probs[j]:.2f})"
-    if kind == "uncertain" and len(order) > 1:
-        a, b = int(order[0]), int(order[1])
-        return f"the model is unsure between {labels[a]} and {labels[b]} (margin {probs[a] - probs[b]:.2f})"
+    asked = asked or ((None, slice(0, len(labels)), ONE_LABEL, labels),)
+    if kind == "cold":  # the guess of the question where it is rarest, as the pick chose it
+        tops = [(span.start + int(np.argmax(probs[span])), how) for _, span, how, _ in asked]
+        top, how = min(tops, key=lambda t: counts[t[0]])
+        return f"{detail}; {how.guess_named}, {labels[top]}, has {int(counts[top])} answers so far"
+    if kind == "uncertain":
+        name, span, how, own = asked[int(least_sure(probs[None, :], asked)[1][0])]
+        return how.unsure(name, own, probs[span])
     return detail
 
 
-def least_sure(probs: np.ndarray, questions: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """[m, C] probabilities of a task of questions → ([m] each item's smallest margin over its
-    questions, [m] which question has it). A question's margin: top-1 minus top-2 probability, or
-    for a multi-label question |2p - 1| of its label nearest 0.5."""
-    margins = []
-    for _, span, multi, _ in questions:
-        p = probs[:, span]
-        if multi:
-            margins.append(np.abs(2 * p - 1).min(axis=1))
-        else:
-            top = -np.partition(-p, 1, axis=1)[:, :2]  # [m, 2] the two largest, largest first
-            margins.append(top[:, 0] - top[:, 1])
-    margin = np.stack(margins, axis=1)  # [m, Q]
+def least_sure(probs: np.ndarray, asked: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """[m, C] probabilities → ([m] each item's smallest margin over its questions, [m] which question
+    has it), each question's margin as its readout gives it (`asked`: as `PoolView.asked`)."""
+    margin = np.stack([how.margin(probs[:, span]) for _, span, how, _ in asked], axis=1)  # [m, Q]
     return margin.min(axis=1), margin.argmin(axis=1)
-
-
-def unsure_about(probs: np.ndarray, question: tuple) -> str:
-    """The reason line of an uncertain pick of a task of questions: its least sure `question`."""
-    name, span, multi, labels = question
-    p = probs[span]
-    if multi:
-        j = int(np.argmin(np.abs(2 * p - 1)))
-        return f"the model is unsure whether {labels[j]} applies ({name}, P {p[j]:.2f})"
-    a, b = np.argsort(-p)[:2]
-    return f"the model is unsure about {name}: {labels[a]} or {labels[b]} (margin {p[a] - p[b]:.2f})"
 
 
 class Clusters:
@@ -258,7 +248,7 @@ class Picker:
         per_cluster, size = self._coverage(done, open_)
         if cold:
             return self._cold(pool, open_, counts, per_cluster, size, names)
-        return self._uncertain(pool, open_, per_cluster, size, names)
+        return self._uncertain(pool, open_, per_cluster, size)
 
     def _coverage(self, done: np.ndarray, open_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """([k] answers per cluster, [k] open rows per cluster)."""
@@ -277,11 +267,9 @@ class Picker:
         cluster = int(order[0])
         rows = np.flatnonzero(open_ & (self.clusters.assign == cluster))
         zero_shot = np.nan_to_num(pool.zero_shot[rows], nan=0.0)
-        if pool.questions:  # per item, its guess (column) of the question where that guess is rarest
-            cols = np.stack([span.start + zero_shot[:, span].argmax(axis=1) for _, span, _, _ in pool.questions], 1)
-            guess = cols[np.arange(len(rows)), counts[cols].argmin(axis=1)]
-        else:
-            guess = zero_shot.argmax(axis=1)
+        # per item, its guess (column) of the question where that guess is rarest (a task of labels: its guess)
+        cols = np.stack([span.start + zero_shot[:, span].argmax(axis=1) for _, span, _, _ in pool.asked], 1)
+        guess = cols[np.arange(len(rows)), counts[cols].argmin(axis=1)]
         rarest = counts[guess].min()
         rows, guess = rows[counts[guess] == rarest], guess[counts[guess] == rarest]
         dist = ((self.clusters.projected[rows] - self.clusters.centres[cluster]) ** 2).sum(1)
@@ -292,27 +280,14 @@ class Picker:
         return Pick(row, f"{detail}; the model's guess, {label}, has {int(counts[guess[best]])} answers so far",
                     "cold", detail)
 
-    def _uncertain(self, pool, open_, per_cluster, size, names) -> Pick:
+    def _uncertain(self, pool, open_, per_cluster, size) -> Pick:
         rows = np.flatnonzero(open_)
         probs = np.nan_to_num(pool.head[rows], nan=0.0)
-        if pool.questions:
-            margin, which = least_sure(probs, pool.questions)
-            best = self._least_sure(rows, margin, per_cluster, size)
-            reason = unsure_about(probs[best], pool.questions[int(which[best])])
-            return Pick(int(rows[best]), reason, "uncertain", reason)
-        if pool.multi_label:  # the label nearest 0.5 decides how unsure an item is
-            closeness = np.abs(2 * probs - 1)  # [m, L]
-            which, margin = closeness.argmin(axis=1), closeness.min(axis=1)
-            best = self._least_sure(rows, margin, per_cluster, size)
-            j = int(which[best])
-            reason = f"the model is unsure whether {names[j]} applies (P {probs[best, j]:.2f})"
-            return Pick(int(rows[best]), reason, "uncertain", reason)
-        top2 = np.argpartition(-probs, 1, axis=1)[:, :2]  # [m, 2] the two most probable labels (unordered)
-        p2 = np.take_along_axis(probs, top2, axis=1)
-        margin = np.abs(p2[:, 0] - p2[:, 1])
+        asked = pool.asked
+        margin, which = least_sure(probs, asked)
         best = self._least_sure(rows, margin, per_cluster, size)
-        a, b = top2[best][np.argsort(-p2[best])]
-        reason = f"the model is unsure between {names[a]} and {names[b]} (margin {margin[best]:.2f})"
+        name, span, how, labels = asked[int(which[best])]
+        reason = how.unsure(name, labels, probs[best, span])
         return Pick(int(rows[best]), reason, "uncertain", reason)
 
     def _least_sure(self, rows, margin, per_cluster, size) -> int:

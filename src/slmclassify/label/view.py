@@ -25,7 +25,7 @@ def item(pool: Pool, answers: Answers, current: tuple[int, str, str] | None, cou
     pos, detail, kind = current
     label, confidence = pool.guess(pos)
     probs = pool.probs(pos)
-    reason = describe(kind, detail, probs, pool.labels, counts, pool.multi, pool.spans)  # from the guess shown
+    reason = describe(kind, detail, probs, pool.labels, counts, pool.spans)  # from the guess shown
     shown = {"row": int(pool.rows[pos]), "id": None if pool.ids is None else pool.ids[pos],
              "text": pool.texts[pos], "guess": label,
              "confidence": confidence, "reason": reason,
