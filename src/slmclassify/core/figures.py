@@ -84,8 +84,8 @@ class SetFigures:
     """Not measured for a multi-label question (the table's uncalibrated columns are blank)."""
 
     kind: ClassVar[str] = "multi-label"
-    footnote: ClassVar[str | None] = ("multi-label: accuracy is subset accuracy, at thresholds picked on the other half "
-                                      "of the items (cross-fitted); majority: always the most common label set")
+    footnote: ClassVar[str | None] = ("multi-label: accuracy is subset accuracy, at thresholds picked on the other "
+                                      "half of the items (cross-fitted); majority: always the most common label set")
 
     @property
     def figures(self) -> dict:
