@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..core.results import columns_for
 from ..core.taps import Taps
 from ..errors import TaskError
 from ..io.formats import check_writes
@@ -146,7 +147,7 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
         raise TaskError("--target-precision picks a multi-label task's thresholds: it needs --multi-label (or "
                         f"multi_label = true, or a multi-label question) and a value in (0, 1], got "
                         f"{request.target_precision}")
-    if task.questions:
+    if columns_for(task).named:  # a gold column per question, each reported in a row of its own
         _evaluate_questions(run, request, task, choice, opts)
         return
     if request.gold_columns:
@@ -155,9 +156,6 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
     if task.multi_label:
         from ..jobs.evaluate import evaluate_multilabel_file
 
-        if given := run.single_label_flags():
-            raise TaskError(f"{given[0]} is for single-label tasks; a multi-label evaluation reports F1, subset "
-                            "accuracy and Hamming loss, and picks thresholds (--target-precision)")
         summaries.print_multilabel_evaluate(evaluate_multilabel_file(request, task, opts.settings(), model=opts.model,
                                                                      head=choice))
         return
@@ -169,7 +167,7 @@ def _evaluate_questions(run: EvaluateOptions, request: EvaluateRequest, task, ch
     """A task with questions: its one pass, each question with a gold column measured and reported."""
     from ..jobs.evaluate import evaluate_questions_file
 
-    names = [q.name for q in task.questions]
+    names = [q.name for q in task.asked]
     if not request.gold_columns:  # a plain COLUMN, or none: this task's answers are in a column per question
         raise TaskError(f"this task asks questions ({', '.join(names)}): give each one's gold column as --gold-column "
                         f"NAME=COLUMN, e.g. --gold-column {names[0]}=COLUMN")

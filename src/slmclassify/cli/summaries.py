@@ -217,13 +217,13 @@ def print_questions_evaluate(summary) -> None:
     """`evaluate`'s report of a task with questions (`jobs.evaluate.QuestionsSummary`), on stdout: a
     row per question with a gold column."""
     task = summary.task
-    _out(f"model: {summary.model}; {summary.items} items; questions {[q.name for q in task.questions]}, "
+    _out(f"model: {summary.model}; {summary.items} items; questions {[q.name for q in task.asked]}, "
          "scored in one pass")
     if summary.precision_line:
         _out(summary.precision_line)
     _out(f"system turn: {task.system!r}" if task.system is not None else f"instruction: {task.instruction!r}")
     _out(f"mode: {summary.mode} ({summary.mode_reason}); calibrate: "
-         + ", ".join(f"{q.name} {q.task.calibrate}" for q in task.questions))
+         + ", ".join(f"{q.name} {q.task.calibrate}" for q in task.asked))
     _out("branch tokens (after the chat template):")
     for line in summary.label_token_lines:
         _out(line)
@@ -232,36 +232,16 @@ def print_questions_evaluate(summary) -> None:
     _out(f"\n{'question':<{width}}  {'gold column':<{column}}  {'kind':<11} {'accuracy':>8} {'macro-F1':>8} "
          f"{'micro-F1':>8} {'ECE':>6} {'majority':>8}   uncalibrated: accuracy macro-F1    ECE")
     dash = "-"
-    for r in summary.questions:
-        if r.multi_label:
-            m = r.cross_fitted
-            figures = f"{m['subset_accuracy']:>8.3f} {m['macro_f1']:>8.3f} {m['micro_f1']:>8.3f} {dash:>6}"
-        else:
-            m = r.main
-            figures = f"{m.accuracy:>8.3f} {m.macro_f1:>8.3f} {dash:>8} {m.ece:>6.3f}"
+    for r in summary.questions:  # each question's figures know their cells (`core/figures.py`)
+        figures = " ".join(f"{dash:>{w}}" if v is None else f"{v:>{w}.3f}" for v, w in zip(r.cells(), (8, 8, 8, 6)))
         raw = r.uncalibrated
         plain = f"{raw['accuracy']:>24.3f} {raw['macro_f1']:>8.3f} {raw['ece']:>6.3f}" if raw else f"{dash:>24}"
-        kind = "multi-label" if r.multi_label else "single"
-        _out(f"{r.name:<{width}}  {r.gold_column:<{column}}  {kind:<11} {figures} {r.majority:>8.3f} {plain}")
-    if any(r.multi_label for r in summary.questions):
-        _out("multi-label: accuracy is subset accuracy, at thresholds picked on the other half of the items "
-             "(cross-fitted); majority: always the most common label set")
+        _out(f"{r.name:<{width}}  {r.gold_column:<{column}}  {r.kind:<11} {figures} {r.majority:>8.3f} {plain}")
+    for footnote in dict.fromkeys(r.footnote for r in summary.questions if r.footnote):  # once each, in order
+        _out(footnote)
     for r in summary.questions:
-        if r.uncalibrated and r.uncalibrated["accuracy"] > r.main.accuracy + 0.02:
-            _out(f"{r.name}: calibration cost {100 * (r.uncalibrated['accuracy'] - r.main.accuracy):.1f} accuracy "
-                 "points here: with labels far from balanced it can (docs/calibration.md); consider calibrate = false "
-                 "in its [[questions]] table")
-        if r.main is not None and r.main.target_accuracy is not None:
-            threshold, coverage = r.main.threshold_for(r.main.target_accuracy)
-            _out(f"{r.name}: no threshold reaches accuracy {r.main.target_accuracy:.2f}" if threshold is None else
-                 f"{r.name}: min_confidence {threshold:.3f} reaches accuracy {r.main.target_accuracy:.2f} on "
-                 f"{100 * coverage:.1f}% of items")
-        if r.multi_label:
-            m = r.at_task
-            picked = ", ".join(f"{label} {'none' if t is None else f'{t:.3f}'}"
-                               for label, t in zip(r.figures["picked_thresholds"], r.picked))
-            _out(f"{r.name} at its own thresholds: micro-F1 {m['micro_f1']:.3f}, macro-F1 {m['macro_f1']:.3f}, "
-                 f"subset accuracy {m['subset_accuracy']:.3f}; thresholds picked on all items: {picked}")
+        for line in r.notes():
+            _out(line)
     if summary.not_reported:
         _out(f"not reported (scored, no gold column): {', '.join(summary.not_reported)}; add --gold-column "
              f"{summary.not_reported[0]}=COLUMN to measure it")

@@ -16,14 +16,17 @@ kind of answer is a new `Readout` here and the `Task.readout` line that picks it
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from ..errors import FieldError, TaskError
+from ..errors import FieldError, InputError, TaskError
 from . import multilabel
 from .calibration import adjust, prior_from_scores
+from .figures import ChoiceFigures, SetFigures
+from .metrics import Evaluation
 from .results import Result, make_results, softmax
 
 
@@ -114,6 +117,53 @@ class OneLabel:
         import pyarrow as pa
 
         return pa.string()
+
+    # evaluate
+
+    measures: ClassVar[tuple[str, ...]] = ("compare_modes", "fit_temperature", "target_accuracy", "fewshot_cost",
+                                           "plots_dir")
+    """The options of `evaluate` (`EvaluateRequest` fields) a task of one such question measures; `check_options`
+    refuses the others."""
+
+    def check_options(self, given: list[str]) -> None:
+        """Refuse the first of the `evaluate` options `given` (request fields, set) that it does not measure."""
+        refused = [name for name in given if name not in self.measures]
+        if refused:
+            raise TaskError("{option} picks a multi-label task's thresholds; a single-label evaluation reports "
+                            "accuracy, macro-F1 and ECE, and the review threshold ({target})",
+                            names={"option": refused[0], "target": "target_accuracy"})
+
+    def check_head(self, head) -> None:
+        """Refuse a head (`head/model.Head`) that answers another way than a task of this kind."""
+        if head.multi_label:
+            raise TaskError("the head is one-vs-rest, fitted on a multi-label task; evaluate it with that task "
+                            "(multi_label = true), or without task options to use the task it was fitted with")
+
+    def question_gold(self, q, cells: list[str], source: str):
+        """A question's gold cells → its gold as `question_figures` takes it: ([n] label index, [n, L]
+        accepted); a cell that is not one of its labels is refused, naming its row (`source`: where)."""
+        for row, cell in enumerate(cells, start=1):
+            if cell not in q.labels:
+                raise InputError(f"{source}: row {row} has gold label {cell!r}, which is not an answer of question "
+                                 f"{q.name!r} {list(q.labels)}")
+        gold = np.array([q.labels.index(cell) for cell in cells], dtype=np.int64)
+        return gold, np.eye(len(q.labels), dtype=bool)[gold]
+
+    def question_figures(self, q, column: str, scores: np.ndarray, calibrated: np.ndarray, gold, request):
+        """A question's figures (`core/figures.py`) from its [n, B] branch scores and [n, L] calibrated
+        scores against its gold (`question_gold`, scored rows); `request`: the targets asked for."""
+        index, accepted = gold
+        probs = self.probabilities(calibrated)
+        main = Evaluation(q.labels, index, probs.argmax(1), probs.max(1), name=q.name,
+                          target_accuracy=request.target_accuracy,
+                          extra={"calibrated": q.task.calibrate, "temperature": q.task.temperature}, accepted=accepted)
+        raw = None
+        if q.task.calibrate:
+            plain = self.probabilities(self.calibrated(scores, None, q.task.temperature))
+            ev = Evaluation(q.labels, index, plain.argmax(1), plain.max(1), accepted=accepted)
+            raw = {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "ece": ev.ece}
+        majority = float(np.bincount(index, minlength=len(q.labels)).max() / len(index)) if len(index) else 0.0
+        return ChoiceFigures(q.name, column, majority, main=main, uncalibrated=raw)
 
     # a person's answer (the labelling loop): a label index, as its store keeps a label's name
 
@@ -261,6 +311,37 @@ class SeveralLabels:
         import pyarrow as pa
 
         return pa.list_(pa.string()) if lists else pa.string()
+
+    # evaluate
+
+    measures: ClassVar[tuple[str, ...]] = ("target_precision",)
+
+    def check_options(self, given: list[str]) -> None:
+        refused = [name for name in given if name not in self.measures]
+        if refused:
+            raise TaskError("{option} is for single-label tasks; a multi-label evaluation reports F1, subset accuracy "
+                            "and Hamming loss, and picks thresholds ({target})",
+                            names={"option": refused[0], "target": "target_precision"})
+
+    def check_head(self, head) -> None:
+        if not head.multi_label:
+            raise TaskError("the head is single-label; a multi-label task needs a head fitted on it "
+                            "(`slmclassify fit` with multi_label = true)")
+
+    def question_gold(self, q, cells: list[str], source: str):
+        """[n, L] bool: each label in each row's set (`multilabel.gold_matrix`)."""
+        return multilabel.gold_matrix(cells, q.labels, q.task.label_separator, source)
+
+    def question_figures(self, q, column: str, scores: np.ndarray, calibrated: np.ndarray, gold, request):
+        """At the question's thresholds, the thresholds picked on these items (F1-optimal, or the lowest
+        reaching the request's `target_precision`), and cross-fitted."""
+        probs, target = self.probabilities(calibrated), request.target_precision
+        sets = Counter(row.tobytes() for row in gold)
+        return SetFigures(q.name, column, max(sets.values()) / len(gold) if len(gold) else 0.0, q.labels,
+                          at_task=multilabel.metrics(probs, gold, q.task.label_thresholds, q.labels),
+                          picked=tuple(multilabel.pick_thresholds(probs, gold, target)),
+                          cross_fitted=multilabel.cross_fitted(probs, gold, q.labels, target),
+                          target_precision=target, items=int(len(gold)))
 
     # a person's answer: a sorted tuple of label indices (maybe empty), as its store keeps a JSON list
 

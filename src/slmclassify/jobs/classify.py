@@ -161,7 +161,7 @@ def _open_input(request: ClassifyRequest, task: Task, choice: HeadChoice):
                         errors=request.errors, id_column=request.id_column,
                         fields=task.fields if task.multi_field else (), compose=task.compose)
     gold_column = request.gold_column
-    if gold_column is not None and task.questions:  # a tally counts one label per row; here each question has its own
+    if gold_column is not None and columns_for(task).named:  # a tally counts one label per row; each question has its own
         raise TaskError("{gold} counts one label per row, and this task asks questions: measure each question with "
                         "`slmclassify evaluate FILE --task TASK --gold-column NAME=COLUMN` (one per question)",
                         names={"gold": "gold_column"})

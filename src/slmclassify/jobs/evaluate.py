@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections import Counter
+from itertools import compress
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ from ..classifier import Classifier, EngineSettings
 from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..core.metrics import Evaluation, check_target_accuracy, gold_indices
-from ..io.labelled import Labelled, read_gold_columns, read_labelled
+from ..io.labelled import read_gold_columns, read_labelled
 from ..io.plots import write_plots
 from ..core import multilabel
 from ..core.labels import build_trie
@@ -25,7 +25,8 @@ from ..core import questions as qs
 from ..core.multilabel import split_labels
 from ..models.precision import auto_line
 from ..models.prepare import load_model
-from ..core.results import softmax
+from ..core.figures import QuestionFigures
+from ..core.results import columns_for, softmax
 from ..core.taps import Taps
 from ..core.task import Example, Task
 from .sources import build_task
@@ -68,6 +69,14 @@ class EvaluateRequest:
 
     def __post_init__(self) -> None:
         check_target_accuracy(self.target_accuracy)
+
+    def options_given(self) -> list[str]:
+        """The measuring options set, as fields in the order a refusal names the first (`Readout.check_options`)."""
+        return [name for name in OPTIONS if getattr(self, name) not in (None, False, 0)]
+
+
+OPTIONS = ("compare_modes", "fit_temperature", "target_accuracy", "fewshot_cost", "plots_dir", "target_precision")
+"""The request's options that measure something of a task of one question, which its readout may not measure."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,9 +143,10 @@ def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings
     if task.multi_label:  # its scores are two per label: accuracy and the softmax do not apply
         raise TaskError("a multi-label task is evaluated by evaluate_multilabel_file (F1, subset accuracy, "
                         "Hamming loss, per-label thresholds)")
-    if task.questions:  # each question's answers are columns of their own: one gold column each
+    if columns_for(task).named:  # each question's answers are columns of their own: one gold column each
         raise TaskError("a task with questions is evaluated by evaluate_questions_file, against a gold column "
                         "per question")
+    task.readout.check_options(request.options_given())
     settings = settings or EngineSettings()
     use_head = head.used
     data, gold, accepted, head_gold = _one_label_gold(request, task, head)
@@ -208,9 +218,8 @@ def _one_label_gold(request: EvaluateRequest, task: Task, head: HeadChoice):
     checked against the labels results are over, before the model loads."""
     path = request.input_path
     data = read_labelled(path, request.text_column, request.label_column, task).head(request.limit)
-    if head.used and head.head.multi_label:
-        raise TaskError("the head is one-vs-rest, fitted on a multi-label task; evaluate it with that task "
-                        "(multi_label = true), or without task options to use the task it was fitted with")
+    if head.used:
+        task.readout.check_head(head.head)
     checked = head.labels(task)
     for row, names in enumerate(data.gold, start=1):
         missing = [name for name in names if name not in checked]
@@ -264,10 +273,10 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
     head's, at the head's own thresholds, with zero-shot's cross-fitted figures alongside."""
     path, target_precision, task_file, json_path = (request.input_path, request.target_precision, request.task_file,
                                                     request.json_path)
+    task.readout.check_options(request.options_given())
     settings = settings or EngineSettings()
-    if head.used and not head.head.multi_label:
-        raise TaskError("the head is single-label; a multi-label task needs a head fitted on it "
-                        "(`slmclassify fit` with multi_label = true)")
+    if head.used:
+        task.readout.check_head(head.head)
     if head.used and task_file:
         raise TaskError("a multi-label head keeps its own thresholds (picked when it was fitted): evaluate it "
                         "without {write}, or refit it", names={"write": "write_task"})
@@ -320,31 +329,6 @@ def _multilabel_figures(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, 
 
 
 @dataclasses.dataclass(frozen=True)
-class QuestionFigures:
-    """One question's figures in a task of questions' evaluation: a single-choice question's as a
-    single-label evaluate's (`main`), a multi-label question's as a multi-label evaluate's."""
-
-    name: str
-    gold_column: str
-    multi_label: bool
-    majority: float
-    """Share of the items whose gold answer (a multi-label question's label set) is the most common
-    one: what always giving that answer scores (accuracy; subset accuracy)."""
-    main: Evaluation | None = None
-    """Single-choice: accuracy, macro-F1, ECE, per label, at the question's calibration."""
-    uncalibrated: dict | None = None
-    """Single-choice and calibrated: accuracy, macro_f1, ece without the calibration, from the same scores."""
-    at_task: dict | None = None
-    """Multi-label: `multilabel.metrics` at the question's thresholds (0.5 where it sets none)."""
-    picked: tuple = ()
-    """Multi-label: per label the threshold picked on these items (None: none reaches the target)."""
-    cross_fitted: dict | None = None
-    """Multi-label: the figures at thresholds picked on the other half of the items."""
-    figures: dict = dataclasses.field(default_factory=dict)
-    """Its JSON figures."""
-
-
-@dataclasses.dataclass(frozen=True)
 class QuestionsSummary:
     """What `evaluate_questions_file` measured and wrote, for the report."""
 
@@ -358,7 +342,8 @@ class QuestionsSummary:
     label_token_lines: tuple[str, ...]
     """Each question's branches and their tokens after the chat template."""
     questions: tuple[QuestionFigures, ...]
-    """The questions that have a gold column, in the task's order."""
+    """The questions that have a gold column, in the task's order: each one's figures, as its readout
+    measures them (`core/figures.py`)."""
     not_reported: tuple[str, ...]
     """The questions scored without a gold column."""
     figures: dict
@@ -372,8 +357,8 @@ def evaluate_questions_file(request: EvaluateRequest, task: Task, settings: Engi
     question as `evaluate_file` (accuracy, macro-F1, ECE, and without its calibration), a multi-label
     one as `evaluate_multilabel_file` (at its thresholds, and cross-fitted). Writes the JSON asked for."""
     columns = dict(request.gold_columns)
-    names = [q.name for q in task.questions]
-    if not task.questions:
+    names = [q.name for q in task.asked]
+    if not columns_for(task).named:
         raise TaskError("evaluate_questions_file measures a task with questions; a task of labels is evaluated by "
                         "evaluate_file (one gold column)")
     if not columns:
@@ -388,23 +373,18 @@ def evaluate_questions_file(request: EvaluateRequest, task: Task, settings: Engi
     texts, cells = texts[:request.limit], {name: rows[:request.limit] for name, rows in cells.items()}
     asked = [(q, branches, labels) for (q, branches), (_, labels) in zip(qs.branch_spans(task), qs.label_spans(task))
              if q.name in columns]
-    gold = {q.name: _question_gold(q, cells[q.name], f"{request.input_path}: column {columns[q.name]!r}")
-            for q, _, _ in asked}  # every cell checked before the model loads
+    source = {q.name: f"{request.input_path}: column {columns[q.name]!r}" for q, _, _ in asked}
+    for q, _, _ in asked:  # every cell checked before the model loads
+        q.readout.question_gold(q, cells[q.name], source[q.name])
     loaded = load_model(model, settings.device, settings.precision, task=task, sample=texts, settings=settings)
     clf = Classifier(task, model=loaded, settings=settings)
     scores = clf.score(clf.encode(texts)).scores  # [n, B]: every question's branches, one pass
     ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
     scores = scores[ok]
     calibrated = clf.calibrated(scores)  # [n, C]
-    reports = []
-    for q, branches, labels in asked:
-        g = gold[q.name]
-        if q.multi_label:
-            reports.append(_multilabel_question(q, columns[q.name], calibrated[:, labels], g[ok],
-                                                request.target_precision))
-        else:
-            reports.append(_single_question(q, columns[q.name], scores[:, branches], calibrated[:, labels],
-                                            g[0][ok], g[1][ok], request.target_accuracy))
+    reports = [q.readout.question_figures(q, columns[q.name], scores[:, branches], calibrated[:, labels],
+                                          q.readout.question_gold(q, list(compress(cells[q.name], ok)), source[q.name]),
+                                          request) for q, branches, labels in asked]
     not_reported = tuple(name for name in names if name not in columns)
     figures = {"items": int(ok.sum()), "mode": clf.mode, "questions": {r.name: r.figures for r in reports},
                "not_reported": list(not_reported)}
@@ -414,48 +394,6 @@ def evaluate_questions_file(request: EvaluateRequest, task: Task, settings: Engi
         model=loaded.name, items=int(ok.sum()), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
         precision_line=auto_line(loaded), label_token_lines=tuple(clf.label_token_lines()), questions=tuple(reports),
         not_reported=not_reported, figures=figures, json_path=request.json_path)
-
-
-def _question_gold(q, cells: list[str], source: str):
-    """A question's gold cells → a multi-label question's [n, L] bool, a single-choice one's ([n]
-    index, [n, L] accepted); a cell that is not one of its labels is refused, naming its row."""
-    if q.multi_label:
-        return multilabel.gold_matrix(cells, q.labels, q.task.label_separator, source)
-    for row, cell in enumerate(cells, start=1):
-        if cell not in q.labels:
-            raise InputError(f"{source}: row {row} has gold label {cell!r}, which is not an answer of question "
-                             f"{q.name!r} {list(q.labels)}")
-    return gold_indices(Labelled(cells, [(cell,) for cell in cells]), q.labels)
-
-
-def _single_question(q, column: str, scores: np.ndarray, calibrated: np.ndarray, gold: np.ndarray,
-                     accepted: np.ndarray, target_accuracy: float | None) -> QuestionFigures:
-    """A single-choice question's figures from its [n, L] branch scores and calibrated scores."""
-    probs = softmax(calibrated)
-    main = Evaluation(q.labels, gold, probs.argmax(1), probs.max(1), name=q.name, target_accuracy=target_accuracy,
-                      extra={"calibrated": q.task.calibrate, "temperature": q.task.temperature}, accepted=accepted)
-    raw = None
-    if q.task.calibrate:
-        plain = softmax(adjust(scores, None, q.task.temperature))
-        ev = Evaluation(q.labels, gold, plain.argmax(1), plain.max(1), accepted=accepted)
-        raw = {"accuracy": ev.accuracy, "macro_f1": ev.macro_f1, "ece": ev.ece}
-    majority = float(np.bincount(gold, minlength=len(q.labels)).max() / len(gold)) if len(gold) else 0.0
-    figures = {"kind": "single", "gold_column": column, "majority": majority, **main.summary(), "uncalibrated": raw}
-    return QuestionFigures(q.name, column, False, majority, main=main, uncalibrated=raw, figures=figures)
-
-
-def _multilabel_question(q, column: str, calibrated: np.ndarray, gold: np.ndarray,
-                         target_precision: float | None) -> QuestionFigures:
-    """A multi-label question's figures from its [n, L] log-odds of yes."""
-    probs = multilabel.probabilities(calibrated)
-    at_task, picked, honest = _multilabel_figures(probs, gold, q.labels, q.task.label_thresholds, target_precision)
-    sets = Counter(row.tobytes() for row in gold)
-    majority = max(sets.values()) / len(gold) if len(gold) else 0.0
-    figures = {"kind": "multi-label", "gold_column": column, "majority": majority, "items": int(len(gold)),
-               "at_task_thresholds": at_task, "picked_thresholds": dict(zip(q.labels, picked)),
-               "cross_fitted": honest, "target_precision": target_precision}
-    return QuestionFigures(q.name, column, True, majority, at_task=at_task, picked=picked, cross_fitted=honest,
-                           figures=figures)
 
 
 def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list[dict]:
