@@ -153,14 +153,7 @@ def evaluate(run: EvaluateOptions, head: HeadOptions, opts: ModelOptions):
     if request.gold_columns:
         raise TaskError(f"--gold-column {'='.join(request.gold_columns[0])}: NAME=COLUMN is for a task with questions, "
                         "and this task has none; give its gold column alone, --gold-column COLUMN")
-    if task.multi_label:
-        from ..jobs.evaluate import evaluate_multilabel_file
-
-        summaries.print_multilabel_evaluate(evaluate_multilabel_file(request, task, opts.settings(), model=opts.model,
-                                                                     head=choice))
-        return
-    summary = evaluate_file(request, task, opts.settings(), model=opts.model, head=choice)
-    summaries.print_evaluate(summary)
+    summaries.print_evaluation(evaluate_file(request, task, opts.settings(), model=opts.model, head=choice))
 
 
 def _evaluate_questions(run: EvaluateOptions, request: EvaluateRequest, task, choice, opts: ModelOptions) -> None:

@@ -213,6 +213,14 @@ def print_evaluate(summary) -> None:
     _print_written(summary)
 
 
+def print_evaluation(summary) -> None:
+    """The report of a task of labels' evaluation, by the figures `evaluate_file` returned (its
+    readout's report: one label's or several labels')."""
+    from ..jobs.evaluate import EvaluateSummary
+
+    (print_evaluate if isinstance(summary, EvaluateSummary) else print_multilabel_evaluate)(summary)
+
+
 def print_questions_evaluate(summary) -> None:
     """`evaluate`'s report of a task with questions (`jobs.evaluate.QuestionsSummary`), on stdout: a
     row per question with a gold column."""

@@ -120,6 +120,15 @@ class OneLabel:
 
     # evaluate
 
+    def gold_names(self, cells: set[str]) -> set[str]:
+        """The label names a file's gold cells hold (a task's labels where none are given)."""
+        return cells
+
+    def evaluated(self, reports, *args, **kwargs):
+        """A task of one such question's evaluation: `reports.one_label(*args, **kwargs)` (the
+        evaluate job keeps one report per kind of answer; this picks its own)."""
+        return reports.one_label(*args, **kwargs)
+
     measures: ClassVar[tuple[str, ...]] = ("compare_modes", "fit_temperature", "target_accuracy", "fewshot_cost",
                                            "plots_dir")
     """The options of `evaluate` (`EvaluateRequest` fields) a task of one such question measures; `check_options`
@@ -314,6 +323,12 @@ class SeveralLabels:
 
     # evaluate
 
+    def gold_names(self, cells: set[str]) -> set[str]:
+        return {name for cell in cells for name in multilabel.split_labels(cell)}  # each cell names several: `a;b`
+
+    def evaluated(self, reports, *args, **kwargs):
+        return reports.several_labels(*args, **kwargs)
+
     measures: ClassVar[tuple[str, ...]] = ("target_precision",)
 
     def check_options(self, given: list[str]) -> None:
@@ -410,8 +425,9 @@ ONE_LABEL, SEVERAL_LABELS = OneLabel(), SeveralLabels()
 
 
 def of_flag(multi_label: bool) -> Readout:
-    """The readout a `multi_label` flag names (`Task.readout`'s choice), for callers that hold the
-    flag alone (the labelling loop's `PoolView` of an older caller)."""
+    """The readout a `multi_label` flag names: the one place that maps the flag to a kind of answer
+    (`Task.readout`; callers holding the flag alone: `evaluate`'s task before it is built, the
+    labelling loop's `PoolView` of an older caller)."""
     return SEVERAL_LABELS if multi_label else ONE_LABEL
 
 __all__ = ["Readout", "OneLabel", "SeveralLabels", "ONE_LABEL", "SEVERAL_LABELS"]

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import FieldError, TaskError
-from .readout import ONE_LABEL, SEVERAL_LABELS, Readout
+from .readout import ONE_LABEL, SEVERAL_LABELS, Readout, of_flag
 
 _FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_INSTRUCTION = ONE_LABEL.instruction
@@ -207,7 +207,7 @@ class Task:
     @property
     def readout(self) -> Readout:
         """How its answers are read (`core/readout.py`): one label, or every label that applies."""
-        return SEVERAL_LABELS if self.multi_label else ONE_LABEL
+        return of_flag(self.multi_label)
 
     @property
     def asked(self) -> tuple[Question, ...]:

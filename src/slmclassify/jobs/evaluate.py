@@ -22,7 +22,7 @@ from ..io.plots import write_plots
 from ..core import multilabel
 from ..core.labels import build_trie
 from ..core import questions as qs
-from ..core.multilabel import split_labels
+from ..core.readout import of_flag
 from ..models.precision import auto_line
 from ..models.prepare import load_model
 from ..core.figures import QuestionFigures
@@ -124,28 +124,32 @@ def task_for_file(path: str, text_column: str = "text", label_column: str = "lab
         return build_task(task_file, labels, **overrides)
     data = read_labelled(path, text_column, label_column).head(limit)
     if labels is None and not task_file:
-        names = {name for cell in data.gold for name in cell}
-        if overrides.get("multi_label"):  # each cell names several: `a;b`
-            names = {n for name in names for n in split_labels(name)}
+        names = of_flag(bool(overrides.get("multi_label"))).gold_names({name for cell in data.gold for name in cell})
         labels = data.labels or tuple(sorted(names))
     return build_task(task_file, labels, default_instruction=data.instruction, **overrides)
 
 
 def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings | None = None, *, model=None,
-                  head: HeadChoice = HeadChoice()) -> EvaluateSummary:
-    """Score the labelled items of the request's file with `task`; write the plots, task-file values
-    and JSON asked for; returns the figures (`EvaluateSummary.figures` is the JSON summary).
+                  head: HeadChoice = HeadChoice()):
+    """Score the labelled items of the request's file with a task of labels; write what the request
+    asks for; returns the figures of its kind of answer (its readout picks the report): one label's
+    `EvaluateSummary` (`_evaluate_one_label`), several labels' `MultiLabelSummary`
+    (`evaluate_multilabel_file`). A task with questions is measured by `evaluate_questions_file`."""
+    if columns_for(task).named:  # each question's answers are columns of their own: one gold column each
+        raise TaskError("a task with questions is evaluated by evaluate_questions_file, against a gold column "
+                        "per question")
+    return task.readout.evaluated(_LabelReports, request, task, settings, model=model, head=head)
+
+
+def _evaluate_one_label(request: EvaluateRequest, task: Task, settings: EngineSettings | None = None, *, model=None,
+                        head: HeadChoice = HeadChoice()) -> EvaluateSummary:
+    """One label per item: accuracy, macro-F1, ECE; plots, task-file values and JSON as asked
+    (`EvaluateSummary.figures` is the JSON summary).
 
     A head (`head/`) with scorer head or combined (`head.used`) is the main report (gold labels are
     then the head's).
     """
     target_accuracy = request.target_accuracy
-    if task.multi_label:  # its scores are two per label: accuracy and the softmax do not apply
-        raise TaskError("a multi-label task is evaluated by evaluate_multilabel_file (F1, subset accuracy, "
-                        "Hamming loss, per-label thresholds)")
-    if columns_for(task).named:  # each question's answers are columns of their own: one gold column each
-        raise TaskError("a task with questions is evaluated by evaluate_questions_file, against a gold column "
-                        "per question")
     task.readout.check_options(request.options_given())
     settings = settings or EngineSettings()
     use_head = head.used
@@ -317,6 +321,13 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
         label_token_lines=tuple(clf.label_token_lines()),
         at_task=at_task, picked=picked, cross_fitted=honest, target_precision=target_precision, figures=figures,
         task_file=task_file, task_values=values, json_path=json_path, **extra)
+
+
+class _LabelReports:
+    """The evaluate job's report of a task of labels per kind of answer (`Readout.evaluated` picks)."""
+
+    one_label = staticmethod(_evaluate_one_label)
+    several_labels = staticmethod(evaluate_multilabel_file)
 
 
 def _multilabel_figures(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...], thresholds,
