@@ -325,8 +325,8 @@ class Classifier:
         return np.stack(rows) if rows else np.zeros((0, len(self.trie.labels)))
 
     def __repr__(self) -> str:
-        what = (f"questions={[q.name for q in self.task.questions]}" if self.task.questions
-                else f"labels={list(self.task.labels)}")
+        what = self.task.shaped(lambda t: f"labels={list(t.labels)}",
+                                lambda t: f"questions={[q.name for q in t.questions]}")
         return f"Classifier(model={self.loaded.name!r}, {what}, mode={self.mode!r})"
 
 

@@ -216,6 +216,13 @@ class Task:
         results go through these, so a task of labels is a task of one question."""
         return self.questions or (Question.whole(self),)
 
+    def shaped(self, of_labels, of_questions):
+        """`of_labels(self)` for a task of labels, `of_questions(self)` for a task of questions: the one
+        test of a task's shape, for the formats that spell the two apart (a label store's answers,
+        which keep a task of labels' bare label so that old stores read on; a head file's; a report's
+        layout). Scoring and results do not ask: they go through `asked`."""
+        return of_questions(self) if self.questions else of_labels(self)
+
     @property
     def scoring_mode(self) -> str:
         """The label trie's mode: the task's own for one label; several labels and several questions

@@ -105,7 +105,7 @@ class _Questions:
 
 def codec_of(task: Task) -> _OneQuestion | _Questions:
     """How a store spells `task`'s answers (and checks a caller's: `InvalidAnswer`)."""
-    return _Questions(task) if task.questions else _OneQuestion(task)
+    return task.shaped(_OneQuestion, _Questions)
 
 
 def _said(value, limit: int = 80) -> str:
