@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from slmclassify.classifier import engine_line
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.backends import gemm
 from slmclassify.core.taps import Taps
@@ -122,13 +123,13 @@ def test_the_engine_line_says_whether_scores_depend_on_the_batch(tiny_loaded, mo
     ordered GEMM that failed its check here says so."""
     clf = Classifier(TASKS["first"], model=tiny_loaded)
     assert dict(tiny_loaded.backend.invariant) == {"ordered": True, "lm_head": True}
-    assert "; batch-invariant (an item's scores are the same bits in any batch)" in clf.engine_line()
+    assert "; batch-invariant (an item's scores are the same bits in any batch)" in engine_line(clf)
     backend = tiny_loaded.backend
     pinned = dataclasses.replace(backend, gemm="mm")
     assert pinned.gemm_variance() == ("the mm GEMM orders its sums by the call's shape on this CPU "
                                       "(asked for by SLMCLASSIFY_FP32_KERNEL)")
     mm = with_backend(tiny_loaded, pinned)
-    assert f"; not batch-invariant: {pinned.gemm_variance()}" in Classifier(TASKS["first"], model=mm).engine_line()
+    assert f"; not batch-invariant: {pinned.gemm_variance()}" in engine_line(Classifier(TASKS["first"], model=mm))
     shared = dataclasses.replace(backend, precision="int8", gemm="int8-onednn")
     assert shared.gemm_variance() == "the int8-onednn GEMM shares one quantisation range across a call's rows"
     assert dataclasses.replace(backend, precision="bf16", gemm="bf16").gemm_variance().startswith(

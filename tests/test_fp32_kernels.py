@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from slmclassify.classifier import engine_line
 from slmclassify import Classifier, Task
 from slmclassify.backends import fp32_kernels, gemm, native
 from slmclassify.backends.device import Backend
@@ -130,7 +131,7 @@ def test_no_compiler_falls_back(tiny_model_dir, monkeypatch):
     vendor = clf.engine.backend.gemm
     assert vendor in ("mm", "onednn")  # which is faster is measured: either may win on a busy machine
     assert (f"; not batch-invariant: the {vendor} GEMM orders its sums by the call's shape on this CPU; the ordered GEMM "
-            "cannot run here: disabled (SLMCLASSIFY_CC is empty)") in clf.engine_line()
+            "cannot run here: disabled (SLMCLASSIFY_CC is empty)") in engine_line(clf)
     encoded = clf.encode(random_texts(12, seed=3))
     fast, ref = clf.score(encoded).scores, clf.reference(encoded, range(12))
     assert np.abs(fast - ref).max() <= 1e-4

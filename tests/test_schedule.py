@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slmclassify.classifier import engine_line
 from slmclassify import Classifier, EngineSettings, Task
 from slmclassify.backends import choice
 from slmclassify.backends.choice import cpu_seconds, others_share
@@ -50,7 +51,7 @@ def test_the_schedule_is_measured_once_cached_and_given_values_win(tmp_path, lla
     assert set(measured["rates"]) == {str(b) for b in schedule.BUDGETS["cpu"]}
     key = schedule.schedule_key(loaded)
     assert _stored(tmp_path)[key]["token_budget"] == measured["token_budget"]
-    line = clf.engine_line()
+    line = engine_line(clf)
     assert f"schedule: token budget {measured['token_budget']}, max rows {measured['max_rows']} (measured here" in line
     assert "measured now" in line
 
@@ -62,13 +63,13 @@ def test_the_schedule_is_measured_once_cached_and_given_values_win(tmp_path, lla
     (tmp_path / "cache" / "slmclassify" / choice.CACHE_FILE).write_text(json.dumps(stored))
     planted = Classifier(TASK, model=loaded)
     assert (planted.settings.token_budget, planted.settings.max_rows) == (3000, 7)
-    assert planted.engine_line().endswith("; cached)")
+    assert engine_line(planted).endswith("; cached)")
 
     one = Classifier(TASK, model=loaded, settings=EngineSettings(token_budget=512))
     assert (one.settings.token_budget, one.settings.max_rows) == (512, 7) and one.schedule["took"] == ("max_rows",)
-    assert "token budget given; measured here" in one.engine_line()
+    assert "token budget given; measured here" in engine_line(one)
     both = Classifier(TASK, model=loaded, settings=EngineSettings(token_budget=512, max_rows=16))
-    assert both.schedule is None and both.engine_line().endswith("schedule: token budget 512, max rows 16 (given)")
+    assert both.schedule is None and engine_line(both).endswith("schedule: token budget 512, max rows 16 (given)")
     # the scores do not depend on where the schedule came from, beyond float32 sums
     encoded = clf.encode(random_texts(12, seed=2))
     assert np.abs(both.score(encoded).scores - clf.score(encoded).scores).max() < 1e-4

@@ -142,32 +142,6 @@ class Classifier:
     def mode(self) -> str:
         return self.trie.mode
 
-    def engine_line(self) -> str:
-        """Device, precision, GEMM kernel, the measurement behind the choice and what it costs in memory,
-        and the batch schedule and where it came from, for summaries."""
-        from .backends.choice import provisional_reason
-        from .models.precision import auto_line
-        from .models.schedule import describe
-
-        loaded = self.loaded
-        line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
-        rates = loaded.gemm_rates or {}
-        if rates.get("rates"):
-            measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
-            when = "cached" if rates.get("cached") else "measured now"
-            if rates.get("provisional"):
-                when += f", provisional: {provisional_reason(rates)}; measured again at a later start"
-            line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({when})"
-        if loaded.engine is not None and (extra := loaded.engine.weight_copy_bytes()):
-            line += f"; memory: the kernel's own copy of the linear weights, +{extra / 2**20:.0f} MiB"
-        if auto := auto_line(loaded):
-            line += f"; {auto}"
-        if loaded.engine is not None:
-            why = loaded.engine.batch_variance()
-            line += ("; batch-invariant (an item's scores are the same bits in any batch)" if why is None
-                     else f"; not batch-invariant: {why}")
-        return line + f"; schedule: {describe(self.settings, self.schedule)}"
-
     def label_token_lines(self) -> list[str]:
         """Each scored label (a multi-label task's yes/no branches) and its tokens after the chat template,
         with the warnings about misleading first tokens where they apply (single-label tasks)."""
@@ -330,4 +304,31 @@ class Classifier:
         return f"Classifier(model={self.loaded.name!r}, {what}, mode={self.mode!r})"
 
 
-__all__ = ["Classifier", "EngineSettings", "Result", "ResultsStep", "ScoredItems"]
+def engine_line(classifier: Classifier) -> str:
+    """Device, precision, GEMM kernel, the measurement behind the choice and what it costs in memory,
+    and the batch schedule and where it came from, for summaries."""
+    from .backends.choice import provisional_reason
+    from .models.precision import auto_line
+    from .models.schedule import describe
+
+    loaded = classifier.loaded
+    line = loaded.backend.describe() if loaded.backend is not None else "cpu fp32"
+    rates = loaded.gemm_rates or {}
+    if rates.get("rates"):
+        measured = ", ".join(f"{k} {v:.0f}" for k, v in rates["rates"].items())
+        when = "cached" if rates.get("cached") else "measured now"
+        if rates.get("provisional"):
+            when += f", provisional: {provisional_reason(rates)}; measured again at a later start"
+        line += f"; GEMM GFLOP/s on the model's shapes: {measured} ({when})"
+    if loaded.engine is not None and (extra := loaded.engine.weight_copy_bytes()):
+        line += f"; memory: the kernel's own copy of the linear weights, +{extra / 2**20:.0f} MiB"
+    if auto := auto_line(loaded):
+        line += f"; {auto}"
+    if loaded.engine is not None:
+        why = loaded.engine.batch_variance()
+        line += ("; batch-invariant (an item's scores are the same bits in any batch)" if why is None
+                 else f"; not batch-invariant: {why}")
+    return line + f"; schedule: {describe(classifier.settings, classifier.schedule)}"
+
+
+__all__ = ["Classifier", "EngineSettings", "Result", "ResultsStep", "ScoredItems", "engine_line"]

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ..backends.sync import sync_of
-from ..classifier import Classifier, EngineSettings
+from ..classifier import Classifier, EngineSettings, engine_line
 from ..core.encode import EncodedItems
 from ..core.task import Task
 from ..models.engines import with_backend, with_precision
@@ -108,7 +108,7 @@ class BenchReport:
     flops_per_token: int = 0
     """2 × the model's non-embedding parameters."""
     engine: str = ""
-    """Device, precision and GEMM kernel of (d), with the measured kernel rates (`Classifier.engine_line`)."""
+    """Device, precision and GEMM kernel of (d), with the measured kernel rates (`classifier.engine_line`)."""
 
     def to_json(self) -> dict:
         return {
@@ -353,7 +353,7 @@ def _prepare(loaded, texts, task, settings, report: BenchReport, log) -> _Inputs
     hf = loaded if device.type == "cpu" else _bf16_copy(loaded)  # what a user runs on a GPU
     probe = Classifier(task, model=loaded, settings=settings)
     settings = probe.settings  # the schedule measured here (or given): (d) runs it, each (e) row changes one thing
-    report.engine = probe.engine_line()
+    report.engine = engine_line(probe)
     log(f"engine: {report.engine}")
     encoded = probe.encode(texts)
     lengths = np.array([len(ids) for ids in encoded.ids])

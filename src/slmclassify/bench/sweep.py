@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .compare import peak_rss_mb, reset_peak_rss
-from ..classifier import DEFAULT_MAX_TEXT_TOKENS, Classifier, EngineSettings
+from ..classifier import DEFAULT_MAX_TEXT_TOKENS, Classifier, EngineSettings, engine_line
 from ..errors import SlmClassifyError
 from ..models.loading import LoadedModel
 from ..models.precision import auto_line
@@ -74,7 +74,7 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
         log(line)
 
     # the cached choices this sweep is compared with (provisional ones say so)
-    log(f"engine: {clf.engine_line()}")
+    log(f"engine: {engine_line(clf)}")
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
     variants = {(budget, rows): clf.with_settings(EngineSettings(token_budget=budget, max_rows=rows,

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ..classifier import Classifier, EngineSettings
+from ..classifier import Classifier, EngineSettings, engine_line
 from ..core.encode import EncodedItems
 from ..core.multilabel import split_labels
 from ..errors import InputError, TaskError
@@ -63,7 +63,7 @@ class ClassifySummary:
     """The whole run's counts (resumed sessions included)."""
     max_text_tokens: int | None
     engine: str
-    """Device, precision and kernel (`Classifier.engine_line`)."""
+    """Device, precision and kernel (`classifier.engine_line`)."""
     report: VerifyReport | None
     """The probe check against the per-item path (None: not run)."""
     output: str
@@ -146,7 +146,7 @@ def _run_classify(request: ClassifyRequest, out_fmt: str, task: Task, settings: 
         model=classifier.loaded.name, load_seconds=load_seconds, mode=classifier.mode,
         mode_reason=classifier.mode_reason, calibrated=classifier.bias is not None,
         label_lines=label_lines(classifier), stats=state.stats, max_text_tokens=classifier.settings.max_text_tokens,
-        engine=classifier.engine_line(), report=report, output=request.output_path,
+        engine=engine_line(classifier), report=report, output=request.output_path,
         resumed_at=state.resumed_at,
         gold=state.gold if request.gold_column is not None else None, labels=tuple(labels))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..classifier import Classifier, EngineSettings
+from ..classifier import Classifier, EngineSettings, engine_line
 from ..core.task import Task
 from ..core.verify import VerifyReport, compare, pick_probes
 from ..errors import FieldError
@@ -47,5 +47,5 @@ def verify_table(input_path: str, task: Task, settings: EngineSettings, *, model
     return VerifySummary(
         model=classifier.loaded.name, mode=classifier.mode, mode_reason=classifier.mode_reason,
         calibrated=classifier.bias is not None, label_lines=label_lines(classifier),
-        probe_lengths=tuple(len(encoded.ids[i]) for i in indices), engine=classifier.engine_line(),
+        probe_lengths=tuple(len(encoded.ids[i]) for i in indices), engine=engine_line(classifier),
         report=report)
