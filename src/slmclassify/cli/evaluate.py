@@ -250,8 +250,5 @@ def fit(run: FitRequest, opts: ModelOptions):
         return
     task = task_for_file(run.input_path, run.text_column, run.label_column, task_file=opts.task_file,
                          labels=opts.label_names(), **opts.overrides())
-    if task.questions and run.plot_path:
-        raise TaskError("--plot draws the learning curve of a task of one question; a task with questions is fitted "
-                        "without one: run without --plot")
     summary = fit_file(run, task, opts.settings(), model=opts.model)
     (summaries.print_questions_fit if task.questions else summaries.print_fit)(summary)

@@ -4,9 +4,13 @@ whose stdout may be the output; stdout for evaluate and fit, whose report is the
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import click
 
 from ..head.fitting import ANCHOR_WEIGHT
+from ..head.questions import HeadKinds
 
 
 def _err(message: str = "") -> None:
@@ -295,9 +299,11 @@ def print_fit(summary) -> None:
              f"{ANCHOR_WEIGHT} items in every fit")
     for warning in summary.warnings:
         _out(f"warning: {warning}")
-    if summary.multi_label_rows:
-        _print_multilabel_fit(summary)
-        return
+    summary.head.readout.learned_by(_FIT_TABLES)(summary)
+
+
+def _print_one_label_fit(summary) -> None:
+    """The rest of `fit`'s report for a softmax head: the scorers' table and the learning curve."""
     if summary.taps.echo and summary.passes == 1:  # no pass of the texts read once
         _out("zero-shot: not shown (the pass read each text twice, --echo: its label scores are not the task's)")
     elif not summary.zero_shot_comparable:
@@ -364,19 +370,12 @@ def print_questions_fit(summary) -> None:
     _out(f"\n{'question':<{width}}  {'kind':<11} {'zero-shot':>9} {'head (CV)':>9}  {'macro-F1 zero/head':>18}  "
          f"{'ECE zero/head':>13}  features")
     for f in summary.fits:
-        z, h = f.zero_shot, f.cv
-        if f.head.multi_label:
-            accuracy = "subset_accuracy"
-            ece = f"{'-':>13}"
-        else:
-            accuracy = "accuracy"
-            ece = f"{z['ece']:>6.3f}/{h['ece']:<6.3f}"
-        _out(f"{f.name:<{width}}  {'multi-label' if f.head.multi_label else 'single':<11} {z[accuracy]:>9.3f} "
-             f"{h[accuracy]:>9.3f}  {z['macro_f1']:>9.3f}/{h['macro_f1']:<8.3f}  {ece}  {f.head.taps.describe()} "
-             f"({f.choice})")
-    if any(f.head.multi_label for f in summary.fits):
-        _out("multi-label: accuracy is subset accuracy, at thresholds picked on the other half of the items "
-             "(cross-fitted, zero-shot's and the head's alike)")
+        z, h, row = f.zero_shot, f.cv, f.head.readout.learned_by(_QUESTION_ROWS)
+        _out(f"{f.name:<{width}}  {row.kind:<11} {z[row.accuracy]:>9.3f} "
+             f"{h[row.accuracy]:>9.3f}  {z['macro_f1']:>9.3f}/{h['macro_f1']:<8.3f}  {row.ece(z, h)}  "
+             f"{f.head.taps.describe()} ({f.choice})")
+    for note in dict.fromkeys(note for f in summary.fits for note in f.head.readout.learned_by(_QUESTION_ROWS).notes):
+        _out(note)
     _out(f"head: {summary.folds}-fold cross-validated (feature set and C chosen inside each fold); no learning curve "
          "for a task with questions")
     if summary.not_fitted:
@@ -385,3 +384,26 @@ def print_questions_fit(summary) -> None:
     if summary.json_path:
         _out(f"wrote {summary.json_path}")
 
+
+_FIT_TABLES = HeadKinds(one_label=_print_one_label_fit, several_labels=_print_multilabel_fit)
+"""The rest of `fit`'s report, by the kind of head fitted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _QuestionRow:
+    """How a question's row of `print_questions_fit` shows its kind of head."""
+
+    kind: str
+    accuracy: str
+    """The figure in the accuracy columns."""
+    ece: Callable[[dict, dict], str]
+    """The ECE column from zero-shot's and the head's figures."""
+    notes: tuple[str, ...] = ()
+    """Lines after the table, once, when any question's head is of this kind."""
+
+
+_QUESTION_ROWS = HeadKinds(
+    one_label=_QuestionRow("single", "accuracy", lambda z, h: f"{z['ece']:>6.3f}/{h['ece']:<6.3f}"),
+    several_labels=_QuestionRow("multi-label", "subset_accuracy", lambda z, h: f"{'-':>13}", (
+        "multi-label: accuracy is subset accuracy, at thresholds picked on the other half of the items "
+        "(cross-fitted, zero-shot's and the head's alike)",)))

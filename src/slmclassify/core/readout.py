@@ -108,6 +108,35 @@ class OneLabel:
         top = int(probs.argmax())
         return labels[top], float(probs[top])
 
+    # learned heads (`head/`): how a head's linear logits are read, combined and turned into results
+
+    def learned_by(self, kinds):
+        """The head kind that learns this answer, of those `kinds` holds (`head.questions.HeadKinds`)."""
+        return kinds.one_label
+
+    def head_scores(self, logits: np.ndarray) -> np.ndarray:
+        """[n, K] a head's logits → what it answers with: its labels' log-probabilities (log-softmax)."""
+        return self.head_log_probabilities(logits)
+
+    def head_log_probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """[n, K] a head's logits → one distribution's log-probabilities (NaN rows stay NaN)."""
+        top = logits.max(axis=1, keepdims=True)
+        return logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+
+    def combined(self, head: np.ndarray, zero: np.ndarray) -> np.ndarray:
+        """The `combined` scorer's [n, K] from the head's scores and zero-shot's calibrated ones (the
+        same columns): the normalised product of the two distributions."""
+        with np.errstate(invalid="ignore"):  # NaN rows: empty items
+            zero = zero - np.logaddexp.reduce(zero, axis=1, keepdims=True)
+            logp = head + zero
+            return logp - np.logaddexp.reduce(logp, axis=1, keepdims=True)
+
+    def head_results(self, task, labels: tuple[str, ...], scores: np.ndarray, head: np.ndarray, status: list[str],
+                     thresholds) -> list[Result]:
+        """One Result per item over `labels` from a head's [n, L] scores (`head_scores`; `scores`: the
+        raw branch scores; `task`: the question's settings; `thresholds`: the head's own)."""
+        return make_results(labels, head, head, status, task.min_confidence)
+
     def chosen(self, result: Result, lists: bool):
         """A result's answer column value (`lists`: JSON Lines and Parquet, which hold lists)."""
         return result.label
@@ -311,6 +340,27 @@ class SeveralLabels:
         chosen = [lab for lab, p, t in zip(labels, probs, thresholds) if p >= t]
         return chosen, float(multilabel.confidence(probs[None, :])[0])
 
+    # learned heads (`head/`)
+
+    def learned_by(self, kinds):
+        return kinds.several_labels
+
+    def head_scores(self, logits: np.ndarray) -> np.ndarray:
+        """Each label's log-odds of applying, as they are (one-vs-rest: a logit per label)."""
+        return logits
+
+    def head_log_probabilities(self, logits: np.ndarray) -> np.ndarray:
+        raise TaskError("a multi-label head gives each label's log-odds (Head.log_odds), not one distribution")
+
+    def combined(self, head: np.ndarray, zero: np.ndarray) -> np.ndarray:
+        """The sum of the two log-odds: the product of the two odds."""
+        return head + zero
+
+    def head_results(self, task, labels: tuple[str, ...], scores: np.ndarray, head: np.ndarray, status: list[str],
+                     thresholds) -> list[Result]:
+        return multilabel.make_results(labels, scores, head, status, thresholds, task.min_confidence,
+                                       task.label_separator)
+
     def chosen(self, result: Result, lists: bool):
         if not lists or result.label is None:
             return result.label
@@ -426,7 +476,7 @@ ONE_LABEL, SEVERAL_LABELS = OneLabel(), SeveralLabels()
 
 def of_flag(multi_label: bool) -> Readout:
     """The readout a `multi_label` flag names: the one place that maps the flag to a kind of answer
-    (`Task.readout`; callers holding the flag alone: `evaluate`'s task before it is built, the
+    (`Task.readout`, `Head.readout`; callers holding the flag alone: `evaluate`'s task before it is built, the
     labelling loop's `PoolView` of an older caller)."""
     return SEVERAL_LABELS if multi_label else ONE_LABEL
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TaskError
-from ..core.results import Result, make_results
+from ..core.results import Result
 from .model import Head, model_fingerprint, task_from_record
 from .model import QuestionHeads
 from .questions import head_states
@@ -100,24 +100,15 @@ def check_scorer(head: Head | QuestionHeads, task_labels, scorer: str, task=None
 
 
 def head_log_probabilities(head: Head, calibrated: np.ndarray, states: np.ndarray, task_labels, scorer: str) -> np.ndarray:
-    """[n, K] log-probabilities of the head's labels under `scorer` (head or combined); a multi-label
-    head's: [n, L] each label's log-odds (combined adds zero-shot's calibrated log-odds: the product
-    of the two odds, as combined multiplies the two distributions of a single-label head)."""
+    """[n, K] the head's scores under `scorer` (head or combined), as its readout reads them
+    (`Head.scores`): a single-label head's log-probabilities of its labels, a multi-label head's
+    log-odds per label; combined joins zero-shot's calibrated scores of the same labels (the
+    normalised product of the two distributions, or the product of the two odds)."""
     check_scorer(head, task_labels, scorer)
-    if head.multi_label:
-        z = head.log_odds(head.features(states, calibrated))
-        if scorer == "combined":
-            z = z + calibrated[:, [list(task_labels).index(lab) for lab in head.labels]]
-        return z
-    logp = head.log_probabilities(head.features(states, calibrated))
+    z = head.scores(head.features(states, calibrated))
     if scorer == "combined":
-        order = [list(task_labels).index(lab) for lab in head.labels]
-        with np.errstate(invalid="ignore"):  # NaN rows: empty items
-            zero = calibrated[:, order]
-            zero = zero - np.logaddexp.reduce(zero, axis=1, keepdims=True)
-            logp = logp + zero
-            logp = logp - np.logaddexp.reduce(logp, axis=1, keepdims=True)
-    return logp
+        z = head.readout.combined(z, calibrated[:, [list(task_labels).index(lab) for lab in head.labels]])
+    return z
 
 
 def score_with_head(classifier, encoded, head: Head, scorer: str, progress=None) -> tuple[np.ndarray, list[Result]]:
@@ -140,12 +131,7 @@ def _head_results(head: Head, scorer: str, classifier, scores: np.ndarray, state
     task = classifier.task
     calibrated = classifier.calibrated(scores)
     logp = head_log_probabilities(head, calibrated, states, task.labels, scorer)
-    if head.multi_label:
-        from ..core import multilabel
-
-        return multilabel.make_results(head.labels, scores, logp, status, head.thresholds,
-                                       task.min_confidence, task.label_separator)
-    return make_results(head.labels, logp, logp, status, task.min_confidence)
+    return head.readout.head_results(task, head.labels, scores, logp, status, head.thresholds)
 
 
 def _question_heads_results(heads: QuestionHeads, scorer: str, classifier, scores: np.ndarray, states: np.ndarray,
@@ -153,7 +139,7 @@ def _question_heads_results(heads: QuestionHeads, scorer: str, classifier, score
     """A task with questions: each question with a head answered from its head (read from the
     pass's states, `heads.taps`), the others zero-shot; p_NAME_LABEL over the question's labels
     (0 for a label the head never saw in its gold)."""
-    from ..core import multilabel, questions
+    from ..core import questions
 
     task = classifier.task
     calibrated = classifier.calibrated(scores)  # [n, C]: every question's labels
@@ -165,14 +151,13 @@ def _question_heads_results(heads: QuestionHeads, scorer: str, classifier, score
             continue
         logp = head_log_probabilities(head, calibrated[:, labels], head_states(head, heads.taps, states), q.labels,
                                       scorer)
-        if head.multi_label:  # one-vs-rest heads are fitted on the question's labels, in its order
-            per_question[q.name] = multilabel.make_results(q.labels, scores[:, branches], logp, status, head.thresholds,
-                                                           q.task.min_confidence, q.task.label_separator)
-            continue
-        full = np.full((len(status), len(q.labels)), -np.inf)  # [n, L]: the question's labels
+        # [n, L] over the question's labels: -inf where a single-label head never saw the label (a
+        # one-vs-rest head has each of the question's labels, in its order)
+        full = np.full((len(status), len(q.labels)), -np.inf)
         full[:, [q.labels.index(lab) for lab in head.labels]] = logp
         full[np.isnan(logp).any(axis=1)] = np.nan  # empty items
-        per_question[q.name] = make_results(q.labels, full, full, status, q.task.min_confidence)
+        per_question[q.name] = head.readout.head_results(q.task, q.labels, scores[:, branches], full, status,
+                                                         head.thresholds)
     return questions.combine(task, scores, per_question, status)
 
 

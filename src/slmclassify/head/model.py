@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import InputError, TaskError
 from ..core.taps import Taps
+from ..core.readout import Readout, of_flag
 from ..core.task import Example, Question, Task
 
 FORMAT = "slmclassify-head-1"
@@ -62,15 +63,27 @@ class Head:
             parts.append(calibrated.astype(np.float64))
         return np.concatenate(parts, axis=1)
 
-    def log_probabilities(self, features: np.ndarray) -> np.ndarray:
-        """[n, K] log-probabilities of the head's labels (NaN rows stay NaN)."""
-        if self.multi_label:
-            raise TaskError("a multi-label head gives each label's log-odds (Head.log_odds), not one distribution")
+    @property
+    def readout(self) -> Readout:
+        """How its numbers are read (`core/readout.py`): one distribution, or a log-odds per label."""
+        return of_flag(self.multi_label)
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        """[n, K] the linear map of the standardised features (cosine: of their directions)."""
         if self.cosine:
             centred = (features - self.mean) / self.scale
             features = centred / np.maximum(np.linalg.norm(centred, axis=1, keepdims=True), 1e-12)
-            return linear_log_probabilities(features, 0.0, 1.0, self.coef, self.intercept)
-        return linear_log_probabilities(features, self.mean, self.scale, self.coef, self.intercept)
+            return linear_log_odds(features, 0.0, 1.0, self.coef, self.intercept)
+        return linear_log_odds(features, self.mean, self.scale, self.coef, self.intercept)
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        """[n, K] what the head answers with, as its readout reads its logits: log-probabilities of
+        its labels, or a multi-label head's log-odds per label (NaN rows stay NaN)."""
+        return self.readout.head_scores(self.logits(features))
+
+    def log_probabilities(self, features: np.ndarray) -> np.ndarray:
+        """[n, K] log-probabilities of the head's labels (NaN rows stay NaN)."""
+        return self.readout.head_log_probabilities(self.logits(features))
 
     def log_odds(self, features: np.ndarray) -> np.ndarray:
         """Multi-label: [n, L] each label's log-odds of applying (NaN rows stay NaN)."""
@@ -176,11 +189,14 @@ def task_record(task: Task) -> dict:
     record = {"labels": list(task.labels), "descriptions": list(task.descriptions), "instruction": task.instruction,
               "system": task.system, "user_template": task.user_template,
               "examples": [[ex.text, ex.label] for ex in task.examples], "mode": task.mode,
-              "calibrate": task.calibrate, "temperature": task.temperature,
-              **({"multi_label": True} if task.multi_label else {})}  # absent: the heads and label stores of before
-    if task.questions:  # absent likewise for a task of labels
-        record["questions"] = [{"name": q.name, "question": q.question, **task_record(q.task)} for q in task.questions]
-    return record
+              "calibrate": task.calibrate, "temperature": task.temperature, "multi_label": task.multi_label,
+              "questions": [{"name": q.name, "question": q.question, **task_record(q.task)} for q in task.questions]}
+    # written only when set: the records of a task of one label per item are those of before
+    return {k: v for k, v in record.items() if v or k not in _SET_ONLY}
+
+
+_SET_ONLY = ("multi_label", "questions")
+"""The record's keys left out at their defaults (false, none): absent in the heads and label stores of before."""
 
 
 def task_from_record(record: dict, min_confidence: float | None = None) -> Task:

@@ -24,6 +24,7 @@ from ..core.taps import Taps
 from ..head.features import anchor_texts, candidate_taps, collect, default_taps, feature_sets
 from ..head.fitting import CURVE_SIZES, Anchors, cross_validated, fit, learning_curve
 from ..head.model import Head, model_fingerprint, task_record
+from ..head.questions import HeadKinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,12 +140,7 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
         raise TaskError("{field} {pair}: NAME=COLUMN is for a task with questions, and this task has none; give its "
                         "gold column alone", names={"field": "gold_column"}, pair="=".join(request.gold_columns[0]))
     data = read_labelled(request.input_path, request.text_column, request.label_column, task, request.group_column)
-    if task.multi_label:
-        if request.echo:
-            raise FieldError("echo", "{field} is for a task of one label per item; a multi-label task's heads read "
-                             "each text once: run without it")
-        return _fit_multilabel(request, task, settings, data, model)
-    return _fit_one_label(request, task, settings, _OneLabelGold.read(request, data), model)
+    return task.readout.learned_by(_FILE_FITS)(request, task, settings, data, model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,9 +176,9 @@ class _OneLabelGold:
                    () if groups is not None else shared_openings(texts))
 
 
-def _fit_one_label(request: FitRequest, task: Task, settings: EngineSettings, data: _OneLabelGold,
-                   model) -> FitSummary:
+def _fit_one_label(request: FitRequest, task: Task, settings: EngineSettings, data, model) -> FitSummary:
     """`fit_file` for a task of one label per item (a multinomial head over the gold's labels)."""
+    data = _OneLabelGold.read(request, data)
     path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
     taps, use_scores = request.taps, request.use_scores
     texts, gold, groups, labels, counts = data.texts, data.gold, data.groups, data.labels, data.counts
@@ -286,9 +282,12 @@ def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, 
     questions differ (which team is a topic, how urgent a tone); `classify --head` then reads the
     union of the chosen taps in its one pass."""
     from ..head.model import QuestionHeads
-    from ..head.questions import fit_question, question_gold
+    from ..head.questions import fit_question, question_anchors, question_gold
     from ..io.labelled import read_gold_columns
 
+    if request.plot_path:
+        raise FieldError("plot_path", "{field} draws the learning curve of a task of one question; a task with "
+                         "questions is fitted without one: run without {field}")
     path, folds, seed = request.input_path, request.folds, request.seed
     columns = dict(request.gold_columns)
     names = [q.name for q in task.questions]
@@ -313,7 +312,7 @@ def fit_questions(request: FitRequest, task: Task, settings: EngineSettings, *, 
 
     given = request.taps is not None
     # every asked question's labels read as items in the same pass (a single-choice head's anchors)
-    described = {q.name: {} if q.multi_label else anchor_texts(q.task) for q, _ in asked}
+    described = {q.name: question_anchors(q) for q, _ in asked}
     extra = [t for texts_q in described.values() for t in texts_q.values()]
     loaded, (taps,), _, calibrated, states, seconds = _features(model, task, settings, [*texts, *extra],
                                                                 request.taps or "candidates")
@@ -360,10 +359,11 @@ def fit_descriptions(request: FitRequest, task: Task, settings: EngineSettings, 
     from ..head.describe import TEMPERATURE, description_head, description_taps, label_words
     from ..io.readers import read_table, texts_of
 
-    if task.questions or task.multi_label or task.multi_field:
-        kind = "questions" if task.questions else "several labels per item" if task.multi_label else "several fields"
-        raise FieldError("from_descriptions", "{field} makes a head for one label per item from one text; this task "
-                         f"has {kind}: run without it")
+    if task.questions:
+        _not_described("questions")
+    task.readout.learned_by(_DESCRIBED)()
+    if task.multi_field:
+        _not_described("several fields")
     path = request.input_path
     texts = (read_labelled(path, request.text_column, request.label_column).texts if path.endswith(".json")
              else texts_of(read_table(path, request.text_column), request.text_column, name=path))
@@ -380,6 +380,16 @@ def fit_descriptions(request: FitRequest, task: Task, settings: EngineSettings, 
     return DescriptionsFitSummary(model=loaded.name, items=items, labels=tuple(zip(task.labels, words)), taps=taps,
                                   seconds=seconds, precision_line=auto_line(loaded), head=head,
                                   output=request.output_path)
+
+
+def _not_described(kind: str) -> None:
+    raise FieldError("from_descriptions", "{field} makes a head for one label per item from one text; this task "
+                     f"has {kind}: run without it")
+
+
+_DESCRIBED = HeadKinds(one_label=lambda: None, several_labels=lambda: _not_described("several labels per item"))
+"""What each kind of head says of a head from the descriptions, a softmax over one label per item: that one
+is made, that several labels per item are refused."""
 
 
 OPENING_WORDS = 5
@@ -428,6 +438,9 @@ def _fit_multilabel(request: FitRequest, task: Task, settings, data, model) -> F
     from ..core import multilabel
     from ..head.one_vs_rest import check_counts, cross_validated_one_vs_rest, fit_one_vs_rest
 
+    if request.echo:
+        raise FieldError("echo", "{field} is for a task of one label per item; a multi-label task's heads read "
+                         "each text once: run without it")
     path, output, folds, seed = request.input_path, request.output_path, request.folds, request.seed
     taps, use_scores, json_path = request.taps, request.use_scores, request.json_path
 
@@ -491,3 +504,7 @@ def plot_curve(curve, full_accuracy: float, zero_shot: float | None, full_per_la
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+_FILE_FITS = HeadKinds(one_label=_fit_one_label, several_labels=_fit_multilabel)
+"""How a task of labels' file is fitted, by the kind of head its readout learns with."""
