@@ -251,4 +251,4 @@ def fit(run: FitRequest, opts: ModelOptions):
     task = task_for_file(run.input_path, run.text_column, run.label_column, task_file=opts.task_file,
                          labels=opts.label_names(), **opts.overrides())
     summary = fit_file(run, task, opts.settings(), model=opts.model)
-    (summaries.print_questions_fit if task.questions else summaries.print_fit)(summary)
+    task.shaped(lambda t: summaries.print_fit, lambda t: summaries.print_questions_fit)(summary)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import click
 
 from ..head.fitting import ANCHOR_WEIGHT
-from ..head.questions import HeadKinds
+from ..core.readout import Kinds
 
 
 def _err(message: str = "") -> None:
@@ -220,9 +220,7 @@ def print_evaluate(summary) -> None:
 def print_evaluation(summary) -> None:
     """The report of a task of labels' evaluation, by the figures `evaluate_file` returned (its
     readout's report: one label's or several labels')."""
-    from ..jobs.evaluate import EvaluateSummary
-
-    (print_evaluate if isinstance(summary, EvaluateSummary) else print_multilabel_evaluate)(summary)
+    summary.task.readout.pick(_EVALUATE_REPORTS)(summary)
 
 
 def print_questions_evaluate(summary) -> None:
@@ -299,7 +297,7 @@ def print_fit(summary) -> None:
              f"{ANCHOR_WEIGHT} items in every fit")
     for warning in summary.warnings:
         _out(f"warning: {warning}")
-    summary.head.readout.learned_by(_FIT_TABLES)(summary)
+    summary.head.readout.pick(_FIT_TABLES)(summary)
 
 
 def _print_one_label_fit(summary) -> None:
@@ -370,11 +368,11 @@ def print_questions_fit(summary) -> None:
     _out(f"\n{'question':<{width}}  {'kind':<11} {'zero-shot':>9} {'head (CV)':>9}  {'macro-F1 zero/head':>18}  "
          f"{'ECE zero/head':>13}  features")
     for f in summary.fits:
-        z, h, row = f.zero_shot, f.cv, f.head.readout.learned_by(_QUESTION_ROWS)
+        z, h, row = f.zero_shot, f.cv, f.head.readout.pick(_QUESTION_ROWS)
         _out(f"{f.name:<{width}}  {row.kind:<11} {z[row.accuracy]:>9.3f} "
              f"{h[row.accuracy]:>9.3f}  {z['macro_f1']:>9.3f}/{h['macro_f1']:<8.3f}  {row.ece(z, h)}  "
              f"{f.head.taps.describe()} ({f.choice})")
-    for note in dict.fromkeys(note for f in summary.fits for note in f.head.readout.learned_by(_QUESTION_ROWS).notes):
+    for note in dict.fromkeys(note for f in summary.fits for note in f.head.readout.pick(_QUESTION_ROWS).notes):
         _out(note)
     _out(f"head: {summary.folds}-fold cross-validated (feature set and C chosen inside each fold); no learning curve "
          "for a task with questions")
@@ -385,7 +383,7 @@ def print_questions_fit(summary) -> None:
         _out(f"wrote {summary.json_path}")
 
 
-_FIT_TABLES = HeadKinds(one_label=_print_one_label_fit, several_labels=_print_multilabel_fit)
+_FIT_TABLES = Kinds(one_label=_print_one_label_fit, several_labels=_print_multilabel_fit)
 """The rest of `fit`'s report, by the kind of head fitted."""
 
 
@@ -402,8 +400,12 @@ class _QuestionRow:
     """Lines after the table, once, when any question's head is of this kind."""
 
 
-_QUESTION_ROWS = HeadKinds(
+_QUESTION_ROWS = Kinds(
     one_label=_QuestionRow("single", "accuracy", lambda z, h: f"{z['ece']:>6.3f}/{h['ece']:<6.3f}"),
     several_labels=_QuestionRow("multi-label", "subset_accuracy", lambda z, h: f"{'-':>13}", (
         "multi-label: accuracy is subset accuracy, at thresholds picked on the other half of the items "
         "(cross-fitted, zero-shot's and the head's alike)",)))
+
+
+_EVALUATE_REPORTS = Kinds(one_label=print_evaluate, several_labels=print_multilabel_evaluate)
+"""How a task of labels' evaluation is printed, per kind of answer (`Readout.pick`)."""

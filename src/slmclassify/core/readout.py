@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,19 @@ from .calibration import adjust, prior_from_scores
 from .figures import ChoiceFigures, SetFigures
 from .metrics import Evaluation
 from .results import Result, make_results, softmax
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Kinds(Generic[T]):
+    """One thing per kind of answer, of which a readout picks its own (`Readout.pick`): how a layer
+    above core keeps a step of its own per kind (an evaluate report, a kind of head, how a fit is
+    printed) without asking which kind a task is. A new kind of answer is a new field here, so that
+    every such table must say what it does for it."""
+
+    one_label: T
+    several_labels: T
 
 
 @dataclass(frozen=True)
@@ -110,8 +123,8 @@ class OneLabel:
 
     # learned heads (`head/`): how a head's linear logits are read, combined and turned into results
 
-    def learned_by(self, kinds):
-        """The head kind that learns this answer, of those `kinds` holds (`head.questions.HeadKinds`)."""
+    def pick(self, kinds: Kinds):
+        """Its own of one thing per kind of answer (`Kinds`)."""
         return kinds.one_label
 
     def head_scores(self, logits: np.ndarray) -> np.ndarray:
@@ -153,11 +166,6 @@ class OneLabel:
         """The label names a file's gold cells hold (a task's labels where none are given)."""
         return cells
 
-    def evaluated(self, reports, *args, **kwargs):
-        """A task of one such question's evaluation: `reports.one_label(*args, **kwargs)` (the
-        evaluate job keeps one report per kind of answer; this picks its own)."""
-        return reports.one_label(*args, **kwargs)
-
     measures: ClassVar[tuple[str, ...]] = ("compare_modes", "fit_temperature", "target_accuracy", "fewshot_cost",
                                            "plots_dir")
     """The options of `evaluate` (`EvaluateRequest` fields) a task of one such question measures; `check_options`
@@ -173,7 +181,7 @@ class OneLabel:
 
     def check_head(self, head) -> None:
         """Refuse a head (`head/model.Head`) that answers another way than a task of this kind."""
-        if head.multi_label:
+        if head.readout != self:
             raise TaskError("the head is one-vs-rest, fitted on a multi-label task; evaluate it with that task "
                             "(multi_label = true), or without task options to use the task it was fitted with")
 
@@ -342,7 +350,7 @@ class SeveralLabels:
 
     # learned heads (`head/`)
 
-    def learned_by(self, kinds):
+    def pick(self, kinds: Kinds):
         return kinds.several_labels
 
     def head_scores(self, logits: np.ndarray) -> np.ndarray:
@@ -376,9 +384,6 @@ class SeveralLabels:
     def gold_names(self, cells: set[str]) -> set[str]:
         return {name for cell in cells for name in multilabel.split_labels(cell)}  # each cell names several: `a;b`
 
-    def evaluated(self, reports, *args, **kwargs):
-        return reports.several_labels(*args, **kwargs)
-
     measures: ClassVar[tuple[str, ...]] = ("target_precision",)
 
     def check_options(self, given: list[str]) -> None:
@@ -389,7 +394,7 @@ class SeveralLabels:
                             names={"option": refused[0], "target": "target_precision"})
 
     def check_head(self, head) -> None:
-        if not head.multi_label:
+        if head.readout != self:
             raise TaskError("the head is single-label; a multi-label task needs a head fitted on it "
                             "(`slmclassify fit` with multi_label = true)")
 
@@ -480,4 +485,4 @@ def of_flag(multi_label: bool) -> Readout:
     labelling loop's `PoolView` of an older caller)."""
     return SEVERAL_LABELS if multi_label else ONE_LABEL
 
-__all__ = ["Readout", "OneLabel", "SeveralLabels", "ONE_LABEL", "SEVERAL_LABELS"]
+__all__ = ["Readout", "Kinds", "OneLabel", "SeveralLabels", "ONE_LABEL", "SEVERAL_LABELS"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.readout import Kinds
 from ..core.taps import Taps
 from .model import Head
 
@@ -51,21 +52,10 @@ class QuestionFit:
     """The same figures of the head, out of fold."""
 
 
-@dataclass(frozen=True)
-class HeadKinds:
-    """One thing per kind of head, the one a question's readout picks (`Readout.learned_by`): for one
-    label per item, a softmax logistic regression over its labels; for several, one-vs-rest heads
-    with a threshold per label. `HEADS` holds how each is fitted; callers hold their own (how
-    each is printed, how a task of labels' file is fitted)."""
-
-    one_label: object
-    several_labels: object
-
-
 def question_gold(q, cells: list[str], source: str, folds: int) -> np.ndarray:
     """A question's gold cells, checked before the model loads, as its kind of head learns from them
     (`SoftmaxHeads.gold`, `OneVsRestHeads.gold`)."""
-    return q.readout.learned_by(HEADS).gold(q, cells, source, folds)
+    return q.readout.pick(HEADS).gold(q, cells, source, folds)
 
 
 def fit_question(q, states: np.ndarray, calibrated: np.ndarray, gold: np.ndarray, taps: Taps, *, given: bool,
@@ -78,14 +68,14 @@ def fit_question(q, states: np.ndarray, calibrated: np.ndarray, gold: np.ndarray
     `model` it was fitted for. `anchors`: (the labels with a description, the states and calibrated
     scores of those descriptions read as items); a single-choice head learns from them as `fit`
     does (`fitting.Anchors`)."""
-    return q.readout.learned_by(HEADS).fit(q, states, calibrated, gold, taps, given=given, use_scores=use_scores,
+    return q.readout.pick(HEADS).fit(q, states, calibrated, gold, taps, given=given, use_scores=use_scores,
                                            folds=folds, seed=seed, model=model, task=task, anchors=anchors)
 
 
 def question_anchors(q) -> dict[str, str]:
     """{label: its description} read as items for question `q`'s head (`features.anchor_texts`;
     none for one-vs-rest heads, which learn from no anchors)."""
-    return q.readout.learned_by(HEADS).anchors(q)
+    return q.readout.pick(HEADS).anchors(q)
 
 
 _FIGURES = ("accuracy", "macro_f1", "ece")
@@ -196,5 +186,6 @@ class OneVsRestHeads:
         return QuestionFit(q.name, head, "given" if given else "default", zero, cv)
 
 
-HEADS = HeadKinds(one_label=SoftmaxHeads(), several_labels=OneVsRestHeads())
-"""How each kind of question's head is fitted."""
+HEADS = Kinds(one_label=SoftmaxHeads(), several_labels=OneVsRestHeads())
+"""How each kind of question's head is fitted: for one label per item, a softmax logistic regression
+over its labels; for several, one-vs-rest heads with a threshold per label."""

@@ -22,7 +22,7 @@ from ..io.plots import write_plots
 from ..core import multilabel
 from ..core.labels import build_trie
 from ..core import questions as qs
-from ..core.readout import of_flag
+from ..core.readout import Kinds, of_flag
 from ..models.precision import auto_line
 from ..models.prepare import load_model
 from ..core.figures import QuestionFigures
@@ -138,7 +138,7 @@ def evaluate_file(request: EvaluateRequest, task: Task, settings: EngineSettings
     if columns_for(task).named:  # each question's answers are columns of their own: one gold column each
         raise TaskError("a task with questions is evaluated by evaluate_questions_file, against a gold column "
                         "per question")
-    return task.readout.evaluated(_LabelReports, request, task, settings, model=model, head=head)
+    return task.readout.pick(_LABEL_REPORTS)(request, task, settings, model=model, head=head)
 
 
 def _evaluate_one_label(request: EvaluateRequest, task: Task, settings: EngineSettings | None = None, *, model=None,
@@ -323,11 +323,8 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
         task_file=task_file, task_values=values, json_path=json_path, **extra)
 
 
-class _LabelReports:
-    """The evaluate job's report of a task of labels per kind of answer (`Readout.evaluated` picks)."""
-
-    one_label = staticmethod(_evaluate_one_label)
-    several_labels = staticmethod(evaluate_multilabel_file)
+_LABEL_REPORTS = Kinds(one_label=_evaluate_one_label, several_labels=evaluate_multilabel_file)
+"""The evaluate job's report of a task of labels, per kind of answer (`Readout.pick`)."""
 
 
 def _multilabel_figures(probs: np.ndarray, gold: np.ndarray, labels: tuple[str, ...], thresholds,

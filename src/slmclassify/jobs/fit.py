@@ -24,7 +24,7 @@ from ..core.taps import Taps
 from ..head.features import anchor_texts, candidate_taps, collect, default_taps, feature_sets
 from ..head.fitting import CURVE_SIZES, Anchors, cross_validated, fit, learning_curve
 from ..head.model import Head, model_fingerprint, task_record
-from ..head.questions import HeadKinds
+from ..core.readout import Kinds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,13 +134,17 @@ def fit_file(request: FitRequest, task: Task, settings: EngineSettings, *, model
     JSON); returns the CV metrics, zero-shot alongside and the learning curve."""
     if request.from_descriptions:
         return fit_descriptions(request, task, settings, model=model)
-    if task.questions:
-        return fit_questions(request, task, settings, model=model)
+    return task.shaped(lambda t: _fit_labels(request, t, settings, model),
+                       lambda t: fit_questions(request, t, settings, model=model))
+
+
+def _fit_labels(request: FitRequest, task: Task, settings: EngineSettings, model) -> FitSummary:
+    """A task of labels' head, fitted on its one gold column as the kind of head its readout learns with."""
     if request.gold_columns:
         raise TaskError("{field} {pair}: NAME=COLUMN is for a task with questions, and this task has none; give its "
                         "gold column alone", names={"field": "gold_column"}, pair="=".join(request.gold_columns[0]))
     data = read_labelled(request.input_path, request.text_column, request.label_column, task, request.group_column)
-    return task.readout.learned_by(_FILE_FITS)(request, task, settings, data, model)
+    return task.readout.pick(_FILE_FITS)(request, task, settings, data, model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,9 +363,8 @@ def fit_descriptions(request: FitRequest, task: Task, settings: EngineSettings, 
     from ..head.describe import TEMPERATURE, description_head, description_taps, label_words
     from ..io.readers import read_table, texts_of
 
-    if task.questions:
-        _not_described("questions")
-    task.readout.learned_by(_DESCRIBED)()
+    task.shaped(lambda t: None, lambda t: _not_described("questions"))
+    task.readout.pick(_DESCRIBED)()
     if task.multi_field:
         _not_described("several fields")
     path = request.input_path
@@ -387,7 +390,7 @@ def _not_described(kind: str) -> None:
                      f"has {kind}: run without it")
 
 
-_DESCRIBED = HeadKinds(one_label=lambda: None, several_labels=lambda: _not_described("several labels per item"))
+_DESCRIBED = Kinds(one_label=lambda: None, several_labels=lambda: _not_described("several labels per item"))
 """What each kind of head says of a head from the descriptions, a softmax over one label per item: that one
 is made, that several labels per item are refused."""
 
@@ -506,5 +509,5 @@ def plot_curve(curve, full_accuracy: float, zero_shot: float | None, full_per_la
     plt.close(fig)
 
 
-_FILE_FITS = HeadKinds(one_label=_fit_one_label, several_labels=_fit_multilabel)
+_FILE_FITS = Kinds(one_label=_fit_one_label, several_labels=_fit_multilabel)
 """How a task of labels' file is fitted, by the kind of head its readout learns with."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.readout import Kinds
 from ..core.task import Task
 from ..errors import FieldError, TaskError
 from ..head.model import Head, task_record
@@ -116,9 +117,13 @@ def fit_head(path: str | Path, X: np.ndarray, y: np.ndarray, *, task: Task, taps
     or more) and save it at `path`. `y`: [m] label names, or [m, L] bool label sets for a
     multi-label task; `est`: the loop's cross-validated estimate, kept in the head's info;
     `anchors`: the labels' descriptions' states by task label index (`fitting.Anchors`; one-label tasks)."""
-    if task.multi_label:
-        return _fit_multi(path, X, y, task=task, taps=taps, seed=seed, est=est, item_hashes=item_hashes,
-                          source=source, model=model)
+    return task.readout.pick(_PAGE_FITS)(path, X, y, task=task, taps=taps, seed=seed, est=est,
+                                         item_hashes=item_hashes, source=source, model=model, anchors=anchors)
+
+
+def _fit_one(path, X: np.ndarray, y: np.ndarray, *, task: Task, taps, seed: int, est: refit.Estimate | None,
+             item_hashes: list[str], source: str, model: dict, anchors=None) -> Head:
+    """`fit_head` for one label per item: a softmax head, C by cross-validation."""
     from ..head.fitting import Anchors, fit
 
     counts = {lab: int((y == lab).sum()) for lab in sorted(set(y.tolist()))}
@@ -138,8 +143,9 @@ def fit_head(path: str | Path, X: np.ndarray, y: np.ndarray, *, task: Task, taps
 
 
 def _fit_multi(path, X: np.ndarray, Y: np.ndarray, *, task: Task, taps, seed: int, est: refit.Estimate | None,
-               item_hashes: list[str], source: str, model: dict) -> Head:
-    """`fit_head` for a multi-label task: one-vs-rest heads (`head/one_vs_rest.py`), thresholds 0.5."""
+               item_hashes: list[str], source: str, model: dict, anchors=None) -> Head:
+    """`fit_head` for a multi-label task: one-vs-rest heads (`head/one_vs_rest.py`), thresholds 0.5
+    (no anchors: a description is one label's, not a label set)."""
     from ..head.one_vs_rest import fit_one_vs_rest
 
     labels = task.labels
@@ -159,3 +165,7 @@ def _fit_multi(path, X: np.ndarray, Y: np.ndarray, *, task: Task, taps, seed: in
                 multi_label=True, thresholds=(0.5,) * len(labels))
     head.save(path)
     return head
+
+
+_PAGE_FITS = Kinds(one_label=_fit_one, several_labels=_fit_multi)
+"""How the page's Fit fits a head, per kind of answer (`Readout.pick`)."""

@@ -421,9 +421,7 @@ class LabelSession:
         """Fit a head on the answers so far (C by cross-validation when every label has 2 or more)
         and save it where `classify --head` reads it. A task of questions is refused: Export the rows,
         then `slmclassify fit` fits a head per question from their gold_NAME columns."""
-        if self.task.questions:
-            raise TaskError("the labelling page fits one question's head; for a task with [[questions]], export the "
-                            "rows and run `slmclassify fit` on them with --gold-column NAME=gold_NAME per question")
+        self.task.shaped(lambda t: None, _no_page_fit)
         with self._sync.lock:
             pos = self.pool.scored_among(self.answers.given)
             y = (self.answers.matrix(pos) if self.multi
@@ -537,3 +535,8 @@ def _team(store: LabelStore, spec: TeamSpec) -> Team | None:
         return Team.of(TeamSpec(tuple(kept["annotators"]), tuple(kept["reviewers"]), kept["overlap"],
                                 kept["overlap_share"]), kept["members"])
     return None
+
+
+def _no_page_fit(task) -> None:
+    raise TaskError("the labelling page fits one question's head; for a task with [[questions]], export the "
+                    "rows and run `slmclassify fit` on them with --gold-column NAME=gold_NAME per question")
