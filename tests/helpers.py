@@ -223,16 +223,16 @@ def cli_env(tmp_path):
 
 def interrupt_after(monkeypatch, windows: int):
     """Ctrl-C while scoring window number `windows` (0-based)."""
-    original = classifier_module.Classifier.score_window
+    original = classifier_module.Classifier.score_items
     calls = []
 
-    def scoring(self, texts, start=0, progress=None, **kwargs):
-        calls.append(start)
+    def scoring(self, items, *args, **kwargs):
+        calls.append(kwargs.get("start", 0))
         if len(calls) > windows:
             raise KeyboardInterrupt
-        return original(self, texts, start, progress, **kwargs)
+        return original(self, items, *args, **kwargs)
 
-    monkeypatch.setattr(classifier_module.Classifier, "score_window", scoring)
+    monkeypatch.setattr(classifier_module.Classifier, "score_items", scoring)
     return monkeypatch
 
 

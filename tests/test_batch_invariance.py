@@ -46,14 +46,14 @@ def test_an_items_scores_are_the_same_bits_in_any_batch(tiny_loaded, mode):
     encoded = alone.encode(texts)
     want = _scores(alone, encoded)
     for name, settings in BATCHES.items():
-        got = _scores(alone.with_settings(settings), encoded)
+        got = _scores(alone.variant(settings), encoded)
         assert got.stats.batches != want.stats.batches, name
         np.testing.assert_array_equal(got.scores, want.scores, err_msg=name)
         np.testing.assert_array_equal(got.states, want.states, err_msg=f"head features, {name}")
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1 if before > 1 else 2)  # the service's worker may run at another count
-        got = _scores(alone.with_settings(BATCHES["one batch of 64"]), encoded)
+        got = _scores(alone.variant(BATCHES["one batch of 64"]), encoded)
     finally:
         torch.set_num_threads(before)
     np.testing.assert_array_equal(got.scores, want.scores, err_msg="another thread count")

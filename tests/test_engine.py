@@ -13,6 +13,7 @@ import torch
 
 from conftest import TEST_DEVICE, assert_same_scores
 from slmclassify import Classifier, EngineSettings, Task, TaskError
+from slmclassify.classifier import content_free_prior
 from slmclassify.core.batching import collate
 from slmclassify.core.verify import compare, pick_probes
 
@@ -219,7 +220,7 @@ def test_scoring_leaves_the_classifier_unchanged(tiny_loaded):
     texts = random_texts(7, seed=4) + ["", "refund"]
     first = clf.score(clf.encode(texts))
     windows = list(clf.classify_windows(texts))
-    clf.content_free_prior()
+    content_free_prior(clf)
     assert vars(clf).keys() == before.keys() and all(vars(clf)[k] is v for k, v in before.items())
     again = clf.score(clf.encode(texts))
     np.testing.assert_array_equal(first.scores, again.scores)  # the same bits
@@ -229,14 +230,14 @@ def test_scoring_leaves_the_classifier_unchanged(tiny_loaded):
         clf.settings = EngineSettings()
     with pytest.raises(AttributeError):
         clf.trie = None
-    wide = clf.with_settings(EngineSettings(token_budget=4096, window=64))
+    wide = clf.variant(EngineSettings(token_budget=4096, window=64))
     assert wide.settings.window == 64 and clf.settings.window == 4 and wide.prefix is clf.prefix
     if TEST_DEVICE == "cpu":
         assert_same_scores(wide.score(clf.encode(texts)).scores, first.scores, clf.engine)
     else:  # cuBLAS picks its float32 GEMM kernel by shape: 1.1e-5 seen on an H200, within the reference's 1e-4
         np.testing.assert_allclose(wide.score(clf.encode(texts)).scores, first.scores, atol=1e-4)
     with pytest.raises(TaskError, match="not prefix_cache"):
-        clf.with_settings(EngineSettings(prefix_cache=False))
+        clf.variant(EngineSettings(prefix_cache=False))
 
 
 @pytest.mark.parametrize("mode", ["first", "full"])

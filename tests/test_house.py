@@ -5,6 +5,7 @@
 - `core/` knows nothing of the wire formats (no ids, timestamps or `object` fields: `wire/` owns them);
 - the engine's forward stays one readable file (`MAX_FORWARD_LINES`), the README a front page
   (`MAX_README_LINES`: the rest is in docs/);
+- `Classifier` keeps at most `MAX_CLASSIFIER_METHODS` public methods (one way to score);
 - code does not ask which kind a task is (`KIND_BRANCHES`): the readouts (`core/readout.py`) answer
   for each kind. A ratchet: the count may only go down (the goal is 15, none in jobs/, label/, cli/
   or serve/).
@@ -67,3 +68,16 @@ def test_kind_branches_only_go_down():
              if KIND_TEST.search(line)]
     assert len(found) <= KIND_BRANCHES, (f"{len(found)} lines ask which kind a task is (at most {KIND_BRANCHES}): "
                                          "ask its questions' readouts instead (core/readout.py)\n" + "\n".join(found))
+
+
+MAX_CLASSIFIER_METHODS = 8
+
+
+def test_the_classifier_keeps_a_small_surface():
+    """Classify texts, an iterator, a table's windows; score items (the one scoring step), encode,
+    score, the reference path, a variant: descriptions and calibration live beside it, not on it."""
+    tree = ast.parse((SRC / "classifier.py").read_text())
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Classifier")
+    public = [node.name for node in cls.body if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+              and not any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list)]
+    assert len(public) <= MAX_CLASSIFIER_METHODS, f"Classifier has {len(public)} public methods: {public}"

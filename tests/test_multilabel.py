@@ -35,7 +35,7 @@ def test_results_are_per_label_probabilities_thresholds_and_review(tiny_loaded):
     out = clf.classify(texts)
     assert out[-1].status == "empty" and out[-1].label is None and out[-1].needs_review
     encoded = clf.encode(texts)
-    p = multilabel.probabilities(clf.calibrated(clf.score(encoded).scores))
+    p = multilabel.probabilities(clf.calibration.calibrated(clf.score(encoded).scores))
     for r, row in zip(out[:-1], p[:-1]):
         assert list(r.probabilities) == list(LABELS)
         assert np.allclose([r.probabilities[name] for name in LABELS], row)
@@ -57,8 +57,8 @@ def test_calibration_removes_each_labels_content_free_prior(tiny_loaded):
 
     encoded = clf.scorer.encode(list(CONTENT_FREE), score_empty=True)
     scores = clf.score(encoded).scores
-    p = multilabel.probabilities(clf.calibrated(scores)).mean(axis=0)
-    p_raw = multilabel.probabilities(raw.calibrated(scores)).mean(axis=0)
+    p = multilabel.probabilities(clf.calibration.calibrated(scores)).mean(axis=0)
+    p_raw = multilabel.probabilities(raw.calibration.calibrated(scores)).mean(axis=0)
     assert np.allclose(multilabel.prior_log_odds(scores), clf.bias)
     assert np.abs(p - 0.5).max() < np.abs(p_raw - 0.5).max() or np.allclose(p_raw, 0.5, atol=1e-3)
 
@@ -180,7 +180,7 @@ def test_one_vs_rest_head_fits_classifies_and_evaluates(tmp_path, llama_dir, run
 
     clf = Classifier(read_task(task), model=load_model(str(llama_dir)))
     scored = clf.score(clf.encode([r[1] for r in rows[30:]]), taps=head.taps)
-    z = head.log_odds(head.features(scored.states, clf.calibrated(scored.scores)))
+    z = head.log_odds(head.features(scored.states, clf.calibration.calibrated(scored.scores)))
     np.testing.assert_allclose(frame[[f"p_{lab}" for lab in head.labels]].to_numpy(float), 1 / (1 + np.exp(-z)),
                                atol=1e-5)
 

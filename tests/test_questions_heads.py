@@ -123,7 +123,7 @@ def test_classify_answers_from_the_heads_and_the_rest_zero_shot(fitted, llama_di
     heads = Head.load(folder / "heads.npz")
     clf = Classifier(task, model=llama_loaded)
     scored = clf.score(clf.encode([r[1] for r in rows]), taps=heads.taps)
-    calibrated = clf.calibrated(scored.scores)
+    calibrated = clf.calibration.calibrated(scored.scores)
     spans = dict((q.name, labels) for q, labels in qs.label_spans(task))
     team = heads.heads["team"]
     p = np.exp(team.log_probabilities(team.features(head_states(team, heads.taps, scored.states),

@@ -40,7 +40,7 @@ def _probs(result):
 @given(picks=st.lists(st.integers(0, len(POOL) - 1), max_size=40), window=st.integers(1, 12))
 def test_order_across_windows(clf, alone, picks, window):
     """Whatever the window, every text gets its own result, in input order (duplicates included)."""
-    windowed = clf.with_settings(EngineSettings(window=window))
+    windowed = clf.variant(EngineSettings(window=window))
     texts = [POOL[p] for p in picks]
     windows = list(windowed.classify_windows(iter(texts)))  # a one-shot iterator, as from a file
     results = [r for w in windows for r in w.results]
@@ -55,7 +55,7 @@ def test_order_across_windows(clf, alone, picks, window):
 
 
 def test_duplicates_are_scored_once_per_window(clf):
-    windowed = clf.with_settings(EngineSettings(window=8))
+    windowed = clf.variant(EngineSettings(window=8))
     texts = ["crash", "refund please", "crash", "", "crash", "refund please", "login error", "crash",  # window 1
              "crash", "crash"]  # window 2: its first "crash" is scored again, its second reused
     windows = list(windowed.classify_windows(texts))
@@ -78,7 +78,7 @@ def test_duplicates_are_scored_once_per_window(clf):
 
 def test_window_holds_only_window_rows(clf):
     """classify_iter pulls at most one window of texts ahead of what it yields."""
-    windowed = clf.with_settings(EngineSettings(window=4))
+    windowed = clf.variant(EngineSettings(window=4))
     pulled = []
 
     def source():

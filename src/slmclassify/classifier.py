@@ -63,7 +63,7 @@ class ScoredItems:
 ResultsStep = Callable[["Classifier", np.ndarray, "np.ndarray | None", list[str]], list[Result]]
 """(classifier, raw scores [n, L] (NaN rows for empty items), hidden states at the taps or None,
 status) → one Result per item, in order: how a scored window becomes results, made once per window
-(`Classifier.zero_shot_results`, the default; a head's: `head.apply.head_results`)."""
+(`zero_shot_results`, the default; a head's: `head.apply.head_results`)."""
 
 UniqueRun = Callable[[EncodedItems, list[int], list[bytes]], Scored]
 """(encoded, unique, keys) → the `Scored` of items `unique` (`EncodedItems.distinct`), whose
@@ -101,7 +101,7 @@ class Classifier:
 
     Nothing in it changes after construction: scoring returns what it did (`Scored`, `ScoredItems`)
     instead of keeping it, and a variant (other batching settings, another label trie) is a new
-    Classifier (`with_settings`, `with_trie`) sharing the model, engine and prefix cache."""
+    Classifier (`variant`) sharing the model, engine and prefix cache."""
 
     def __init__(
         self,
@@ -124,9 +124,10 @@ class Classifier:
         self.scorer = Scorer.build(task, self.loaded.tokenizer, self.loaded.model.config, settings)
         self.prefix = self.scorer.prefill(self.engine)
         """The engine's keys and values of the shared prefix (None without one)."""
-        self.bias = self.content_free_prior() if task.calibrate else None
+        self.calibration = questions.Calibration(task, content_free_prior(self) if task.calibrate else None)
+        """How raw scores are read: calibrated (`calibration.calibrated`), then results (`calibration.results`)."""
 
-    # What the scorer holds, read-only here: a variant is a new Classifier (`with_settings`, `with_trie`).
+    # What the scorer holds, read-only here: a variant is a new Classifier (`variant`).
     settings = property(lambda self: self.scorer.settings)
     renderer = property(lambda self: self.scorer.renderer)
     label_tokens = property(lambda self: self.scorer.label_tokens,
@@ -137,68 +138,40 @@ class Classifier:
     split = property(lambda self: self.scorer.split)
     max_prompt_tokens = property(lambda self: self.scorer.max_prompt_tokens)
     engine = property(lambda self: self.loaded.engine, doc="The model's fast-path engine.")
+    bias = property(lambda self: self.calibration.bias, doc="The content-free prior subtracted (None: not calibrated).")
 
     @property
     def mode(self) -> str:
         return self.trie.mode
 
-    def label_token_lines(self) -> list[str]:
-        """Each scored label (a multi-label task's yes/no branches) and its tokens after the chat template,
-        with the warnings about misleading first tokens where they apply (single-label tasks)."""
-        return describe_labels(self.loaded.tokenizer, self.trie.labels, self.label_tokens,
-                               warn=not (self.task.multi_label or self.task.questions))
-
-    def with_settings(self, settings: EngineSettings) -> Classifier:
-        """This classifier with other batching, window or item cap (same model, prefix and calibration);
-        `AUTO` fields keep this classifier's values. The device, precision and prefix cache are the
-        model's and the prefix's: they cannot change here."""
-        fixed = ("device", "precision", "prefix_cache")
-        changed = [f for f in fixed if getattr(settings, f) != getattr(self.settings, f)]
-        if changed:
-            raise TaskError(f"with_settings changes batching, window and item cap only, not {', '.join(changed)}: "
-                            "build a new Classifier for those")
-        settings = dataclasses.replace(settings, **{name: getattr(self.settings, name) for name in settings.measured})
-        schedule = self.schedule if all(getattr(settings, k) == getattr(self.settings, k)
-                                        for k in ("token_budget", "max_rows")) else None
-        return self._variant(scorer=dataclasses.replace(self.scorer, settings=settings), schedule=schedule)
-
-    def with_trie(self, trie: LabelTrie) -> Classifier:
-        """This classifier scoring the task's labels with another label trie (same labels, in order),
-        e.g. first tokens of labels that share them (`evaluate --compare-modes`); calibrated again."""
-        variant = self._variant(scorer=dataclasses.replace(self.scorer, trie=trie))
-        if self.task.calibrate:
-            variant.bias = variant.content_free_prior()
+    def variant(self, settings: EngineSettings | None = None, trie: LabelTrie | None = None) -> Classifier:
+        """This classifier with other batching, window or item cap (`settings`; `AUTO` fields keep this
+        classifier's values), or scoring the task's labels with another label trie (`trie`: same
+        labels, in order, e.g. first tokens of labels that share them, `evaluate --compare-modes`;
+        calibrated again). Same model, engine and prefix cache: the device, precision and prefix cache
+        are the model's and the prefix's, so they cannot change here."""
+        variant = self
+        if settings is not None:
+            fixed = ("device", "precision", "prefix_cache")
+            changed = [f for f in fixed if getattr(settings, f) != getattr(self.settings, f)]
+            if changed:
+                raise TaskError(f"variant changes batching, window and item cap only, not {', '.join(changed)}: "
+                                "build a new Classifier for those")
+            settings = dataclasses.replace(settings, **{name: getattr(self.settings, name)
+                                                        for name in settings.measured})
+            schedule = self.schedule if all(getattr(settings, k) == getattr(self.settings, k)
+                                            for k in ("token_budget", "max_rows")) else None
+            variant = variant._variant(scorer=dataclasses.replace(variant.scorer, settings=settings), schedule=schedule)
+        if trie is not None:
+            variant = variant._variant(scorer=dataclasses.replace(variant.scorer, trie=trie))
+            if self.task.calibrate:
+                variant.calibration = questions.Calibration(self.task, content_free_prior(variant))
         return variant
 
     def _variant(self, **changes) -> Classifier:
         variant = object.__new__(Classifier)
         variant.__dict__.update(self.__dict__, **changes)
         return variant
-
-    def content_free_prior(self) -> np.ndarray:
-        """[L] log prior of each label on content-free inputs (a few passes over the cached prefix).
-
-        Measured in float32 in every precision (`Engine.exact`, same weights): the content-free
-        prompts are nearly all template tokens, which move more in int8 than real items do, and the
-        prior shifts every item's margins (figures: docs/performance.md)."""
-        encoded = self.scorer.encode(list(CONTENT_FREE), score_empty=True)
-        exact = self.engine.exact()
-        prefix = self.prefix if exact is self.engine else self.scorer.prefill(exact)
-        return questions.prior(self.task, self.scorer.score(encoded, exact, prefix).scores)
-
-    def calibrated(self, scores: np.ndarray) -> np.ndarray:
-        """Scores with the task's calibration applied (prior removed, temperature): [n, L] label
-        scores, or a multi-label task's [n, L] log-odds of yes from its [n, 2L] branch scores (a task of
-        questions: each question's, side by side, `questions.calibrated`)."""
-        return questions.calibrated(self.task, scores, self.bias)
-
-    def results(self, scores: np.ndarray, status: list[str]) -> list[Result]:
-        """[n, L] raw scores ([n, 2L] multi-label; NaN rows for empty items) → one Result per item, in order."""
-        return questions.results(self.task, scores, self.calibrated(scores), list(status))
-
-    def zero_shot_results(self, scores: np.ndarray, states: np.ndarray | None, status: list[str]) -> list[Result]:
-        """The default `ResultsStep`: results from the label scores alone (`results`)."""
-        return self.results(scores, status)
 
     def encode(self, texts: Iterable[str], taps: Taps = Taps()) -> EncodedItems:
         """Render and tokenize texts (no model work), as a pass reading `taps` reads them (echoed
@@ -228,24 +201,21 @@ class Classifier:
                              f"{type(texts).__name__}; pass a list: classify([text])")
         iterator, start = iter(texts), 0
         while chunk := list(itertools.islice(iterator, self.settings.window)):
-            yield self.score_window([item_text(t, start + k, self.task) for k, t in enumerate(chunk)], start, progress)
+            yield self.score_items([item_text(t, start + k, self.task) for k, t in enumerate(chunk)], progress,
+                                   start=start)
             start += len(chunk)
-
-    def score_window(self, texts: list[str], start: int = 0, progress: Callable[[int], None] | None = None,
-                     taps: Taps = Taps(), *, results: ResultsStep | None = None) -> ScoredItems:
-        """Encode and score one window (`score_items`) whose first text is input row `start`."""
-        return dataclasses.replace(self.score_items(texts, progress, taps, results=results), start=start)
 
     def score_items(self, items: list[str] | EncodedItems, progress: Callable[[int], None] | None = None,
                     taps: Taps = Taps(), *, dedupe: bool = True, run: UniqueRun | None = None,
-                    results: ResultsStep | None = None) -> ScoredItems:
+                    results: ResultsStep | None = None, start: int = 0) -> ScoredItems:
         """The one scoring step: encode → score identical items once → scatter → results.
 
         `items`: texts (encoded here as `taps` read them, the time counted) or items already encoded. `dedupe`: identical
         items (same token ids) are scored once and share the scores; off, every scored item is run
         (the batches of `score(encoded)`, so the same bits). `run`: how the distinct items get their
         scores (default: `score` them here). With `taps`, the hidden states of those layers too.
-        `results`: how the scores become results (default: the zero-shot label scores').
+        `results`: how the scores become results (default: the zero-shot label scores'). `start`: the
+        input row of the first item (a window's place in the input, `ScoredItems.start`).
         """
         began = time.perf_counter()
         encoded = items if isinstance(items, EncodedItems) else self.encode(items, taps)
@@ -268,9 +238,9 @@ class Classifier:
         stats = dataclasses.replace(part.stats, items=len(encoded), scored=len(scored), reused=reused,
                                     fallbacks=encoded.fallbacks, prefix_tokens=len(self.prefix_ids),
                                     seconds=time.perf_counter() - began)
-        make = results or Classifier.zero_shot_results
+        make = results or zero_shot_results
         return ScoredItems(encoded=encoded, scores=scores, results=make(self, scores, states, encoded.status),
-                           stats=stats, states=states)
+                           stats=stats, states=states, start=start)
 
     def score(self, encoded: EncodedItems, progress: Callable[[int], None] | None = None,
               taps: Taps = Taps()) -> Scored:
@@ -280,14 +250,6 @@ class Classifier:
         there (NaN rows for empty items) from the same pass.
         """
         return self.scorer.score(encoded, self.engine, self.prefix, progress, taps)
-
-    def plan(self, encoded: EncodedItems) -> list[tuple[bool, np.ndarray]]:
-        """The engine batches `score` runs, in order (see `Scorer.plan`)."""
-        return self.scorer.plan(encoded)
-
-    def batches(self, encoded: EncodedItems):
-        """The batches of `plan`, left-padded, as the engine runs them."""
-        return self.scorer.batches(encoded)
 
     def reference(self, encoded: EncodedItems, indices: Iterable[int]) -> np.ndarray:
         """[k, L] label scores of the given items through the per-item reference path."""
@@ -302,6 +264,33 @@ class Classifier:
         what = self.task.shaped(lambda t: f"labels={list(t.labels)}",
                                 lambda t: f"questions={[q.name for q in t.questions]}")
         return f"Classifier(model={self.loaded.name!r}, {what}, mode={self.mode!r})"
+
+
+def zero_shot_results(classifier: Classifier, scores: np.ndarray, states: np.ndarray | None,
+                      status: list[str]) -> list[Result]:
+    """The default `ResultsStep`: results from the label scores alone (`Calibration.results`)."""
+    return classifier.calibration.results(scores, status)
+
+
+def content_free_prior(classifier: Classifier) -> np.ndarray:
+    """[C] log prior of each label on content-free inputs (a few passes over the cached prefix), as
+    `classifier`'s trie scores them.
+
+    Measured in float32 in every precision (`Engine.exact`, same weights): the content-free
+    prompts are nearly all template tokens, which move more in int8 than real items do, and the
+    prior shifts every item's margins (figures: docs/performance.md)."""
+    scorer = classifier.scorer
+    encoded = scorer.encode(list(CONTENT_FREE), score_empty=True)
+    exact = classifier.engine.exact()
+    prefix = classifier.prefix if exact is classifier.engine else scorer.prefill(exact)
+    return questions.prior(classifier.task, scorer.score(encoded, exact, prefix).scores)
+
+
+def label_token_lines(classifier: Classifier) -> list[str]:
+    """Each scored label (a multi-label task's yes/no branches) and its tokens after the chat template,
+    with the warnings about misleading first tokens where they apply (`Task.first_tokens_matter`)."""
+    return describe_labels(classifier.loaded.tokenizer, classifier.trie.labels, classifier.label_tokens,
+                           warn=classifier.task.first_tokens_matter)
 
 
 def engine_line(classifier: Classifier) -> str:
@@ -331,4 +320,5 @@ def engine_line(classifier: Classifier) -> str:
     return line + f"; schedule: {describe(classifier.settings, classifier.schedule)}"
 
 
-__all__ = ["Classifier", "EngineSettings", "Result", "ResultsStep", "ScoredItems", "engine_line"]
+__all__ = ["Classifier", "EngineSettings", "Result", "ResultsStep", "ScoredItems", "content_free_prior", "engine_line",
+           "label_token_lines", "zero_shot_results"]

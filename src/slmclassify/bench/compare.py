@@ -504,7 +504,7 @@ def _multilabel_row(inputs: _Inputs, report: BenchReport, clf: Classifier, d: Be
     reference[scored] = multi.reference(items, scored)
 
     def chosen(s):
-        return multilabel.probabilities(multi.calibrated(s[scored])) >= np.array(task.label_thresholds)
+        return multilabel.probabilities(multi.calibration.calibrated(s[scored])) >= np.array(task.label_thresholds)
 
     seconds = d.seconds / ratio
     row = BenchRow(f"m ours multi-label ({len(task.labels)})",

@@ -21,13 +21,13 @@ def against_base(base: Classifier, others: dict[str, Callable], encoded, device:
     """({name: items/s of others[name] over `base`}, {name: its [n, L'] scores}), timed batch by batch.
 
     `others`: name -> a scorer of `EncodedItems` ([b, L'] scores, like `Classifier.score(items).scores`). The
-    units are the batches `base.score` makes (`Classifier.plan`), planned once; each is scored by
+    units are the batches `base.score` makes (`Scorer.plan`), planned once; each is scored by
     `base` and by every other in turn (its items as one call; a Classifier plans them as the same
     single batch), the order rotating by one each batch, after one untimed call each on the last
     batch. `items`: {name: the same texts encoded for that other's own prompt} (another task's
     prefix, e.g. the multi-label row), cut into the same batches. Items in no batch keep NaN scores.
     """
-    batches = [rows for _, rows in base.plan(encoded)]  # input indices of each batch's items
+    batches = [rows for _, rows in base.scorer.plan(encoded)]  # input indices of each batch's items
     cut = {BASE: [encoded.subset(rows) for rows in batches]}
     for name in others:
         cut[name] = [items[name].subset(rows) for rows in batches] if items and name in items else cut[BASE]

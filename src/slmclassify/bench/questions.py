@@ -69,7 +69,7 @@ def questions_row(loaded, texts: list[str], settings, device) -> dict:
 def _agree(clf: Classifier, fast: np.ndarray, reference: np.ndarray) -> int:
     """Items whose every question's answer is the same from the fast scores and the reference's."""
     status = ["ok"] * len(fast)
-    mine = questions.results(clf.task, fast, clf.calibrated(fast), status)
-    theirs = questions.results(clf.task, reference, clf.calibrated(reference), status)
+    mine = questions.results(clf.task, fast, clf.calibration.calibrated(fast), status)
+    theirs = questions.results(clf.task, reference, clf.calibration.calibrated(reference), status)
     return sum(all(a.answers[q.name].labels == b.answers[q.name].labels for q in clf.task.questions)
                for a, b in zip(mine, theirs))

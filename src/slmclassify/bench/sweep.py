@@ -77,7 +77,7 @@ def run_sweep(loaded: LoadedModel, task: Task, texts: list[str], budgets, row_ca
     log(f"engine: {engine_line(clf)}")
     encoded = clf.encode(texts)
     clf.score(clf.encode(texts[: min(8, len(texts))]))  # warm-up: first calls allocate
-    variants = {(budget, rows): clf.with_settings(EngineSettings(token_budget=budget, max_rows=rows,
+    variants = {(budget, rows): clf.variant(EngineSettings(token_budget=budget, max_rows=rows,
                                                                  max_text_tokens=max_text_tokens))
                 for rows in row_caps for budget in budgets}
 
@@ -146,6 +146,6 @@ def run_window_sweep(loaded: LoadedModel, task: Task, texts: list[str], windows,
         stats = RunStats.total(scored.stats for scored in variant.classify_windows(texts))
         return stats.padding_share, stats.reused
 
-    variants = {window: clf.with_settings(dataclasses.replace(clf.settings, window=window)) for window in windows}
+    variants = {window: clf.variant(dataclasses.replace(clf.settings, window=window)) for window in windows}
     return [WindowPoint(window, len(texts) / run.seconds, *run.figures, run.peak_rss_mb)
             for window, run in _interleaved(variants, stream, rounds).items()]

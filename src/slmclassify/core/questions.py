@@ -28,6 +28,8 @@ a multi-label question's as log-odds of yes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .results import EMPTY, Result
@@ -72,6 +74,24 @@ def calibrated(task: Task, scores: np.ndarray, bias: np.ndarray | None) -> np.nd
     return np.concatenate([q.readout.calibrated(scores[:, branches], None if bias is None else bias[labels],
                                                 q.task.temperature)
                            for (q, branches), (_, labels) in zip(branch_spans(task), label_spans(task))], axis=1)
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """How a task's raw branch scores are read: each question's prior removed and its temperature
+    applied (`calibrated`), then one Result per item (`results`)."""
+
+    task: Task
+    bias: np.ndarray | None = None
+    """[C] the content-free prior subtracted (`prior`); None: not calibrated."""
+
+    def calibrated(self, scores: np.ndarray) -> np.ndarray:
+        """[n, B] raw branch scores → [n, C] calibrated (`calibrated` above)."""
+        return calibrated(self.task, scores, self.bias)
+
+    def results(self, scores: np.ndarray, status: list[str]) -> list[Result]:
+        """[n, B] raw scores (NaN rows for empty items) → one Result per item, in order."""
+        return results(self.task, scores, self.calibrated(scores), list(status))
 
 
 def answer_results(q: Question, scores: np.ndarray, calibrated_scores: np.ndarray, status: list[str]) -> list[Result]:

@@ -224,6 +224,12 @@ class Task:
         return of_questions(self) if self.questions else of_labels(self)
 
     @property
+    def first_tokens_matter(self) -> bool:
+        """Whether a label's first token may stand for it (one label of a task of labels, whose mode may
+        be `first`): where the label list warns of first tokens that mislead (`describe_labels`)."""
+        return not (self.multi_label or self.questions)
+
+    @property
     def scoring_mode(self) -> str:
         """The label trie's mode: the task's own for one label; several labels and several questions
         score each branch whole after its name (`full`)."""

@@ -129,7 +129,7 @@ def head_results(head: Head, scorer: str):
 def _head_results(head: Head, scorer: str, classifier, scores: np.ndarray, states: np.ndarray,
                   status: list[str]) -> list[Result]:
     task = classifier.task
-    calibrated = classifier.calibrated(scores)
+    calibrated = classifier.calibration.calibrated(scores)
     logp = head_log_probabilities(head, calibrated, states, task.labels, scorer)
     return head.readout.head_results(task, head.labels, scores, logp, status, head.thresholds)
 
@@ -142,7 +142,7 @@ def _question_heads_results(heads: QuestionHeads, scorer: str, classifier, score
     from ..core import questions
 
     task = classifier.task
-    calibrated = classifier.calibrated(scores)  # [n, C]: every question's labels
+    calibrated = classifier.calibration.calibrated(scores)  # [n, C]: every question's labels
     per_question = {}
     for (q, branches), (_, labels) in zip(questions.branch_spans(task), questions.label_spans(task)):
         head = heads.heads.get(q.name)
@@ -169,7 +169,7 @@ def evaluate_head(head: Head, scorer: str, classifier, scores: np.ndarray, state
     from ..core.metrics import Evaluation
     from ..core.results import softmax
 
-    calibrated = classifier.calibrated(scores)
+    calibrated = classifier.calibration.calibrated(scores)
     probs = np.exp(head_log_probabilities(head, calibrated, states, classifier.task.labels, scorer))
     extra = {"scorer": scorer, "layers": head.taps.as_list(), "items_per_s": len(texts) / seconds}
     used = items_used_to_fit(head, texts)

@@ -94,4 +94,4 @@ def collect(classifier: Classifier, encoded: EncodedItems, taps: Taps,
     Empty items have NaN rows.
     """
     scored = classifier.score(encoded, progress, taps=taps)
-    return scored.scores, classifier.calibrated(scored.scores), scored.states
+    return scored.scores, classifier.calibration.calibrated(scored.scores), scored.states

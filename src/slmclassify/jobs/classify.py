@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ..classifier import Classifier, EngineSettings, engine_line
+from ..classifier import Classifier, EngineSettings, engine_line, label_token_lines
 from ..core.encode import EncodedItems
 from ..core.multilabel import split_labels
 from ..errors import InputError, TaskError
@@ -207,7 +207,7 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
     taps = choice.head.taps if choice.used else Taps()
     with writing(sink, state, bar, reader.close):
         for start, frame in chunks:
-            window = classifier.score_window(reader.texts(frame), start, taps=taps, results=results)
+            window = classifier.score_items(reader.texts(frame), taps=taps, results=results, start=start)
             results_frame = result_frame(window.results, columns_for(classifier.task, labels), request.result_prefix,
                                          index=frame.index, lists=sink.fmt in ("jsonl", "parquet"))
             task = classifier.task  # a gold cell as its answer would be spelled (label sets: in task order)
@@ -222,7 +222,7 @@ def _stream(request: ClassifyRequest, reader, chunks, classifier: Classifier, ch
 
 def label_lines(classifier: Classifier) -> tuple[str, ...]:
     """Each label of the classifier's task and its tokens after the chat template, one line each."""
-    return tuple(line.strip() for line in classifier.label_token_lines())
+    return tuple(line.strip() for line in label_token_lines(classifier))
 
 
 def _read_ahead(reader, window: int, skip_rows: int):
@@ -280,7 +280,7 @@ def _as_recorded(saved: dict | None, classifier: Classifier, task: Task, setting
     now = {"token_budget": classifier.settings.token_budget, "max_rows": classifier.settings.max_rows}
     if classifier.engine.batch_invariant or not isinstance(schedule, dict) or schedule == now:
         return classifier
-    return classifier.with_settings(dataclasses.replace(classifier.settings, **schedule))
+    return classifier.variant(dataclasses.replace(classifier.settings, **schedule))
 
 
 def _task_shown(task: Task) -> dict:

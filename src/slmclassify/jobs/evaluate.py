@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.calibration import adjust, fit_temperature
-from ..classifier import Classifier, EngineSettings
+from ..classifier import Classifier, EngineSettings, content_free_prior, label_token_lines
 from ..errors import InputError, TaskError
 from ..head.apply import HeadChoice
 from ..core.metrics import Evaluation, check_target_accuracy, gold_indices
@@ -208,7 +208,7 @@ def _evaluate_one_label(request: EvaluateRequest, task: Task, settings: EngineSe
     result = EvaluateSummary(
         model=loaded.name, items=len(texts), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
         precision_line=auto_line(loaded),
-        label_token_lines=tuple(clf.label_token_lines()),
+        label_token_lines=tuple(label_token_lines(clf)),
         fitted_temperature=temperature if request.fit_temperature else None, main=main,
         head=head.head if use_head else None,
         modes=tuple(rows), fewshot_cost=summary.get("fewshot_cost"), figures=summary,
@@ -295,7 +295,7 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
         check(head.head, clf, head.source or "the head")
         scored = clf.score(clf.encode(data.texts, head.head.taps), taps=head.head.taps)
         ok = ~np.isnan(scored.scores).any(axis=1)  # empty items have no scores
-        calibrated, gold = clf.calibrated(scored.scores[ok]), gold[ok]
+        calibrated, gold = clf.calibration.calibrated(scored.scores[ok]), gold[ok]
         zero = multilabel.probabilities(calibrated)
         probs = multilabel.probabilities(head_log_probabilities(head.head, calibrated, scored.states[ok], task.labels,
                                                                 head.scorer))
@@ -305,7 +305,7 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
     else:
         scores = clf.score(clf.encode(data.texts)).scores
         ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
-        probs, gold = multilabel.probabilities(clf.calibrated(scores[ok])), gold[ok]
+        probs, gold = multilabel.probabilities(clf.calibration.calibrated(scores[ok])), gold[ok]
         thresholds = task.label_thresholds
     at_task, picked, honest = _multilabel_figures(probs, gold, task.labels, thresholds, target_precision)
     figures = {"items": int(ok.sum()), "at_task_thresholds": at_task, "picked_thresholds": dict(zip(task.labels, picked)),
@@ -318,7 +318,7 @@ def evaluate_multilabel_file(request: EvaluateRequest, task: Task, settings: Eng
         Path(json_path).write_text(json.dumps(figures, indent=2))
     return MultiLabelSummary(
         model=loaded.name, items=int(ok.sum()), task=task,
-        label_token_lines=tuple(clf.label_token_lines()),
+        label_token_lines=tuple(label_token_lines(clf)),
         at_task=at_task, picked=picked, cross_fitted=honest, target_precision=target_precision, figures=figures,
         task_file=task_file, task_values=values, json_path=json_path, **extra)
 
@@ -389,7 +389,7 @@ def evaluate_questions_file(request: EvaluateRequest, task: Task, settings: Engi
     scores = clf.score(clf.encode(texts)).scores  # [n, B]: every question's branches, one pass
     ok = ~np.isnan(scores).any(axis=1)  # empty items have no scores
     scores = scores[ok]
-    calibrated = clf.calibrated(scores)  # [n, C]
+    calibrated = clf.calibration.calibrated(scores)  # [n, C]
     reports = [q.readout.question_figures(q, columns[q.name], scores[:, branches], calibrated[:, labels],
                                           q.readout.question_gold(q, list(compress(cells[q.name], ok)), source[q.name]),
                                           request) for q, branches, labels in asked]
@@ -400,7 +400,7 @@ def evaluate_questions_file(request: EvaluateRequest, task: Task, settings: Engi
         Path(request.json_path).write_text(json.dumps(figures, indent=2))
     return QuestionsSummary(
         model=loaded.name, items=int(ok.sum()), task=task, mode=clf.mode, mode_reason=clf.mode_reason,
-        precision_line=auto_line(loaded), label_token_lines=tuple(clf.label_token_lines()), questions=tuple(reports),
+        precision_line=auto_line(loaded), label_token_lines=tuple(label_token_lines(clf)), questions=tuple(reports),
         not_reported=not_reported, figures=figures, json_path=request.json_path)
 
 
@@ -414,11 +414,11 @@ def _compare_modes(run, evaluation, task: Task, loaded, settings, texts) -> list
             # Labels share first tokens: score them the article's way anyway (tied labels get
             # equal scores and the first in label order wins), as the baseline to beat.
             mclf = Classifier(task.with_overrides(mode="full", calibrate=False), model=loaded, settings=settings)
-            mclf = mclf.with_trie(build_trie(task.labels, list(mclf.trie.sequences), "first"))
+            mclf = mclf.variant(trie=build_trie(task.labels, list(mclf.trie.sequences), "first"))
             start = time.perf_counter()
             mscores = mclf.score(mclf.encode(texts)).scores
             msec = time.perf_counter() - start
-        prior = mclf.content_free_prior()
+        prior = content_free_prior(mclf)
         for bias in (None, prior):
             ev = evaluation(m, mscores, bias, 1.0, mclf, msec)
             rows.append({"mode": m, "calibrated": bias is not None, "accuracy": ev.accuracy,

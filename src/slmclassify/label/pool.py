@@ -258,12 +258,12 @@ class Scorer:
             part = np.sort(order[start:start + size])
             anchors = pool.anchor_texts if start == 0 else ()  # read with the first slice, in its pass
             try:
-                window = self.clf.score_window([*(pool.texts[p] for p in part), *anchors],
-                                               progress=self._stop_if_closing, taps=pool.taps)
+                window = self.clf.score_items([*(pool.texts[p] for p in part), *anchors],
+                                              progress=self._stop_if_closing, taps=pool.taps)
             except Closing:
                 return
             scores, states = window.scores[:len(part)], window.states[:len(part)]
-            calibrated = self.clf.calibrated(scores)  # NaN rows for empty items
+            calibrated = self.clf.calibration.calibrated(scores)  # NaN rows for empty items
             probs = pool.probabilities(calibrated)
             ok = ~np.isnan(scores).any(axis=1)
             with self.shared.lock:

@@ -120,7 +120,7 @@ class ClassifierActor:
             phases["process"] = started
         import torch
 
-        from ..classifier import Classifier
+        from ..classifier import Classifier, label_token_lines
         from ..models.prepare import load_model
         from ..core.results import RunStats, columns_for, result_arrow_fields
 
@@ -143,7 +143,7 @@ class ClassifierActor:
             "model": loaded.name, "mode": c.mode, "mode_reason": c.mode_reason,
             "calibrated": c.bias is not None, "threads": threads,
             "load_seconds": time.perf_counter() - started, "phases": phases,
-            "labels": [line.strip() for line in c.label_token_lines()],
+            "labels": [line.strip() for line in label_token_lines(c)],
         })
 
     def __call__(self, batch):

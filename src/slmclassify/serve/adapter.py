@@ -3,7 +3,8 @@ from many requests, turn scores into Results.
 
 Everything else in `serve/` treats encoded items as opaque handles, so a change to the layout
 of `EncodedItems` touches this module only. Scoring goes through `Classifier.score` and
-`Classifier.results`, the calls offline `classify` makes (`Classifier.score_items`), so a text gets
+`Classifier.calibration.results`, the calls offline `classify` makes (`Classifier.score_items`), so a text
+gets
 the same scores (within float32 rounding, ≤1e-4 log-prob) however the scheduler groups it with
 others; the scheduler does the rest of that step itself (picks across requests, scatter).
 """
@@ -119,7 +120,7 @@ class TaskRunner:
 
     def results(self, scores: np.ndarray, status: tuple[str, ...]) -> list[Result]:
         """[n, L] raw scores (NaN rows for empty texts) → one Result per text, as offline classify."""
-        return self.classifier.results(scores, list(status))
+        return self.classifier.calibration.results(scores, list(status))
 
     def empty_scores(self, n: int) -> np.ndarray:
         return np.full((n, len(self.classifier.trie.labels)), np.nan, dtype=np.float64)  # multi-label: 2 per label
